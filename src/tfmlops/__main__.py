@@ -1,0 +1,5 @@
+import sys
+
+from tfmlops.cli import main
+
+sys.exit(main())

@@ -1,0 +1,84 @@
+"""`tfmlops <stage>`: a thin layer over each stage's `run(cfg)`.
+
+TensorFlow and MLflow are imported only inside the stage that needs them, so
+`--help` answers at once. A user error (bad params, bad data, tracking away)
+prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from tfmlops.errors import UserError
+
+STAGES = {
+    "materialize": "write the built-in dataset (digits or synthetic) as class folders",
+    "prepare": "validate images, split them, write TFRecords, manifest and statistics",
+    "tune": "keras-tuner search over architectures and learning-rate schedules",
+    "train": "the final mixed-precision run under a tf.distribute strategy",
+    "prune": "tensorflow-model-optimization magnitude pruning and fine-tuning",
+    "quantize": "TFLite variants (float32, dynamic, float16, INT8, optional QAT)",
+    "export": "SavedModel, ONNX and TFLite with parity checks; registers the model",
+    "promote": "gated promotion to @production in the MLflow model registry",
+}
+# tfmot works only on tf_keras: these stages run with Keras 2 (own process).
+LEGACY_KERAS_STAGES = {"prune", "quantize"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfmlops",
+        description="From a folder of images to a production TensorFlow model. "
+        "Stages normally run through `dvc repro`; each can also run alone.",
+    )
+    parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in STAGES.items():
+        p = sub.add_parser(name, help=text, description=text)
+        if name == "promote":
+            g = p.add_mutually_exclusive_group()
+            g.add_argument("--rollback", action="store_true",
+                           help="move @production back to the version holding @previous")
+            g.add_argument("--version", type=int, help="promote this registered version")
+            p.add_argument("--force", action="store_true",
+                           help="with --version: skip the gate (recorded as forced)")
+    sub.add_parser("check", help="validate params.yaml and exit",
+                   description="Validate params.yaml and exit.")
+    sub.add_parser("sync", help="upload MLflow calls queued while the server was away",
+                   description="Replay reports/outbox/*.jsonl against the tracking store.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide CUDA probing noise on CPUs
+    if args.command in LEGACY_KERAS_STAGES:
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
+    try:
+        from tfmlops.config import load_config
+
+        cfg = load_config(args.params)
+        if args.command == "check":
+            print(f"{args.params}: ok")
+            return 0
+        if args.command == "sync":
+            from tfmlops.tracking import sync
+
+            result = sync(cfg)
+        else:
+            module = importlib.import_module(f"tfmlops.stages.{args.command}")
+            kwargs = {}
+            if args.command == "promote":
+                kwargs = {"rollback": args.rollback, "version": args.version, "force": args.force}
+            result = module.run(cfg, **kwargs)
+    except UserError as exc:
+        print(f"tfmlops {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if isinstance(result, dict) and result.get("exit_code"):
+        return int(result["exit_code"])
+    print(json.dumps(result, default=str, sort_keys=True) if result is not None else "")
+    return 0

@@ -1,0 +1,1 @@
+"""Images in, TFRecords out, tf.data pipelines for every later stage."""

@@ -1,0 +1,184 @@
+"""Every tf.data.Dataset the later stages use, built from prepare's TFRecords.
+
+files -> parallel interleave -> parse/decode/resize/normalize (parallel map)
+-> cache -> shuffle -> augment (training only) -> batch -> prefetch.
+Normalization uses the train split's per-channel mean and std from
+`stats.json`; `preprocess` is the same function the exported serving
+signature runs in-graph, so training and serving see identical inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+from tfmlops.config import Config
+from tfmlops.errors import DataError
+
+AUTOTUNE = tf.data.AUTOTUNE
+FEATURES = {
+    "image": tf.io.FixedLenFeature([], tf.string),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a later stage needs to know about the prepared data."""
+
+    folder: Path
+    classes: list[str]
+    counts: dict[str, int]  # examples per split
+    image_size: int
+    channels: int
+    mean: list[float]
+    std: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.image_size, self.image_size, self.channels)
+
+
+def load_prepared(cfg: Config) -> Prepared:
+    """Read the manifest and stats; fail clearly if they are missing or stale."""
+    folder = Path(cfg.paths.prepared)
+    manifest_path, stats_path = folder / "manifest.json", folder / "stats.json"
+    if not manifest_path.is_file() or not stats_path.is_file():
+        raise DataError(
+            f"prepared data not found in {folder}; run `dvc repro prepare` (or `tfmlops prepare`)"
+        )
+    manifest = json.loads(manifest_path.read_text())
+    stats = json.loads(stats_path.read_text())
+    if manifest["image_size"] != cfg.data.image_size or manifest["channels"] != cfg.data.channels:
+        raise DataError(
+            f"prepared data in {folder} is stale: it has {manifest['image_size']}px x "
+            f"{manifest['channels']} channel(s), params ask for {cfg.data.image_size}px x "
+            f"{cfg.data.channels}; run `dvc repro prepare`"
+        )
+    return Prepared(
+        folder=folder,
+        classes=manifest["classes"],
+        counts={s: manifest["split_counts"][s] for s in ("train", "val", "test")},
+        image_size=manifest["image_size"],
+        channels=manifest["channels"],
+        mean=stats["mean"],
+        std=stats["std"],
+    )
+
+
+def shard_files(folder: Path, split: str) -> list[str]:
+    return sorted(str(p) for p in folder.glob(f"{split}-*.tfrecord"))
+
+
+def preprocess(image_uint8: tf.Tensor, image_size: int, mean, std) -> tf.Tensor:
+    """uint8 [..., H, W, C] of any size -> float32 model input (resize + normalize)."""
+    x = tf.image.resize(tf.cast(image_uint8, tf.float32), (image_size, image_size))
+    x = x / 255.0
+    return (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def decode(record: tf.Tensor, channels: int) -> tuple[tf.Tensor, tf.Tensor]:
+    ex = tf.io.parse_single_example(record, FEATURES)
+    image = tf.io.decode_png(ex["image"], channels=channels)
+    return image, ex["label"]
+
+
+def dataset(
+    cfg: Config,
+    prepared: Prepared,
+    split: str,
+    *,
+    batch_size: int,
+    training: bool = False,
+    normalize: bool = True,
+    drop_remainder: bool = False,
+    shard_policy: str = "DATA",
+) -> tf.data.Dataset:
+    """A batched dataset of (image, label) for one split."""
+    files = shard_files(prepared.folder, split)
+    if not files:
+        raise DataError(f"no {split} TFRecords in {prepared.folder}; run `dvc repro prepare`")
+    if prepared.counts[split] < 1:
+        raise DataError(f"the {split} split is empty; add images or change data.split")
+    p = cfg.pipeline
+    size, channels = prepared.image_size, prepared.channels
+    mean, std = prepared.mean, prepared.std
+
+    def parse(record):
+        image, label = decode(record, channels)
+        if normalize:
+            x = preprocess(image, size, mean, std)
+        else:
+            x = tf.image.resize(tf.cast(image, tf.float32), (size, size)) / 255.0
+        return tf.ensure_shape(x, (size, size, channels)), label
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=AUTOTUNE,
+        deterministic=True,
+    )
+    ds = ds.map(parse, num_parallel_calls=AUTOTUNE)
+    if p.cache:
+        ds = ds.cache()
+    if training:
+        ds = ds.shuffle(p.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+        if p.augment.enabled:
+            augment = augmenter(cfg)
+            ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
+    ds = ds.prefetch(AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = p.deterministic
+    # Explicit, not AUTO: multi-worker training shards by element, not by file
+    # (a split may have fewer files than workers).
+    options.experimental_distribute.auto_shard_policy = getattr(
+        tf.data.experimental.AutoShardPolicy, shard_policy
+    )
+    return ds.with_options(options)
+
+
+def augmenter(cfg: Config):
+    """Random geometric augmentation of one normalized image (training only)."""
+    a = cfg.pipeline.augment
+    size = cfg.data.image_size
+    seed = cfg.seed
+
+    def augment(x):
+        if a.flip:
+            x = tf.image.random_flip_left_right(x, seed=seed)
+        batch = x[tf.newaxis]
+        if a.rotation or a.zoom or a.translate:
+            angle = tf.random.uniform([], -a.rotation, a.rotation, seed=seed) * 2 * 3.14159265
+            zoom = tf.random.uniform([], 1 - a.zoom, 1 + a.zoom, seed=seed)
+            shift = tf.random.uniform([2], -a.translate, a.translate, seed=seed) * size
+            cos, sin = tf.cos(angle) / zoom, tf.sin(angle) / zoom
+            c = (size - 1) / 2.0
+            # Projective transform mapping output -> input pixel, about the centre.
+            transform = [cos, -sin, c - cos * c + sin * c - shift[0],
+                         sin, cos, c - sin * c - cos * c - shift[1], 0.0, 0.0]
+            batch = tf.raw_ops.ImageProjectiveTransformV3(
+                images=batch, transforms=tf.cast(tf.stack(transform)[tf.newaxis], tf.float32),
+                output_shape=tf.constant([size, size]), fill_value=0.0,
+                interpolation="BILINEAR", fill_mode="NEAREST",
+            )
+        return batch[0]
+
+    return augment
+
+
+def arrays(cfg: Config, prepared: Prepared, split: str, normalize: bool = True):
+    """The whole split as numpy arrays (x float32, y int64), in file order."""
+    import numpy as np
+
+    xs, ys = [], []
+    for x, y in dataset(cfg, prepared, split, batch_size=512, normalize=normalize):
+        xs.append(x.numpy())
+        ys.append(y.numpy())
+    return np.concatenate(xs), np.concatenate(ys)

@@ -1,0 +1,1 @@
+"""The architecture as data and the one builder for both Keras worlds."""

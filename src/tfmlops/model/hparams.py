@@ -1,0 +1,76 @@
+"""How tune's best hyperparameters and train's explicit overrides become one config.
+
+`best_hparams.yaml` (written by tune) is a partial params tree with the
+sections `model` and `train` (batch_size, optimizer, schedule). Train merges:
+params.yaml <- tuned values (when train.use_tuned) <- train.overrides.
+The merge is returned as a list of changes so the train run can log it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tfmlops.config import Config, config_from_dict, flatten, set_dotted
+from tfmlops.errors import ConfigError, DataError
+
+BEST_FILE = "best_hparams.yaml"
+TUNABLE_TRAIN_KEYS = ("batch_size", "optimizer", "schedule")
+
+
+def best_path(cfg: Config) -> Path:
+    return Path(cfg.paths.tuned) / BEST_FILE
+
+
+def tuned_tree(cfg: Config) -> dict[str, Any]:
+    """The part of `cfg` tune searches over, as written to best_hparams.yaml."""
+    d = cfg.to_dict()
+    return {"model": d["model"], "train": {k: d["train"][k] for k in TUNABLE_TRAIN_KEYS}}
+
+
+def read_best(cfg: Config) -> dict[str, Any]:
+    path = best_path(cfg)
+    if not path.is_file():
+        raise DataError(f"{path} not found; run `dvc repro tune` (tune.enabled: false skips the search)")
+    data = yaml.safe_load(path.read_text()) or {}
+    return {k: data[k] for k in ("model", "train") if k in data}
+
+
+def merge(cfg: Config, tuned: dict[str, Any] | None) -> tuple[Config, list[dict[str, Any]]]:
+    """params <- tuned <- train.overrides; returns the merged config and what changed."""
+    tree = cfg.to_dict()
+    before = flatten(tree)
+    changes: list[dict[str, Any]] = []
+    if tuned and cfg.train.use_tuned:
+        for key, value in flatten(tuned).items():
+            if key.startswith("train.") and key.split(".")[1] not in TUNABLE_TRAIN_KEYS:
+                continue
+            set_dotted(tree, key, copy.deepcopy(value))
+        # blocks is a list: replace it whole rather than key by key
+        if "model" in tuned and "blocks" in tuned["model"]:
+            tree["model"]["blocks"] = copy.deepcopy(tuned["model"]["blocks"])
+    for dotted, value in cfg.train.overrides.items():
+        key = dotted if dotted.split(".")[0] in ("model", "train") else f"train.{dotted}"
+        set_dotted(tree, key, value)
+    try:
+        merged = config_from_dict(tree)
+    except ConfigError as exc:
+        raise ConfigError(f"train.overrides / best_hparams.yaml: {exc}") from None
+    after = flatten(merged.to_dict())
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            source = "override" if _is_override(cfg, key) else "tune"
+            changes.append({"key": key, "params": before.get(key), "used": after.get(key),
+                            "source": source})
+    return merged, changes
+
+
+def _is_override(cfg: Config, key: str) -> bool:
+    for dotted in cfg.train.overrides:
+        full = dotted if dotted.split(".")[0] in ("model", "train") else f"train.{dotted}"
+        if key == full or key.startswith(full + "."):
+            return True
+    return False

@@ -1,0 +1,1 @@
+"""One module per DVC stage, each with a `run(cfg) -> metrics` core."""

@@ -1,0 +1,132 @@
+"""Shared fixtures: real TensorFlow, real MLflow on temp SQLite, tiny real data.
+
+`make_cfg` gives a Config whose every path lives under a temp folder, with
+tiny params (16x16 digits, one small block, 2 epochs) and a temp SQLite
+MLflow store. `prepared_digits` prepares the real digits once per session;
+tests read it and never write into it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.pop("MLFLOW_TRACKING_URI", None)  # tests pick their own store
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+TINY = {
+    "data": {"image_size": 16, "shards": 2},
+    "model": {"blocks": [{"filters": 8, "kernel_size": 3, "separable": False},
+                         {"filters": 16, "kernel_size": 3, "separable": False}],
+              "convs_per_block": 1, "head_units": 32, "dropout": 0.1},
+    "train": {"epochs": 2, "batch_size": 32, "early_stopping_patience": 0},
+    "tune": {"max_trials": 2, "max_epochs": 1, "budget_minutes": 2.0},
+    "prune": {"epochs": 1},
+    "quantize": {"representative_samples": 32, "latency_runs": 20, "latency_warmup": 2},
+    "export": {"latency_runs": 20},
+    "profiling": {"enabled": False},
+}
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_params(workdir: Path, **sections) -> dict:
+    """The real params.yaml, shrunk by TINY and `sections`, with paths under `workdir`."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = deep_merge(params, TINY)
+    params["paths"] = {k: str(workdir / v) for k, v in params["paths"].items()}
+    params["data"]["image_dir"] = params["paths"]["builtin"]
+    params["tracking"]["uri"] = f"sqlite:///{workdir / 'mlflow.db'}"
+    return deep_merge(params, sections)
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    """make_cfg(**sections) -> Config under tmp_path; also writes tmp_path/params.yaml."""
+    from tfmlops.config import load_config
+
+    def make(workdir: Path | None = None, **sections):
+        workdir = workdir or tmp_path
+        params = tiny_params(workdir, **sections)
+        path = workdir / "params.yaml"
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+        return load_config(path)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def prepared_digits(tmp_path_factory):
+    """Real digits, prepared once at 16x16 (tracking off). Read-only for tests."""
+    from tfmlops.config import load_config
+    from tfmlops.stages import materialize, prepare
+
+    workdir = tmp_path_factory.mktemp("prepared_digits")
+    params = tiny_params(workdir, tracking={"enabled": False})
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    cfg = load_config(workdir / "params.yaml")
+    materialize.run(cfg)
+    prepare.run(cfg)
+    return cfg
+
+
+@pytest.fixture
+def digits_workdir(tmp_path, prepared_digits, make_cfg):
+    """A fresh workdir whose prepared data is a copy of the session's digits."""
+
+    def make(**sections):
+        shutil.copytree(prepared_digits.paths.prepared, tmp_path / "data" / "prepared")
+        return make_cfg(**sections)
+
+    return make
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run `tfmlops ...` in a real subprocess (own TensorFlow, own Keras world)."""
+    full_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})}
+    proc = subprocess.run([str(VENV_BIN / "tfmlops"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tfmlops {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def mlflow_client(cfg):
+    import mlflow
+
+    from tfmlops.tracking import tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    return mlflow.MlflowClient()
+
+
+def stage_runs(cfg, stage: str):
+    client = mlflow_client(cfg)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], f"tags.`tfmlops.stage` = '{stage}'")
