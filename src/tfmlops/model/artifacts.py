@@ -1,0 +1,58 @@
+"""Where the trained model lives and how later stages get it back.
+
+`train` writes `paths.train/model.keras` (Keras 3, loads with safe_mode=True)
+and `paths.train/resolved_params.yaml` (the config after tune's best values
+and train.overrides were merged: the architecture that was really trained).
+Later stages rebuild that architecture with the shared builder in their own
+Keras world and copy the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tfmlops.config import Config, config_from_dict
+from tfmlops.errors import DataError
+
+MODEL_FILE = "model.keras"
+RESOLVED_FILE = "resolved_params.yaml"
+
+
+def trained_model_path(cfg: Config) -> Path:
+    return Path(cfg.paths.train) / MODEL_FILE
+
+
+def trained_config(cfg: Config) -> Config:
+    """The config the trained model was built with (paths taken from `cfg`)."""
+    path = Path(cfg.paths.train) / RESOLVED_FILE
+    if not path.is_file() or not trained_model_path(cfg).is_file():
+        raise DataError(f"no trained model in {cfg.paths.train}; run `dvc repro train` first")
+    tree = yaml.safe_load(path.read_text())
+    tree["paths"] = cfg.to_dict()["paths"]
+    return config_from_dict(tree)
+
+
+def write_resolved(cfg: Config, folder: str | Path) -> Path:
+    path = Path(folder) / RESOLVED_FILE
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return path
+
+
+def load_keras3(path: str | Path):
+    """Load a `.keras` file with Keras 3, safe_mode on, project layers registered."""
+    import keras
+
+    from tfmlops.model.custom import custom_objects
+
+    return keras.models.load_model(path, custom_objects=custom_objects(keras), safe_mode=True)
+
+
+def rebuild(model, cfg: Config, keras_module, input_shape, num_classes):
+    """The same architecture built in `keras_module`, carrying `model`'s weights."""
+    from tfmlops.model.builder import build_model
+
+    twin = build_model(cfg.model, keras_module, input_shape, num_classes)
+    twin.set_weights(model.get_weights())
+    return twin
