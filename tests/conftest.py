@@ -116,12 +116,9 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600
 
 
 def mlflow_client(cfg):
-    import mlflow
+    from tfmlops.tracking import tracking_uri, use_uri
 
-    from tfmlops.tracking import tracking_uri
-
-    mlflow.set_tracking_uri(tracking_uri(cfg))
-    return mlflow.MlflowClient()
+    return use_uri(tracking_uri(cfg)).MlflowClient()
 
 
 def stage_runs(cfg, stage: str):
@@ -130,3 +127,46 @@ def stage_runs(cfg, stage: str):
     if exp is None:
         return []
     return client.search_runs([exp.experiment_id], f"tags.`tfmlops.stage` = '{stage}'")
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def scratch_repo(dest: Path, params: dict | None = None) -> Path:
+    """A git+DVC copy of this project (code, dvc.yaml, params) in `dest`, committed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("dvc.yaml", "params.yaml", "pyproject.toml", ".gitignore", ".dvcignore"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / ".dvc").mkdir(exist_ok=True)
+    shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
+    (dest / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
+    if params is not None:
+        (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git("init", "-q", "-b", "main", cwd=dest)
+    git("config", "user.email", "ci@example.invalid", cwd=dest)
+    git("config", "user.name", "tfmlops tests", cwd=dest)
+    git("add", "-A", cwd=dest)
+    git("commit", "-q", "-m", "scratch copy", cwd=dest)
+    return dest
+
+
+def dvc(*args: str, cwd: Path, timeout: float = 900, check: bool = True,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+                "DVC_NO_ANALYTICS": "1", **(env or {})}
+    proc = subprocess.run([str(VENV_BIN / "dvc"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dvc {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def relative_tiny_params(**sections) -> dict:
+    """TINY params with the repo's relative paths (for scratch repos run by dvc)."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return deep_merge(deep_merge(params, TINY), sections)

@@ -538,3 +538,24 @@ def _check_space(space: SearchSpace, path: str) -> None:
         raise ConfigError(f"{path}.learning_rate.min: must be > 0 for a log scale")
     if space.dropout.max >= 1:
         raise ConfigError(f"{path}.dropout.max: must be < 1, got {space.dropout.max}")
+    # tune: each sampled value must also be a valid model/train setting.
+    for name, values in choices.items():
+        dupes = sorted({repr(v) for v in values[0] if values[0].count(v) > 1})
+        if dupes:
+            raise ConfigError(f"{path}.{name}: {dupes[0]} is listed twice; list each value once")
+    bounds = {  # key: (lowest accepted min, highest accepted max, min must be > low)
+        "dropout": (0.0, 0.9, False),
+        "learning_rate": (0.0, 10.0, True),
+        "warmup_fraction": (0.0, 0.9, False),
+        "decay_rate": (0.0, 1.0, True),
+    }
+    for name, (low, high, open_low) in bounds.items():
+        r = getattr(space, name)
+        if r.min < low or (open_low and r.min == low) or r.max > high:
+            left = "(" if open_low else "["
+            raise ConfigError(
+                f"{path}.{name}: [{r.min}, {r.max}] is outside {left}{low}, {high}]; "
+                "narrow the range"
+            )
+    if max(space.filters) > 4096:
+        raise ConfigError(f"{path}.filters: values must be <= 4096, got {space.filters}")

@@ -56,8 +56,14 @@ def repo_root(start: str | Path | None = None) -> Path:
     return here
 
 
+_uri_set_here: str | None = None
+
+
 def tracking_uri(cfg: Config) -> str:
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking.uri
+    """MLFLOW_TRACKING_URI (a shared server) wins over params' tracking.uri."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    # mlflow.set_tracking_uri exports the variable itself: ignore our own echo.
+    uri = env if env and env != _uri_set_here else cfg.tracking.uri
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(repo_root() / uri[len("sqlite:///"):])
     elif "://" not in uri:  # a plain folder (file store)
@@ -106,6 +112,15 @@ def ensure_reachable(uri: str, timeout_s: float) -> None:
             raise TrackingUnavailable(
                 f"MLflow store {uri}: folder {folder} does not exist; create it or fix the URI"
             )
+
+
+def use_uri(uri: str):
+    """Point MLflow at `uri` (the only place that does) and return the module."""
+    global _uri_set_here
+    mlflow = _import_mlflow()
+    mlflow.set_tracking_uri(uri)
+    _uri_set_here = uri
+    return mlflow
 
 
 def _import_mlflow():
@@ -234,6 +249,22 @@ class StageRun:
     @contextlib.contextmanager
     def child(self, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
         """A nested run (`mlflow.parentRunId`), e.g. one keras-tuner trial."""
+        child = self.start_child(name, tags)
+        status = "FINISHED"
+        try:
+            yield child
+        except BaseException:
+            status = "FAILED"
+            raise
+        finally:
+            child.end(status)
+
+    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
+        """A nested run the caller ends with `end(status)`.
+
+        For code driven by hooks rather than a `with` block, such as keras-tuner's
+        on_trial_begin/on_trial_end, where a failed trial is not an exception.
+        """
         child = StageRun(self.cfg, self.stage, None, self._outbox)
         if self.active and not self._offline:
             try:
@@ -247,14 +278,7 @@ class StageRun:
                 child.run_id = run.info.run_id
             except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
                 self._note(f"child run {name}: {exc}")
-        status = "FINISHED"
-        try:
-            yield child
-        except BaseException:
-            status = "FAILED"
-            raise
-        finally:
-            child.end(status)
+        return child
 
     def end(self, status: str = "FINISHED") -> None:
         if self.active:
@@ -381,8 +405,7 @@ def stage_run(
 
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
-    mlflow = _import_mlflow()
-    mlflow.set_tracking_uri(uri)
+    mlflow = use_uri(uri)
     try:
         experiment_id = _experiment_id(mlflow, cfg.tracking.experiment, uri)
         root = repo_root()
@@ -442,6 +465,37 @@ def _experiment_id(mlflow, name: str, uri: str) -> str:
     return exp.experiment_id
 
 
+def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.0) -> StageRun:
+    """The open run of `stage` carrying `tags`, started by another process.
+
+    For the workers of a distributed search: the chief opens the stage's run
+    and each worker nests its trials under it, so they appear once, under one
+    parent. The caller records into the run but never ends it. Tracking off,
+    or no such run within `wait_s` seconds: a run that records nothing.
+    """
+    if not cfg.tracking.enabled:
+        return _NullRun(cfg, stage)
+    uri = tracking_uri(cfg)
+    ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+    client = use_uri(uri).MlflowClient()
+    query = " and ".join([f"tags.`tfmlops.stage` = '{stage}'", "attributes.status = 'RUNNING'",
+                          *(f"tags.`{k}` = '{v}'" for k, v in tags.items())])
+    give_up = time.monotonic() + wait_s
+    while True:
+        exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        runs = [] if exp is None else client.search_runs(
+            [exp.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            run_id = runs[0].info.run_id
+            outbox = Path(cfg.paths.reports) / OUTBOX_DIR / f"{stage}-{run_id}-{os.getpid()}.jsonl"
+            return StageRun(cfg, stage, run_id, outbox)
+        if time.monotonic() >= give_up:
+            print(f"tfmlops: no open MLflow run of {stage} with {tags} after {wait_s:.0f} s; "
+                  "this process records nothing", file=sys.stderr)
+            return _NullRun(cfg, stage)
+        time.sleep(min(2.0, max(give_up - time.monotonic(), 0.1)))
+
+
 def _write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None) -> None:
     data = {"stage": stage, "run_id": run_id, "tracking_uri": uri}
     tmp = out_dir / (RUN_FILE + ".tmp")
@@ -457,9 +511,7 @@ def sync(cfg: Config) -> dict[str, int]:
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
-    mlflow = _import_mlflow()
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient()
+    client = use_uri(uri).MlflowClient()
     sent = 0
     for path in files:
         entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

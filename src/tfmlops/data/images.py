@@ -21,6 +21,7 @@ from tfmlops.errors import DataError
 
 SUPPORTED = {".png", ".jpg", ".jpeg", ".bmp", ".gif"}
 SPLITS = ("train", "val", "test")
+MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def check_image(path: Path, label: str, channels: int) -> GoodImage | BadImage:
                 img.load()  # decodes every pixel: catches truncation
                 img = _to_channels(img, channels)
     except UnidentifiedImageError:
+        if data.startswith(MAGIC):  # an image's header, then garbage or nothing
+            return BadImage(path, label, "corrupt or truncated: unreadable after the header")
         return BadImage(path, label, "not an image")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
         return BadImage(path, label, f"corrupt or truncated: {str(exc)[:120]}")
