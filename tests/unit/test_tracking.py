@@ -1,0 +1,68 @@
+"""Pure parts of the tracking module: where the store is, who records."""
+
+import json
+
+import pytest
+
+from tfmlops import tracking
+from tfmlops.config import Config, TrackingConfig
+
+
+def test_repo_root_climbs_out_of_a_dvc_temp_experiment(tmp_path, monkeypatch):
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    temp_copy = tmp_path / ".dvc" / "tmp" / "exps" / "tmpab12cd"
+    temp_copy.mkdir(parents=True)
+    (temp_copy / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert tracking.repo_root(temp_copy) == tmp_path
+    assert tracking.repo_root(tmp_path) == tmp_path
+    monkeypatch.chdir(temp_copy)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri(Config()) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_environment_uri_wins_over_params(monkeypatch):
+    cfg = Config(tracking=TrackingConfig(uri="sqlite:////tmp/x/mlflow.db"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri(cfg) == "sqlite:////tmp/x/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert tracking.tracking_uri(cfg) == "http://127.0.0.1:5999"
+
+
+def test_local_artifacts_sit_beside_the_database():
+    assert tracking.artifact_location("sqlite:////srv/ml/mlflow.db") == "file:///srv/ml/mlartifacts"
+    assert tracking.artifact_location("http://server:5000") is None
+
+
+@pytest.mark.parametrize(
+    "tf_config, chief",
+    [
+        (None, True),
+        ({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}, True),
+        ({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}, False),
+        ({"cluster": {"chief": ["c:0"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}},
+         True),
+        ({"cluster": {"chief": ["c:0"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}},
+         False),
+    ],
+)
+def test_only_the_chief_records(monkeypatch, tf_config, chief):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert tracking.is_chief() is chief
+
+
+def test_unreachable_server_fails_at_once_naming_the_uri():
+    with pytest.raises(tracking.TrackingUnavailable, match=r"http://127.0.0.1:9 is unreachable"):
+        tracking.ensure_reachable("http://127.0.0.1:9", timeout_s=2)
+
+
+def test_tracking_disabled_records_nothing_but_the_run_file(tmp_path, make_cfg):
+    cfg = make_cfg(tracking={"enabled": False})
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out") as run:
+        assert not run.active
+        run.log_metrics({"a": 1.0})
+    assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] is None
+    assert not (tmp_path / "mlflow.db").exists()
