@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "mlflow_run.json"
 OUTBOX_DIR = "outbox"
+# Calls `tfmlops sync` can replay from a JSON line (figures and models are queued
+# as artifact files instead; arbitrary `run.call(fn)` callables cannot be).
+REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end"}
+# Error codes of a store that answered and refused: a replay would be refused too,
+# so these are reported and dropped instead of sending the stage offline.
+_REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
+            "INVALID_STATE"}
 _EXPS_TMP = os.sep + os.path.join(".dvc", "tmp", "exps") + os.sep
 
 
@@ -114,13 +122,45 @@ def ensure_reachable(uri: str, timeout_s: float) -> None:
             )
 
 
+def preflight(cfg: Config) -> None:
+    """Fail now, in seconds, if the store this stage will record to is away.
+
+    For a stage to call first, before it reads or validates data or imports
+    TensorFlow; `stage_run` checks again when it opens the run.
+    """
+    if cfg.tracking.enabled and is_chief():
+        ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
+
+
 def use_uri(uri: str):
     """Point MLflow at `uri` (the only place that does) and return the module."""
     global _uri_set_here
     mlflow = _import_mlflow()
     mlflow.set_tracking_uri(uri)
     _uri_set_here = uri
+    db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    if db is not None and db.parent.is_dir():
+        # The first process to touch a fresh SQLite store creates it by running the
+        # schema migrations; processes racing on that crash ("Online migration
+        # expected to match one row"). One at a time; the store is then cached.
+        with _file_lock(Path(f"{db}-lock")):
+            mlflow.MlflowClient()
     return mlflow
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (the race stays possible there)
+        yield
+        return
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _import_mlflow():
@@ -181,6 +221,7 @@ class StageRun:
         self._outbox = outbox
         self._offline = False
         self.errors: list[str] = []
+        self.queued = 0  # calls written to the outbox
 
     @property
     def active(self) -> bool:
@@ -196,7 +237,8 @@ class StageRun:
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         clean = {k: float(v) for k, v in flatten(metrics).items() if _is_number(v)}
         if clean:
-            self._do("metrics", {"metrics": clean, "step": step})
+            # The time of the measurement, also when the outbox replays it later.
+            self._do("metrics", {"metrics": clean, "step": step, "timestamp": _now_ms()})
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._do("tags", {k: str(v) for k, v in tags.items()})
@@ -206,23 +248,17 @@ class StageRun:
             self._do("artifact", {"path": str(Path(path).resolve()), "artifact_path": artifact_path})
 
     def log_dict(self, data: Any, name: str) -> None:
-        self._call(lambda c: c.log_dict(self.run_id, data, name), "dict", {"name": name})
+        self._do("dict", {"data": data, "name": name})
 
     def log_figure(self, figure, name: str) -> None:
-        self._call(lambda c: c.log_figure(self.run_id, figure, name), "figure", {"name": name})
+        sent = self._call(lambda c: c.log_figure(self.run_id, figure, name), "figure", {"name": name})
+        if self.active and not sent and self._outbox is not None:
+            file = self._outbox_files() / Path(name).name
+            figure.savefig(file)
+            self._write_outbox("artifact", {"path": str(file), "artifact_path": _parent(name)})
 
     def log_dataset(self, name: str, source: str, digest: str, context: str) -> None:
-        def go(client):
-            warnings.filterwarnings("ignore", message="The specified dataset source")
-            from mlflow.data.dataset_source_registry import resolve_dataset_source
-            from mlflow.data.meta_dataset import MetaDataset
-            from mlflow.entities import DatasetInput, InputTag
-
-            ds = MetaDataset(resolve_dataset_source(source), name=name, digest=digest)
-            tag = InputTag(key="mlflow.data.context", value=context)
-            client.log_inputs(self.run_id, [DatasetInput(ds._to_mlflow_entity(), [tag])])
-
-        self._call(go, "dataset", {"name": name, "source": source})
+        self._do("dataset", {"name": name, "source": source, "digest": digest, "context": context})
 
     def log_keras_model(self, model, saved_path: str | Path, **kwargs) -> None:
         """Log (and optionally register) a Keras model; on failure queue its saved file."""
@@ -233,7 +269,7 @@ class StageRun:
                 mlflow.tensorflow.log_model(model, name="model", **kwargs)
 
         ok = self._call(go, "model", {"path": str(Path(saved_path).resolve())})
-        if not ok:
+        if self.active and not ok:
             self._queue("artifact", {"path": str(Path(saved_path).resolve()), "artifact_path": "model_file"})
 
     def call(self, fn, what: str) -> bool:
@@ -292,6 +328,11 @@ class StageRun:
         self._call(lambda c: _apply(c, self.run_id, op, payload), op, payload)
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        """Send one call: retried with a bounded backoff, then queued in the outbox.
+
+        After one call has exhausted its retries the stage is offline: every later
+        call goes straight to the outbox, so an outage costs its retries once.
+        """
         if not self.active:
             return False
         if self._offline:
@@ -302,26 +343,56 @@ class StageRun:
             try:
                 fn(_client())
                 return True
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
                 last = exc
+                if getattr(exc, "error_code", None) in _REFUSED:
+                    self._note(f"{op} refused by the store, not queued: {_first_line(exc)}")
+                    return False
                 if attempt + 1 < attempts:
-                    time.sleep(min(0.5 * 2**attempt, 8.0))
+                    time.sleep(_backoff_s(attempt))
         self._offline = True
-        self._note(f"{op} failed after {attempts} attempts: {str(last).splitlines()[0][:200]}")
+        self._note(f"{op} failed after {attempts} attempts ({_first_line(last)}); this and later "
+                   "calls go to the outbox for `tfmlops sync`")
         self._queue(op, payload)
         return False
 
     def _queue(self, op: str, payload: dict[str, Any]) -> None:
-        if self._outbox is None or op in ("dict", "figure", "dataset", "model"):
-            return  # rebuilt from files: the stage's reports stay on disk
+        if self._outbox is None or op in ("figure", "model"):
+            return  # their callers queue a file instead
+        if op not in REPLAYABLE:
+            self.errors.append(f"{op}: not sent and not replayable (the server was away)")
+            return
+        if op == "artifact":
+            source = Path(payload["path"])
+            if not source.exists():
+                self.errors.append(f"artifact {source}: gone before it could be queued")
+                return
+            # A copy the outbox owns: stages move their staging folders after logging.
+            kept = self._outbox_files() / source.name
+            if source.is_dir():
+                shutil.copytree(source, kept)
+            else:
+                shutil.copy2(source, kept)
+            payload = {**payload, "path": str(kept)}
+        self._write_outbox(op, payload)
+
+    def _outbox_files(self) -> Path:
+        """A fresh folder for the files of the next outbox entry."""
+        folder = self._outbox.with_suffix(".files") / str(self.queued)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
+
+    def _write_outbox(self, op: str, payload: dict[str, Any]) -> None:
         self._outbox.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"run_id": self.run_id, "op": op, "payload": payload}, default=str)
         with self._outbox.open("a") as fh:
-            fh.write(json.dumps({"run_id": self.run_id, "op": op, "payload": payload}) + "\n")
+            fh.write(line + "\n")
+        self.queued += 1
 
     def _note(self, msg: str) -> None:
         self.errors.append(msg)
-        print(f"tfmlops: MLflow logging problem ({self.stage}): {msg}; queued for `tfmlops sync`",
-              file=sys.stderr)
+        print(f"tfmlops: MLflow logging problem ({self.stage}): {msg}", file=sys.stderr)
 
 
 class _NullRun(StageRun):
@@ -346,15 +417,44 @@ def _client():
     return mlflow.MlflowClient()
 
 
+def _backoff_s(attempt: int) -> float:
+    """0.5, 1, 2, 4, 8, 8, ... seconds: bounded, so an outage costs a known time."""
+    return min(0.5 * 2**attempt, 8.0)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _parent(name: str) -> str | None:
+    parent = str(Path(name).parent)
+    return None if parent == "." else parent
+
+
+def _log_dataset(client, run_id: str, name: str, source: str, digest: str, context: str) -> None:
+    warnings.filterwarnings("ignore", message="The specified dataset source")
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    ds = MetaDataset(resolve_dataset_source(source), name=name, digest=digest)
+    tag = InputTag(key="mlflow.data.context", value=context)
+    client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(), [tag])])
+
+
 def _apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     if op == "params":
         client.log_batch(run_id, params=[Param(k, v) for k, v in payload.items()])
     elif op == "metrics":
-        now = int(time.time() * 1000)
+        stamp = payload.get("timestamp") or _now_ms()
         step = payload.get("step") or 0
-        metrics = [Metric(k, v, now, step) for k, v in payload["metrics"].items()]
+        metrics = [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]
         client.log_batch(run_id, metrics=metrics)
     elif op == "tags":
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in payload.items()])
@@ -364,6 +464,10 @@ def _apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
             client.log_artifacts(run_id, str(path), payload.get("artifact_path") or path.name)
         elif path.exists():
             client.log_artifact(run_id, str(path), payload.get("artifact_path"))
+    elif op == "dict":
+        client.log_dict(run_id, payload["data"], payload["name"])
+    elif op == "dataset":
+        _log_dataset(client, run_id, **payload)
     elif op == "end":
         client.set_terminated(run_id, payload["status"])
     else:
@@ -423,6 +527,12 @@ def stage_run(
             up = read_run_file(folder)
             if up.get("run_id"):
                 tags[f"tfmlops.upstream.{name}"] = up["run_id"]
+        # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
+        # start_run would resume: every stage of `-e main` would share one run.
+        # Each stage opens its own run instead, nested under the launcher's.
+        launcher = os.environ.pop("MLFLOW_RUN_ID", None)
+        if launcher:
+            tags["mlflow.parentRunId"] = launcher
         active = mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags)
     except TrackingUnavailable:
         raise
@@ -450,6 +560,9 @@ def stage_run(
         run.end(status)
         with contextlib.suppress(Exception):
             mlflow.end_run(status)
+        if run.queued:
+            print(f"tfmlops: {stage}: {run.queued} MLflow calls wait in {outbox}; run `tfmlops sync` "
+                  f"once {uri} is back", file=sys.stderr)
 
 
 def _experiment_id(mlflow, name: str, uri: str) -> str:
@@ -506,17 +619,36 @@ def _write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | No
 # ----------------------------------------------------------------- sync
 
 def sync(cfg: Config) -> dict[str, int]:
-    """Replay every queued call in `reports/outbox/` against the current store."""
+    """Replay every queued call in `reports/outbox/` against the current store, in order.
+
+    A file is deleted (with its copied artifacts) once all its calls went through.
+    If the store fails midway, the calls not yet sent are kept and the command
+    stops with one line: running it again resumes there.
+    """
     folder = Path(cfg.paths.reports) / OUTBOX_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    if not files:
+        return {"files": 0, "calls": 0}
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     client = use_uri(uri).MlflowClient()
     sent = 0
     for path in files:
         entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for entry in entries:
-            _apply(client, entry["run_id"], entry["op"], entry["payload"])
+        for i, entry in enumerate(entries):
+            try:
+                _apply(client, entry["run_id"], entry["op"], entry["payload"])
+            except Exception as exc:  # noqa: BLE001 - keep what is left, say where it stopped
+                rest = "".join(json.dumps(e) + "\n" for e in entries[i:])
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(rest)
+                tmp.replace(path)
+                raise TrackingUnavailable(
+                    f"sync stopped at {path.name} call {i + 1} ({entry['op']} of run "
+                    f"{entry['run_id']}) on {uri}: {_first_line(exc)}; {sent} calls sent, "
+                    f"{len(entries) - i} kept; fix the store and run `tfmlops sync` again"
+                ) from None
             sent += 1
         path.unlink()
+        shutil.rmtree(path.with_suffix(".files"), ignore_errors=True)
     return {"files": len(files), "calls": sent}

@@ -46,7 +46,7 @@ def _conv_blocks(spec: ModelSpec, keras, x):
             x = conv(block.filters, block.kernel_size, padding="same", use_bias=not spec.batch_norm,
                      name=f"block{b}_conv{c}")(x)
             if spec.batch_norm:
-                x = layers.BatchNormalization(name=f"block{b}_bn{c}")(x)
+                x = layers.BatchNormalization(momentum=spec.bn_momentum, name=f"block{b}_bn{c}")(x)
             x = layers.Activation(spec.activation, name=f"block{b}_act{c}")(x)
         if spec.squeeze_excite:
             x = squeeze_excite_layer(keras)(name=f"block{b}_se")(x)

@@ -48,6 +48,8 @@ def merge(cfg: Config, tuned: dict[str, Any] | None) -> tuple[Config, list[dict[
         for key, value in flatten(tuned).items():
             if key.startswith("train.") and key.split(".")[1] not in TUNABLE_TRAIN_KEYS:
                 continue
+            if key.startswith("model.blocks."):  # flattened list items: set whole below
+                continue
             set_dotted(tree, key, copy.deepcopy(value))
         # blocks is a list: replace it whole rather than key by key
         if "model" in tuned and "blocks" in tuned["model"]:

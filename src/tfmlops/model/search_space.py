@@ -1,0 +1,157 @@
+"""The tune stage's search space, defined next to the model spec it fills in.
+
+`declare(hp, space)` declares one keras-tuner hyperparameter per key of
+`tune.space` (params.yaml) and returns the trial's values. `config_from_values`
+turns those values into the Config a trial builds and trains from (and, for the
+best trial, what `best_hparams.yaml` holds):
+
+- architecture: `blocks` conv blocks, the first `filters` wide and each next one
+  twice as wide (the usual CNN shape, as in the default 32 -> 64 spec),
+  `separable` or standard convolutions, `batch_norm`, `dropout`, `head_units`;
+- optimisation: `optimizer`, peak `learning_rate` (log scale), `schedule` and
+  its own parameters (`warmup_fraction` only for cosine_warmup, `decay_rate`
+  only for exponential_decay: conditional hyperparameters), `batch_size`.
+
+Everything not searched (kernel size, convs per block, pooling, activation,
+weight decay, the loss...) comes from params.yaml. A range whose min equals its
+max, or a one-value list, is a fixed value. No TensorFlow import here: the
+keras-tuner `hp` object is passed in.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tfmlops.config import Config, FloatRange, IntRange, SearchSpace, config_from_dict
+from tfmlops.errors import ConfigError
+
+# Column order of reports/tune_trials.csv and of the MLflow params of a trial.
+HP_NAMES = (
+    "blocks", "filters", "separable", "batch_norm", "dropout", "head_units",
+    "optimizer", "learning_rate", "schedule", "warmup_fraction", "decay_rate", "batch_size",
+)
+MAX_FILTERS = 4096  # BlockSpec.filters' accepted maximum
+# Schedule parameters and the one schedule that uses each.
+SCHEDULE_PARAMS = {"warmup_fraction": "cosine_warmup", "decay_rate": "exponential_decay"}
+
+
+def declare(hp, space: SearchSpace) -> dict[str, Any]:
+    """Declare the space on keras-tuner's `hp`; return this trial's active values."""
+    values = {
+        "blocks": _int(hp, "blocks", space.blocks),
+        "filters": _choice(hp, "filters", space.filters),
+        "separable": _choice(hp, "separable", space.separable),
+        "batch_norm": _choice(hp, "batch_norm", space.batch_norm),
+        "dropout": _float(hp, "dropout", space.dropout),
+        "head_units": _choice(hp, "head_units", space.head_units),
+        "optimizer": _choice(hp, "optimizer", space.optimizer),
+        "learning_rate": _float(hp, "learning_rate", space.learning_rate, log=True),
+        "schedule": _choice(hp, "schedule", space.schedule),
+        "batch_size": _choice(hp, "batch_size", space.batch_size),
+    }
+    for name, schedule in SCHEDULE_PARAMS.items():
+        if schedule in space.schedule:  # else it never matters: not searched
+            with hp.conditional_scope("schedule", [schedule]):
+                values[name] = _float(hp, name, getattr(space, name))
+    return {k: v for k, v in values.items() if v is not None}  # None: inactive
+
+
+def config_from_values(cfg: Config, values: dict[str, Any]) -> Config:
+    """`cfg` with the model and train settings a trial's values choose.
+
+    Keys of `values` that are not search-space names (keras-tuner's own
+    `tuner/epochs` and so on) are ignored; missing ones keep the params' value.
+    """
+    tree = cfg.to_dict()
+    model, train = tree["model"], tree["train"]
+    if "blocks" in values or "filters" in values or "separable" in values:
+        first = model["blocks"][0] if model["blocks"] else {"filters": 32, "kernel_size": 3,
+                                                            "separable": False}
+        count = int(values.get("blocks", len(model["blocks"]) or 1))
+        base = int(values.get("filters", first["filters"]))
+        separable = bool(values.get("separable", first["separable"]))
+        model["blocks"] = [
+            {"filters": base * 2**i, "kernel_size": first["kernel_size"], "separable": separable}
+            for i in range(count)
+        ]
+    for name, section, key in (
+        ("batch_norm", model, "batch_norm"), ("dropout", model, "dropout"),
+        ("head_units", model, "head_units"), ("batch_size", train, "batch_size"),
+        ("optimizer", train["optimizer"], "name"),
+        ("learning_rate", train["optimizer"], "learning_rate"),
+        ("schedule", train["schedule"], "name"),
+        ("warmup_fraction", train["schedule"], "warmup_fraction"),
+        ("decay_rate", train["schedule"], "decay_rate"),
+    ):
+        if name in values:
+            section[key] = _plain(values[name], type(section[key]))
+    return config_from_dict(copy.deepcopy(tree))
+
+
+def reference_values(space: SearchSpace) -> dict[str, Any]:
+    """One fixed point of the space (each range's min, each list's first value).
+
+    `config_from_values(cfg, reference_values(space))` differs between two
+    configs with the same space only in settings that are not searched: what
+    tune's search key hashes besides the space itself.
+    """
+    values = {name: (r.min if isinstance(r, (IntRange, FloatRange)) else r[0])
+              for name in HP_NAMES if name not in SCHEDULE_PARAMS
+              for r in [getattr(space, name)]}
+    for name, schedule in SCHEDULE_PARAMS.items():
+        if schedule in space.schedule:
+            values[name] = getattr(space, name).min
+    return values
+
+
+def check_fits(space: SearchSpace, image_size: int) -> None:
+    """Fail before any work if the largest architecture in the space cannot be built."""
+    pools = space.blocks.max - 1  # the last block feeds global pooling instead
+    if image_size // 2**pools < 1:
+        raise ConfigError(
+            f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, more than a "
+            f"{image_size}x{image_size} input allows (at most {image_size.bit_length()} blocks); "
+            "lower it or raise data.image_size"
+        )
+    widest = max(space.filters) * 2 ** (space.blocks.max - 1)
+    if widest > MAX_FILTERS:
+        raise ConfigError(
+            f"tune.space.filters: {max(space.filters)} doubled over {space.blocks.max} blocks is "
+            f"{widest} filters, above {MAX_FILTERS}; lower tune.space.filters or blocks.max"
+        )
+
+
+# ------------------------------------------------------------------ helpers
+
+def _int(hp, name: str, r: IntRange):
+    if r.min == r.max:
+        return hp.Fixed(name, r.min)
+    return hp.Int(name, r.min, r.max, step=r.step)
+
+
+def _float(hp, name: str, r: FloatRange, log: bool = False):
+    if r.min == r.max:
+        return hp.Fixed(name, float(r.min))
+    return hp.Float(name, r.min, r.max, sampling="log" if log else "linear")
+
+
+def _choice(hp, name: str, options: list):
+    distinct = list(dict.fromkeys(options))
+    if len(distinct) == 1:
+        return hp.Fixed(name, distinct[0])
+    if all(isinstance(v, bool) for v in distinct):
+        # keras-tuner's Choice turns booleans into 0/1 (bool is an int): use Boolean
+        return hp.Boolean(name, default=distinct[0])
+    return hp.Choice(name, distinct)
+
+
+def _plain(value, kind: type):
+    """keras-tuner values (numpy scalars, 0/1 for booleans) as the config's own type."""
+    if kind is bool:
+        return bool(value)
+    if kind is int:
+        return int(value)
+    if kind is float:
+        return float(value)
+    return value

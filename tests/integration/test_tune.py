@@ -1,0 +1,225 @@
+"""The tune stage end to end on tiny searches: real keras-tuner, TensorFlow, MLflow (SQLite)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import mlflow_client, run_cli, stage_runs, tiny_params
+from tfmlops.model import hparams, search_space
+
+# Tiny but real: 1-2 small blocks, few trials, one epoch each.
+TINY_SPACE = {
+    "blocks": {"min": 1, "max": 2, "step": 1},
+    "filters": [4, 8],
+    "separable": [False, True],
+    "batch_norm": [True, False],
+    "dropout": {"min": 0.0, "max": 0.2},
+    "head_units": [16, 32],
+    "optimizer": ["adam", "adamw"],
+    "learning_rate": {"min": 0.001, "max": 0.01},
+    "schedule": ["constant", "cosine_warmup", "exponential_decay"],
+    "warmup_fraction": {"min": 0.0, "max": 0.2},
+    "decay_rate": {"min": 0.3, "max": 0.9},
+    "batch_size": [64, 128],
+}
+
+
+def tune_params(**tune):
+    return {"tune": {"tuner": "random", "max_trials": 3, "max_epochs": 1, "space": TINY_SPACE,
+                     **tune}}
+
+
+def children_of(cfg, parent_id: str):
+    client = mlflow_client(cfg)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    return client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
+
+
+def parent_runs(cfg):
+    return [r for r in stage_runs(cfg, "tune") if "mlflow.parentRunId" not in r.data.tags]
+
+
+def read_rows(cfg) -> list[dict]:
+    with (Path(cfg.paths.reports) / "tune_trials.csv").open() as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
+    from tfmlops.stages import tune
+
+    cfg = digits_workdir(**tune_params(), profiling={"enabled": True, "start_step": 2,
+                                                      "steps": 2})
+    metrics = tune.run(cfg)
+
+    assert metrics["trials"] == metrics["trials_run"] == metrics["trials_completed"] == 3
+    assert json.loads((Path(cfg.paths.reports) / "tune.json").read_text()) == metrics
+    rows = read_rows(cfg)
+    assert [r["trial"] for r in rows] == ["0", "1", "2"]
+    assert {"score", "status", "learning_rate", "batch_size", "schedule"} <= set(rows[0])
+    assert all(r["status"] == "COMPLETED" and float(r["score"]) > 0 for r in rows)
+
+    # MLflow: one parent, three children under it with distinct hyperparameters
+    (parent,) = parent_runs(cfg)
+    children = children_of(cfg, parent.info.run_id)
+    assert sorted(c.info.run_name for c in children) == ["trial-0", "trial-1", "trial-2"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert len({c.data.params["learning_rate"] for c in children}) == 3
+    assert all("val_accuracy" in c.data.metrics and "score" in c.data.metrics for c in children)
+    client = mlflow_client(cfg)
+    assert [m.step for m in client.get_metric_history(children[0].info.run_id, "val_loss")] == [0]
+    assert parent.data.metrics["best_score"] == metrics["best_score"]
+    assert parent.data.metrics["trials"] == 3
+    assert parent.data.tags["tfmlops.tune.search"] == tune.search_key(cfg)
+    artifacts = {a.path for folder in ("plots", "tune", "profile")
+                 for a in client.list_artifacts(parent.info.run_id, folder)}
+    assert {"plots/tune_score_per_trial.png", "plots/tune_score_vs_learning_rate.png",
+            "tune/tune_trials.csv", "tune/best_hparams.yaml"} <= artifacts
+    assert any(a.startswith("profile/") for a in artifacts)
+    assert list(Path(cfg.paths.profiles, "tune").rglob("*.xplane.pb"))
+
+    # the best file names the best trial, its values and the parent run
+    best_row = max(rows, key=lambda r: float(r["score"]))
+    assert metrics["best_trial"] == int(best_row["trial"])
+    best_child = next(c for c in children if c.info.run_name == f"trial-{best_row['trial']}")
+    assert parent.data.params["best.learning_rate"] == best_child.data.params["learning_rate"]
+    tuned = hparams.read_best(cfg)
+    assert tuned["train"]["optimizer"]["learning_rate"] == pytest.approx(
+        float(best_row["learning_rate"]))
+    assert len(tuned["model"]["blocks"]) == int(best_row["blocks"])
+    assert tuned["model"]["blocks"][0]["filters"] == int(best_row["filters"])
+    merged, _ = hparams.merge(cfg, tuned)  # what train builds from
+    assert merged.model == search_space.config_from_values(cfg, {
+        k: yaml.safe_load(best_row[k]) for k in search_space.HP_NAMES if best_row[k]}).model
+    assert merged.train.batch_size == int(best_row["batch_size"])
+    run_file = json.loads((Path(cfg.paths.tuned) / "mlflow_run.json").read_text())
+    assert run_file["run_id"] == parent.info.run_id
+
+
+def test_best_hparams_merge_into_a_buildable_train_config(make_cfg):
+    import keras
+
+    from tfmlops.model.builder import build_model
+
+    cfg = make_cfg()
+    values = {"blocks": 2, "filters": 8, "separable": True, "batch_norm": False,
+              "dropout": 0.1, "head_units": 16, "optimizer": "adamw", "learning_rate": 0.004,
+              "schedule": "exponential_decay", "decay_rate": 0.5, "batch_size": 64}
+    best = search_space.config_from_values(cfg, values)
+    Path(cfg.paths.tuned).mkdir(parents=True)
+    hparams.best_path(cfg).write_text(yaml.safe_dump(hparams.tuned_tree(best)))
+    merged, _ = hparams.merge(cfg, hparams.read_best(cfg))
+    assert merged.model == best.model
+    assert merged.train.optimizer == best.train.optimizer
+    assert merged.train.schedule == best.train.schedule
+    assert build_model(merged.model, keras, (16, 16, 1), 10).count_params() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resume_runs_only_new_trials_and_a_new_space_starts_fresh(digits_workdir, make_cfg):
+    from tfmlops.stages import tune
+
+    cfg = digits_workdir(**tune_params(max_trials=2))
+    first = tune.run(cfg)
+    assert first["trials"] == first["trials_run"] == 2
+    rows_before = read_rows(cfg)
+
+    cfg = make_cfg(**tune_params(max_trials=3))  # a bigger budget: same search, resumed
+    again = tune.run(cfg)
+    assert again["trials"] == 3 and again["trials_run"] == 1
+    rows = read_rows(cfg)
+    assert rows[:2] == rows_before  # finished trials are kept, not rerun
+    newest = max(parent_runs(cfg), key=lambda r: r.info.start_time)
+    assert [c.info.run_name for c in children_of(cfg, newest.info.run_id)] == ["trial-2"]
+    assert len(list(Path(cfg.paths.tuner).iterdir())) == 1
+
+    space = {**TINY_SPACE, "head_units": [8]}  # a changed space: a fresh search
+    cfg = make_cfg(**tune_params(max_trials=1, space=space))
+    fresh = tune.run(cfg)
+    assert fresh["trials"] == fresh["trials_run"] == 1
+    assert len(list(Path(cfg.paths.tuner).iterdir())) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_hyperband_continues_trials_and_a_failed_trial_is_recorded(digits_workdir):
+    """Hyperband's second round loads an earlier trial's weights; a trial over
+    max_model_params fails, is recorded FAILED, and the search goes on."""
+    from tfmlops.stages import tune
+
+    # Exactly two architectures (4 or 32 filters): with max_model_params between
+    # their sizes one of the two first-round trials must fail.
+    space = {**TINY_SPACE, "blocks": {"min": 1, "max": 1}, "filters": [4, 32],
+             "separable": [False], "head_units": [16], "batch_norm": [False],
+             "optimizer": ["adam"], "schedule": ["constant"]}
+    cfg = digits_workdir(tune={"tuner": "hyperband", "max_epochs": 2, "hyperband_factor": 2,
+                               "max_trials": 3, "max_model_params": 1000, "space": space})
+    metrics = tune.run(cfg)
+    rows = read_rows(cfg)
+    assert [r["status"] for r in rows].count("FAILED") >= 1
+    assert metrics["trials_failed"] >= 1 and metrics["trials_completed"] >= 1
+    assert all(r["filters"] == "32" for r in rows if r["status"] == "FAILED")
+    # the round-2 trial trains epoch 2 on top of round 1's weights
+    continued = [r for r in rows if r["epochs"] == "2"]
+    assert continued and continued[0]["status"] == "COMPLETED"
+
+    (parent,) = parent_runs(cfg)
+    statuses = {c.info.run_name: c.info.status for c in children_of(cfg, parent.info.run_id)}
+    failed = [f"trial-{r['trial']}" for r in rows if r["status"] == "FAILED"]
+    assert all(statuses[name] == "FAILED" for name in failed)
+    assert list(statuses.values()).count("FINISHED") == metrics["trials_completed"]
+    child = next(c for c in children_of(cfg, parent.info.run_id) if c.info.run_name == failed[0])
+    assert "Oversized model" in child.data.tags["tfmlops.tune.error"]
+
+
+@pytest.mark.timeout(300)
+def test_wall_clock_budget_stops_cleanly_and_keeps_the_best(digits_workdir):
+    from tfmlops.stages import tune
+
+    cfg = digits_workdir(**tune_params(max_trials=5, max_epochs=3, budget_minutes=0.001))
+    metrics = tune.run(cfg)
+    assert metrics["budget_exhausted"] == 1
+    assert metrics["trials"] == 1  # at least one trial always finishes
+    (row,) = read_rows(cfg)
+    assert row["status"] == "COMPLETED"
+    assert hparams.best_path(cfg).is_file()
+
+
+def test_disabled_writes_the_params_own_settings(make_cfg):
+    from tfmlops.stages import tune
+
+    cfg = make_cfg(tune={"enabled": False})
+    metrics = tune.run(cfg)
+    assert metrics["trials"] == 0
+    assert hparams.read_best(cfg) == hparams.tuned_tree(cfg)
+    assert read_rows(cfg) == []
+    assert not Path(cfg.paths.tuner).exists()
+    (parent,) = parent_runs(cfg)
+    assert parent.data.tags["tfmlops.tune.enabled"] == "false"
+
+
+@pytest.mark.parametrize("tune, key", [
+    ({"space": {"dropout": {"min": 0.3, "max": 0.1}}}, "tune.space.dropout"),
+    ({"space": {"learning_rate": {"min": 0.01, "max": 0.001}}}, "tune.space.learning_rate"),
+    ({"space": {"filters": []}}, "tune.space.filters"),
+    ({"space": {"schedule": ["constant", "step_decay"]}}, "tune.space.schedule"),
+    ({"space": {"optimizer": ["adam", "adagrad"]}}, "tune.space.optimizer"),
+    ({"tuner": "grid"}, "tune.tuner"),
+    ({"max_trials": 0}, "tune.max_trials"),
+    ({"space": {"blocks": {"min": 1, "max": 9}}}, "tune.space.blocks.max"),
+])
+def test_invalid_search_space_exits_2_with_one_line(tmp_path, tune, key):
+    # written as is: the loader in the CLI is what must reject it
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path, tune=tune)))
+    proc = run_cli("tune", cwd=tmp_path, check=False, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"tfmlops tune: error: {key}:"), lines
+    assert not (tmp_path / "models").exists()  # failed before any work
