@@ -25,6 +25,7 @@ STAGE = "prepare"
 
 
 def run(cfg: Config) -> dict[str, float]:
+    tracking.preflight(cfg)  # a dead server fails in seconds, before the scan
     image_dir = Path(cfg.data.image_dir)
     classes, good, bad = _validated(cfg, image_dir)
     total = len(good) + len(bad)

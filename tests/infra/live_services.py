@@ -1,0 +1,179 @@
+"""Real services on 127.0.0.1 for the infra tests: a throwaway PostgreSQL cluster
+and `mlflow server` processes that a test can start, kill and restart.
+
+Nothing here is shared between tests: each cluster lives in its own temp folder
+on a free port and is removed afterwards. `.ci/services.sh` only installs
+Debian's PostgreSQL server binaries; this module finds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import VENV_BIN, free_port
+
+PG_USER = "tfmlops"
+PG_DB = "mlflow"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def postgres_bin_dir() -> Path | None:
+    """Where initdb and pg_ctl are: PATH, else Debian's /usr/lib/postgresql/<major>/bin."""
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(initdb).resolve().parent
+    found = [Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin")
+             if (Path(p) / "initdb").exists() and (Path(p) / "pg_ctl").exists()]
+    found.sort(key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    return found[-1] if found else None
+
+
+def require_postgres() -> Path:
+    """The binaries, or a skip (locally) / a loud failure (CI: the test must not skip)."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        message = ("PostgreSQL server binaries (initdb, pg_ctl) not found; run .ci/services.sh "
+                   "(installs Debian's postgresql) or `apt-get install postgresql`")
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return bin_dir
+
+
+def _as_postgres_user() -> list[str]:
+    """initdb and postgres refuse to run as root: drop to the `postgres` account."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("runuser") is None:
+        pytest.fail("running as root needs `runuser` (util-linux) to start PostgreSQL as `postgres`")
+    return ["runuser", "-u", "postgres", "--"]
+
+
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[str]:
+    """A fresh PostgreSQL cluster on a free port of 127.0.0.1; yields its SQLAlchemy URI
+    (`postgresql+psycopg2://...`, what `mlflow server --backend-store-uri` takes).
+
+    TFMLOPS_TEST_POSTGRES_URI, when set, names an existing database to use instead
+    (tests then isolate themselves by experiment name).
+    """
+    external = os.environ.get("TFMLOPS_TEST_POSTGRES_URI")
+    if external:
+        yield external
+        return
+    bin_dir = require_postgres()
+    sudo = _as_postgres_user()
+    # Not under pytest's tmp_path: that folder is private to root, and the
+    # server runs as `postgres` when the tests run as root.
+    home = Path(tempfile.mkdtemp(prefix="tfmlops-pg-"))
+    if sudo:
+        shutil.chown(home, "postgres", "postgres")
+    data, port = home / "data", free_port()
+
+    def pg(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*sudo, *args], cwd=home, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            log = (home / "server.log").read_text()[-3000:] if (home / "server.log").exists() else ""
+            raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n"
+                                 f"{proc.stderr}\n{log}")
+        return proc
+
+    try:
+        pg(str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust",
+           "-E", "UTF8", "--no-locale")
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {home} -c fsync=off"
+        pg(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(home / "server.log"), "-o", options,
+           "-w", "-t", "60", "start")
+        pg(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", PG_USER, PG_DB)
+        # SQLAlchemy 2.1 defaults postgresql:// to psycopg 3; the test extra has psycopg2.
+        yield f"postgresql+psycopg2://{PG_USER}@127.0.0.1:{port}/{PG_DB}"
+    finally:
+        if (data / "postmaster.pid").exists():
+            pg(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop", check=False)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def libpq_uri(sqlalchemy_uri: str) -> str:
+    """The same database for psycopg2.connect (no `+driver` in the scheme)."""
+    scheme, rest = sqlalchemy_uri.split("://", 1)
+    return f"{scheme.split('+')[0]}://{rest}"
+
+
+class MlflowServer:
+    """`mlflow server` as a real process group we can kill mid-run and restart."""
+
+    def __init__(self, backend_uri: str, artifacts: Path, log_dir: Path, port: int | None = None):
+        self.backend_uri = backend_uri
+        self.artifacts = artifacts
+        self.log_dir = log_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 240) -> MlflowServer:
+        self.starts += 1
+        log = self.log_dir / f"mlflow-server-{self.port}-{self.starts}.log"
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        with log.open("w") as fh:
+            self.proc = subprocess.Popen(
+                [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", self.backend_uri,
+                 "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1",
+                 "--port", str(self.port), "--workers", "1"],
+                stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"mlflow server exited {self.proc.returncode}:\n"
+                                     f"{log.read_text()[-4000:]}")
+            if self.healthy():
+                return self
+            time.sleep(0.5)
+        self.kill()
+        raise AssertionError(f"mlflow server not healthy after {timeout_s:.0f} s:\n"
+                             f"{log.read_text()[-4000:]}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (the CLI and its uvicorn worker): a crash, not a shutdown."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        # The worker may outlive the group leader for a moment: wait for the port.
+        give_up = time.monotonic() + 30
+        while self.healthy() and time.monotonic() < give_up:
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, artifacts: Path, log_dir: Path) -> Iterator[MlflowServer]:
+    server = MlflowServer(backend_uri, artifacts, log_dir)
+    try:
+        yield server.start()
+    finally:
+        server.kill()
+
