@@ -170,3 +170,69 @@ def relative_tiny_params(**sections) -> dict:
     """TINY params with the repo's relative paths (for scratch repos run by dvc)."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     return deep_merge(deep_merge(params, TINY), sections)
+
+
+# ------------------------------------------- export, promote and serving (issue 6)
+
+def save_tiny_trained(cfg, epochs: int = 8) -> None:
+    """Write what `train` and `quantize` leave for `export`, on the real prepared digits.
+
+    The TINY model fitted for a few epochs, saved as `paths.train/model.keras`
+    with `resolved_params.yaml`, and its float32 TFLite as quantize's edge
+    variant (`paths.tflite/edge.json`).
+    """
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    from tfmlops.data import pipeline
+    from tfmlops.model.artifacts import MODEL_FILE, write_resolved
+    from tfmlops.model.builder import build_model
+
+    keras.utils.set_random_seed(cfg.seed)
+    prepared = pipeline.load_prepared(cfg)
+    model = build_model(cfg.model, keras, prepared.input_shape, prepared.num_classes)
+    model.compile(optimizer=keras.optimizers.Adam(0.005), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(pipeline.dataset(cfg, prepared, "train", batch_size=32, training=True),
+              epochs=epochs, verbose=0)
+    Path(cfg.paths.train).mkdir(parents=True, exist_ok=True)
+    model.save(Path(cfg.paths.train) / MODEL_FILE)
+    write_resolved(cfg, cfg.paths.train)
+    tflite = tf.lite.TFLiteConverter.from_keras_model(model).convert()
+    Path(cfg.paths.tflite).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.paths.tflite) / "float32.tflite").write_bytes(tflite)
+    edge = {"variant": "float32", "file": "float32.tflite", "accuracy": 0.0, "bytes": len(tflite)}
+    (Path(cfg.paths.tflite) / "edge.json").write_text(json.dumps(edge))
+
+
+@pytest.fixture(scope="session")
+def exported_digits(tmp_path_factory, prepared_digits):
+    """A real `export` (tracking on, temp SQLite) of a tiny trained model. Read-only:
+    tests that promote use their own registered-model names in its store."""
+    from tfmlops.config import load_config
+    from tfmlops.stages import export
+
+    workdir = tmp_path_factory.mktemp("exported_digits")
+    params = tiny_params(workdir, promote={"gate": {"min_accuracy": 0.5}})
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    cfg = load_config(workdir / "params.yaml")
+    shutil.copytree(prepared_digits.paths.prepared, cfg.paths.prepared)
+    save_tiny_trained(cfg)
+    export.run(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def exported_offline(exported_digits):
+    """The exported Keras model's answers on the test split, in export's order."""
+    from tfmlops.data.pipeline import load_prepared
+    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.serving.formats import load_test_split
+
+    prepared = load_prepared(exported_digits)
+    model = load_keras3(trained_model_path(exported_digits))
+    encoded, x, y = load_test_split(prepared)
+    return {"prepared": prepared, "encoded": encoded, "x": x, "y": y,
+            "probs": model.predict(x, verbose=0)}

@@ -1,0 +1,258 @@
+"""Every exported format: built, reloaded, checked for parity and measured.
+
+`export` calls these in order: `build_formats` writes the SavedModel (and
+reloads it in a fresh process), the ONNX file (checked, then run by ONNX
+Runtime on the whole test split) and the edge TFLite; `measure` gives every
+format's accuracy, size and single-image latency; `choose_serving` picks the
+fastest runtime the served model can run among those that passed parity;
+`check_served` runs the served model's own path (PIL + NumPy + runtime).
+A required parity that fails raises DataError saying by how much.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tfmlops.config import Config
+from tfmlops.errors import DataError
+from tfmlops.files import write_json
+
+SAVED_MODEL_VERSION = "1"  # the export folder is rebuilt whole each run: one version in it
+SERVING_CANDIDATES = ("onnx", "tflite")  # runtimes the served model can run without TensorFlow
+LATENCY_THREADS = 1  # single-image latency, one thread (as quantize measures)
+
+
+def float32_model(path: Path, tcfg: Config, prepared):
+    """The trained model computing in float32: what every exported format reproduces.
+
+    A mixed-precision model keeps float32 weights; it is rebuilt under the
+    float32 policy and gets them copied (CPU runtimes serve float32 anyway).
+    """
+    import keras
+
+    from tfmlops.model.artifacts import load_keras3, rebuild
+
+    model = load_keras3(path)
+    if all(layer.dtype_policy.compute_dtype == "float32" for layer in model.layers):
+        return model
+    keras.mixed_precision.set_global_policy("float32")
+    return rebuild(model, tcfg, keras, prepared.input_shape, prepared.num_classes)
+
+
+def load_test_split(prepared):
+    """The test split: encoded PNG bytes, float inputs and labels, in one fixed order.
+
+    The float inputs go through the pipeline's own decode and preprocess, so
+    the bytes signature and the served model can be compared image by image.
+    """
+    import tensorflow as tf
+
+    from tfmlops.data.pipeline import FEATURES, preprocess, shard_files
+
+    files = shard_files(prepared.folder, "test")
+    if not files:
+        raise DataError(f"no test TFRecords in {prepared.folder}; run `dvc repro prepare`")
+    encoded, xs, ys = [], [], []
+    for record in tf.data.TFRecordDataset(files):
+        ex = tf.io.parse_single_example(record, FEATURES)
+        image = tf.io.decode_png(ex["image"], channels=prepared.channels)
+        xs.append(preprocess(image, prepared.image_size, prepared.mean, prepared.std).numpy())
+        encoded.append(ex["image"].numpy())
+        ys.append(int(ex["label"].numpy()))
+    return encoded, np.stack(xs).astype(np.float32), np.asarray(ys)
+
+
+# ------------------------------------------------------------------ formats
+
+def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs) -> dict:
+    """Write every format into `out`; fail on the first parity the stage requires."""
+    from tfmlops.serving.signatures import export_saved_model
+
+    saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
+    export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
+                       prepared.mean, prepared.std)
+    reloaded = reload_check(saved, x, encoded, keras_probs, prepared.classes, cfg.export.atol)
+    onnx_path = out / "model.onnx"
+    to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
+    check_onnx(onnx_path, x, keras_probs, cfg.export.atol)
+    shutil.copy2(Path(cfg.paths.tflite) / edge["file"], out / "model.tflite")
+    return {"saved_model": saved, "onnx": onnx_path, "tflite": out / "model.tflite",
+            "reload_parity": reloaded["saved_model_bytes"]}
+
+
+def reload_check(saved: Path, x, encoded, keras_probs, classes, atol: float) -> dict:
+    """Reload the SavedModel in a fresh process; both signatures must match Keras."""
+    from tfmlops.serving.parity import compare
+    from tfmlops.serving.signatures import pack_bytes
+
+    with tempfile.TemporaryDirectory(prefix="tfmlops-reload-") as tmp:
+        buffer, offsets = pack_bytes(encoded)
+        np.savez(Path(tmp) / "in.npz", x=x, encoded=buffer, offsets=offsets)
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "tfmlops.serving.signatures", str(saved),
+             str(Path(tmp) / "in.npz"), str(Path(tmp) / "out.npz")],
+            capture_output=True, text=True, env=env, timeout=900)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            raise DataError(f"the SavedModel did not reload in a fresh process ({last})")
+        with np.load(Path(tmp) / "out.npz", allow_pickle=False) as result:
+            got = {k: result[k] for k in result.files}
+    checks = [compare("saved_model", keras_probs, got["float_probabilities"], atol),
+              compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)]
+    expected = np.asarray(classes)[np.argmax(keras_probs, axis=1)]
+    for c in checks:
+        if not c.passed:
+            raise DataError(f"SavedModel reloaded in a fresh process: {c.describe()}")
+    if not np.array_equal(got["bytes_labels"], expected):
+        raise DataError("SavedModel reloaded in a fresh process: its `label` output disagrees "
+                        "with the class names of the top-1 probabilities")
+    if not np.allclose(got["default_probabilities"], got["bytes_probabilities"][:1]):
+        raise DataError("SavedModel: serving_default is not the image-bytes signature")
+    return {c.runtime: c for c in checks}
+
+
+def to_onnx(model, path: Path, input_shape, opset: int) -> None:
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    spec = (tf.TensorSpec((None, *input_shape), tf.float32, name="image"),)
+    try:
+        tf2onnx.convert.from_keras(model, input_signature=spec, opset=opset, output_path=str(path))
+    except Exception as exc:  # noqa: BLE001 - tf2onnx raises many kinds
+        raise DataError(f"tf2onnx could not convert the model at opset {opset} "
+                        f"({str(exc).splitlines()[0][:160]}); try another export.onnx_opset") from None
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise DataError(f"{path.name} fails onnx.checker ({str(exc).splitlines()[0][:160]})") \
+            from None
+
+
+def check_onnx(path: Path, x, keras_probs, atol: float):
+    """ONNX Runtime on the whole test split against Keras; DataError saying by how much."""
+    from tfmlops.runtimes import OnnxModel
+    from tfmlops.serving.parity import compare
+
+    result = compare("onnx", keras_probs, OnnxModel(str(path)).predict(x), atol)
+    if not result.passed:
+        raise DataError(f"{result.describe()}; raise export.atol only if that is acceptable")
+    return result
+
+
+# ---------------------------------------------------------------- measuring
+
+def measure(cfg, model, out: Path, formats: dict, x, y, keras_probs):
+    """One row per format (accuracy, bytes, latency) and the parity of each runtime."""
+    import tensorflow as tf
+
+    from tfmlops.runtimes import OnnxModel, TFLiteModel, accuracy, latency_ms
+    from tfmlops.serving.parity import compare
+    from tfmlops.serving.signatures import FLOAT_SIGNATURE
+
+    runs = cfg.export.latency_runs
+    warmup = max(1, runs // 10)
+    x1 = x[:1]
+    sig = tf.saved_model.load(str(formats["saved_model"])).signatures[FLOAT_SIGNATURE]
+    onnx_model = OnnxModel(str(formats["onnx"]), LATENCY_THREADS)
+    tflite_model = TFLiteModel(str(formats["tflite"]), LATENCY_THREADS)
+    probs = {
+        "keras": keras_probs,
+        "saved_model": np.concatenate([sig(image=tf.constant(x[i:i + 256]))["probabilities"]
+                                       .numpy() for i in range(0, len(x), 256)]),
+        "onnx": onnx_model.predict(x),
+        "tflite": tflite_model.predict_all(x, batch=64),
+    }
+    call = {
+        "keras": lambda a: model(a, training=False).numpy(),  # eager Keras, one image
+        "saved_model": lambda a: sig(image=tf.constant(a))["probabilities"].numpy(),
+        "onnx": onnx_model.predict,
+        "tflite": tflite_model.predict,
+    }
+    files = {"keras": Path(cfg.paths.train) / "model.keras", **formats}
+    rows, parities = [], []
+    for name in ("keras", "saved_model", "onnx", "tflite"):
+        row = {"format": name, "file": _rel(files[name], out), "bytes": _size(files[name]),
+               "accuracy": accuracy(probs[name], y), **latency_ms(call[name], x1, runs, warmup)}
+        if name != "keras":
+            p = compare(name, keras_probs, probs[name], cfg.export.atol)
+            parities.append(p)
+            row.update(max_abs_diff=p.max_abs_diff, top1_mismatches=p.top1_mismatches,
+                       parity=p.passed)
+        rows.append(row)
+    return rows, parities
+
+
+def choose_serving(rows: list[dict], parities) -> dict:
+    """The fastest runtime the served model can run that passed parity."""
+    passed = {p.runtime for p in parities if p.passed}
+    options = [r for r in rows if r["format"] in SERVING_CANDIDATES and r["format"] in passed]
+    if not options:
+        raise DataError("no runtime the served model can run (ONNX, TFLite) passed parity")
+    best = min(options, key=lambda r: r["p50_ms"])
+    return {"runtime": best["format"], "file": best["file"], "bytes": best["bytes"],
+            "accuracy": best["accuracy"], "latency_p50_ms": best["p50_ms"]}
+
+
+def write_serving_config(out: Path, serving: dict, prepared) -> None:
+    from tfmlops.serving.predictor import CONFIG_FILE
+
+    write_json(out / CONFIG_FILE, {
+        "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,
+        "image_size": prepared.image_size, "channels": prepared.channels,
+        "mean": prepared.mean, "std": prepared.std, "threads": LATENCY_THREADS})
+
+
+def check_served(cfg, out: Path, serving: dict, encoded, y, keras_probs, parities) -> dict:
+    """The served model's own path (PIL decode + NumPy preprocessing + runtime) vs Keras.
+
+    Its latency is one request row end to end in-process (base64 PNG -> label),
+    which is what the gate's latency budget limits.
+    """
+    import base64
+
+    from tfmlops.runtimes import accuracy, latency_ms
+    from tfmlops.serving.parity import compare
+    from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.preprocess import decode_image, normalize
+
+    predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
+    x = np.stack([normalize(decode_image(b, predictor.channels), predictor.image_size,
+                            predictor.mean, predictor.std) for b in encoded])
+    probs = predictor.probabilities(x)
+    p = compare("served_image_bytes", keras_probs, probs, cfg.export.atol)
+    parities.append(p)
+    if not p.passed:
+        raise DataError(f"the served model's preprocessing drifted from training: {p.describe()}")
+    row = [{"image": base64.b64encode(encoded[0]).decode()}]
+    runs = cfg.export.latency_runs
+    timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))
+    serving["latency_p50_ms"] = timing["p50_ms"]
+    return {"format": "served_image_bytes", "file": serving["file"], "bytes": serving["bytes"],
+            "accuracy": accuracy(probs, y), **timing, "max_abs_diff": p.max_abs_diff,
+            "top1_mismatches": p.top1_mismatches, "parity": p.passed}
+
+
+
+# ------------------------------------------------------------------ helpers
+
+def _rel(path: Path, out: Path) -> str:
+    try:
+        return str(Path(path).relative_to(out))
+    except ValueError:
+        return str(path)
+
+
+def _size(path: Path) -> int:
+    path = Path(path)
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size

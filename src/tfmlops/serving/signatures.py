@@ -1,0 +1,129 @@
+"""The SavedModel for TensorFlow Serving: a client needs no Python preprocessing.
+
+Two signatures over the same Keras 3 model:
+- `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/GIF/BMP
+  strings of any size, grayscale or colour. Decoding, the channel conversion
+  `prepare` applies (transparency onto white, PIL's integer grayscale formula),
+  resizing and normalization all run in the graph.
+- `serve_preprocessed`: an already preprocessed float32 [N, H, W, C] tensor.
+Both return `probabilities` [N, K], `label_index` [N] and `label` [N] (class name).
+
+`python -m tfmlops.serving.signatures DIR INPUTS.npz OUTPUTS.npz` reloads a
+SavedModel in a fresh process and runs both signatures (the export check).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tfmlops.data.pipeline import preprocess
+
+BYTES_SIGNATURE = "serve_image_bytes"
+FLOAT_SIGNATURE = "serve_preprocessed"
+
+
+def decode_like_prepare(encoded: tf.Tensor, channels: int) -> tf.Tensor:
+    """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it."""
+    image = tf.cond(
+        tf.io.is_jpeg(encoded),
+        # PIL decodes JPEG with the accurate integer DCT; TensorFlow's default is the fast one.
+        lambda: tf.io.decode_jpeg(encoded, channels=0, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(encoded, channels=0, expand_animations=False),
+    )
+    image = tf.cast(image, tf.int32)
+    n = tf.shape(image)[-1]
+    color = tf.cond(n < 3, lambda: tf.tile(image[..., :1], [1, 1, 3]), lambda: image[..., :3])
+    alpha = tf.cond(tf.equal(n % 2, 0), lambda: image[..., -1:],
+                    lambda: tf.fill(tf.shape(image[..., :1]), 255))
+    # PIL's alpha_composite onto opaque white, in its integer arithmetic
+    # (coef1 = a*128, SHIFTFORDIV255, PRECISION_BITS = 7): identity when a = 255.
+    t = 128 * (color * alpha + 255 * (255 - alpha)) + (128 << 7)
+    color = tf.bitwise.right_shift(tf.bitwise.right_shift(tf.bitwise.right_shift(t, 8) + t, 8), 7)
+    if channels == 1:  # PIL "L": (R*19595 + G*38470 + B*7471 + 0x8000) >> 16
+        weights = tf.constant([19595, 38470, 7471], tf.int32)
+        gray = tf.reduce_sum(color * weights, axis=-1, keepdims=True) + 0x8000
+        color = tf.bitwise.right_shift(gray, 16)
+    return tf.cast(color, tf.uint8)
+
+
+def serving_functions(model, classes: list[str], image_size: int, channels: int, mean, std):
+    """The two serving functions (plain Python; `export_saved_model` traces them)."""
+    names = tf.constant(classes)
+
+    def outputs(probabilities):
+        index = tf.argmax(probabilities, axis=-1)
+        return {"probabilities": probabilities, "label_index": index,
+                "label": tf.gather(names, index)}
+
+    def serve_preprocessed(image):
+        return outputs(tf.cast(model(image, training=False), tf.float32))
+
+    def serve_image_bytes(image_bytes):
+        x = tf.map_fn(
+            lambda b: preprocess(decode_like_prepare(b, channels), image_size, mean, std),
+            image_bytes,
+            fn_output_signature=tf.TensorSpec((image_size, image_size, channels), tf.float32),
+        )
+        return serve_preprocessed(x)
+
+    return serve_image_bytes, serve_preprocessed
+
+
+def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std) -> None:
+    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too."""
+    import keras
+
+    serve_bytes, serve_floats = serving_functions(model, classes, image_size, channels, mean, std)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[
+        tf.TensorSpec([None], tf.string, name="image_bytes")])
+    archive.add_endpoint(FLOAT_SIGNATURE, serve_floats, input_signature=[
+        tf.TensorSpec([None, image_size, image_size, channels], tf.float32, name="image")])
+    archive.write_out(str(path), verbose=False)
+
+
+def run_signatures(path, x: np.ndarray, encoded: list[bytes], batch: int = 256) -> dict:
+    """Both signatures of the SavedModel at `path` on floats `x` and encoded images."""
+    loaded = tf.saved_model.load(str(path))
+    floats = loaded.signatures[FLOAT_SIGNATURE]
+    images = loaded.signatures[BYTES_SIGNATURE]
+    default = loaded.signatures["serving_default"]
+    prob_f = [floats(image=tf.constant(x[i:i + batch]))["probabilities"].numpy()
+              for i in range(0, len(x), batch)]
+    out_b = [images(image_bytes=tf.constant(encoded[i:i + batch]))
+             for i in range(0, len(encoded), batch)]
+    first = default(image_bytes=tf.constant(encoded[:1]))["probabilities"].numpy()
+    return {
+        "float_probabilities": np.concatenate(prob_f),
+        "bytes_probabilities": np.concatenate([o["probabilities"].numpy() for o in out_b]),
+        "bytes_labels": np.concatenate([o["label"].numpy().astype(str) for o in out_b]),
+        "default_probabilities": first,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Reload in this (fresh) process: DIR INPUTS.npz OUTPUTS.npz."""
+    path, inputs, outputs = argv
+    data = np.load(inputs, allow_pickle=False)
+    encoded = unpack_bytes(data["encoded"], data["offsets"])
+    np.savez(outputs, **run_signatures(path, data["x"], encoded))
+    return 0
+
+
+def pack_bytes(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Variable-length byte strings as one uint8 buffer + offsets (npz without pickle)."""
+    offsets = np.cumsum([0] + [len(b) for b in items])
+    return np.frombuffer(b"".join(items), dtype=np.uint8), offsets
+
+
+def unpack_bytes(buffer: np.ndarray, offsets: np.ndarray) -> list[bytes]:
+    raw = buffer.tobytes()
+    return [raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

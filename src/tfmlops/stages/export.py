@@ -1,0 +1,210 @@
+"""Stage `export`: SavedModel, ONNX and TFLite with parity checks, then registration.
+
+Output (`paths.export`, built in a staging folder and swapped in whole):
+- `saved_model/<export.model_name>/1/`: TensorFlow Serving layout, signatures
+  `serve_image_bytes` (= `serving_default`) and `serve_preprocessed`, reloaded
+  and run in a fresh process as part of the check;
+- `model.onnx` (tf2onnx, opset from params, `onnx.checker` full check) whose
+  ONNX Runtime outputs must match Keras on the whole test split (max abs diff
+  <= export.atol, identical top-1), else the stage fails saying by how much;
+- `model.tflite`: quantize's edge variant;
+- `serving.json` (the served runtime: the fastest one that passed parity),
+  `model_card.md`, `registered.json` ({name, version, run_id, model_uri}).
+Reports: `reports/export.json` (metrics) and `reports/export_formats.csv`
+(every format's accuracy, size and single-image p50 latency).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tfmlops import registry, tracking
+from tfmlops.config import Config
+from tfmlops.errors import DataError
+from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
+
+STAGE = "export"
+REGISTERED_FILE = "registered.json"
+FORMATS_CSV = "export_formats.csv"
+COLUMNS = ["format", "file", "bytes", "accuracy", "p50_ms", "p95_ms", "max_abs_diff",
+           "top1_mismatches", "parity", "served"]
+
+
+def run(cfg: Config) -> dict:
+    from tfmlops.data.pipeline import load_prepared
+    from tfmlops.model.artifacts import trained_config, trained_model_path
+
+    prepared = load_prepared(cfg)
+    tcfg = trained_config(cfg)  # fails clearly when train has not run
+    edge = read_edge(cfg)
+    out = staging_dir(cfg.paths.export)
+    upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train,
+                "quantize": cfg.paths.tflite}
+    with tracking.stage_run(cfg, STAGE, out, upstream=upstream,
+                            params={"export": cfg.to_dict()["export"],
+                                    "promote.registered_model": cfg.promote.registered_model}) as run:
+        # TensorFlow loads after the run opened: a dead tracking server fails first.
+        from tfmlops.serving import formats as fmt
+        from tfmlops.serving.card import model_card
+
+        model = fmt.float32_model(trained_model_path(cfg), tcfg, prepared)
+        encoded, x, y = fmt.load_test_split(prepared)
+        keras_probs = np.asarray(model.predict(x, batch_size=256, verbose=0), np.float32)
+        formats = fmt.build_formats(cfg, model, prepared, edge, out, encoded, x, keras_probs)
+        rows, parities = fmt.measure(cfg, model, out, formats, x, y, keras_probs)
+        parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
+        serving = fmt.choose_serving(rows, parities)
+        fmt.write_serving_config(out, serving, prepared)
+        rows.append(fmt.check_served(cfg, out, serving, encoded, y, keras_probs, parities))
+        for r in rows:
+            r["served"] = r["format"] == serving["runtime"]
+
+        lineage = registry_lineage(cfg, run.run_id)
+        data = {"classes": prepared.classes, "image_size": prepared.image_size,
+                "channels": prepared.channels, "counts": prepared.counts,
+                "version": tracking.data_version(cfg), "mean": prepared.mean, "std": prepared.std}
+        card = model_card(cfg.promote.registered_model, data, rows,
+                          [p.to_dict() for p in parities], edge, serving, lineage)
+        write_text(out / "model_card.md", card)
+        registered = register(cfg, run, out, rows, parities, serving, lineage, card, encoded[0])
+        write_json(out / REGISTERED_FILE, registered)
+
+        metrics = {**export_metrics(rows, parities, serving),
+                   "registered_version": int(registered["version"] or 0)}
+        run.log_metrics(metrics)
+        run.set_tags({"tfmlops.export.served_runtime": serving["runtime"],
+                      "tfmlops.export.parity": str(all_parity_passed(parities)).lower()})
+        reports = Path(cfg.paths.reports)
+        write_csv(reports / FORMATS_CSV, rows, COLUMNS)
+        write_json(reports / "export.json", metrics)
+        run.log_artifact(reports / FORMATS_CSV, "reports")
+        swap_in(out, cfg.paths.export)
+    _print_table(rows, serving, registered)
+    return metrics
+
+
+# ------------------------------------------------------------------ inputs
+
+def read_edge(cfg: Config) -> dict:
+    """quantize's choice of edge variant: {"variant", "file", "accuracy", "bytes"}."""
+    path = Path(cfg.paths.tflite) / "edge.json"
+    if not path.is_file():
+        raise DataError(f"{path} not found; run `dvc repro quantize` first")
+    edge = json.loads(path.read_text())
+    if not (Path(cfg.paths.tflite) / str(edge.get("file", ""))).is_file():
+        raise DataError(f"{path} names {edge.get('file')!r}, which is not in {cfg.paths.tflite}; "
+                        "run `dvc repro quantize` again")
+    return edge
+
+
+def all_parity_passed(parities) -> bool:
+    """The parities the stage requires (every runtime but the quantized edge variant)."""
+    return all(p.passed for p in parities if p.runtime != "tflite")
+
+
+def export_metrics(rows, parities, serving) -> dict:
+    metrics = {}
+    for r in rows:
+        for key in ("accuracy", "bytes", "p50_ms"):
+            metrics[f"{r['format']}.{key}"] = r[key]
+    for p in parities:
+        metrics[f"parity.{p.runtime}.max_abs_diff"] = p.max_abs_diff
+    metrics["parity.passed"] = int(all_parity_passed(parities))
+    metrics.update({f"serving.{k}": v for k, v in serving.items() if k in
+                    ("accuracy", "bytes", "latency_p50_ms")})
+    return metrics
+
+
+# ---------------------------------------------------------------- registry
+
+def register(cfg, run, out: Path, rows, parities, serving, lineage, card, example_png) -> dict:
+    """Log the served model to MLflow and register a new version; {name, version, run_id}."""
+    import base64
+
+    name = cfg.promote.registered_model
+    if not run.active:
+        print("export: tracking is off: the model is not registered (promote needs the registry)")
+        return {"name": name, "version": None, "run_id": None, "model_uri": None}
+    run.log_artifact(out / "model_card.md")
+    for fmt in ("saved_model", "model.onnx", "model.tflite"):
+        run.log_artifact(out / fmt, "formats")
+    example = {"image": base64.b64encode(example_png).decode()}
+    uri = registry.log_serving_model(run, out, serving["file"], example)
+    if uri is None:
+        raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
+                        "; fix the tracking store and run export again")
+    version = registry.Registry(cfg, name).register(
+        uri, version_tags(rows, parities, serving, lineage), card)
+    print(f"export: registered {name} version {version}")
+    return {"name": name, "version": version, "run_id": run.run_id, "model_uri": uri}
+
+
+def version_tags(rows, parities, serving, lineage) -> dict[str, str]:
+    tags = {}
+    for r in rows:
+        tags[f"accuracy.{r['format']}"] = f"{r['accuracy']:.6f}"
+        tags[f"bytes.{r['format']}"] = str(r["bytes"])
+        tags[f"latency_p50_ms.{r['format']}"] = f"{r['p50_ms']:.4f}"
+    for p in parities:
+        tags[f"parity.{p.runtime}"] = (f"{'pass' if p.passed else 'fail'} max_abs_diff="
+                                       f"{p.max_abs_diff:.3g} top1_mismatches={p.top1_mismatches}")
+    tags[registry.TAG_PARITY] = str(all_parity_passed(parities)).lower()
+    tags["serving.runtime"] = serving["runtime"]
+    tags[registry.TAG_ACCURACY] = f"{serving['accuracy']:.6f}"
+    tags[registry.TAG_BYTES] = str(serving["bytes"])
+    tags[registry.TAG_LATENCY] = f"{serving['latency_p50_ms']:.4f}"
+    return {**tags, **lineage}
+
+
+def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
+    """Git commit, dvc.lock hashes of the data, run ids of every upstream stage."""
+    root = tracking.repo_root()
+    commit, dirty = tracking.git_state(root)
+    tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
+            "lineage.data_version": tracking.data_version(cfg)}
+    folders = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned, "train": cfg.paths.train,
+               "prune": cfg.paths.pruned, "quantize": cfg.paths.tflite}
+    for stage, folder in folders.items():
+        tags[f"lineage.run.{stage}"] = tracking.read_run_file(folder).get("run_id") or "none"
+    tags["lineage.run.export"] = export_run_id or "none"
+    tags.update(dvc_data_hashes(cfg, root))
+    return tags
+
+
+def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
+    """The dvc.lock hash of every data folder (image_dir, builtin, prepared)."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {"lineage.dvc_lock": "none"}
+    wanted = {_rel_to(root, p) for p in (cfg.data.image_dir, cfg.paths.builtin, cfg.paths.prepared)}
+    found = {}
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    for stage in stages.values():
+        for entry in [*stage.get("deps", []), *stage.get("outs", [])]:
+            if entry.get("path") in wanted and entry.get("md5"):
+                found[f"lineage.dvc.{entry['path']}"] = entry["md5"]
+    return found or {"lineage.dvc_lock": "no data entries"}
+
+
+# ------------------------------------------------------------------ helpers
+
+def _rel_to(root: Path, path: str) -> str:
+    p = Path(path)
+    if p.is_absolute():
+        try:
+            return str(p.relative_to(root))
+        except ValueError:
+            return str(p)
+    return str(p)
+
+
+def _print_table(rows, serving, registered) -> None:
+    print(f"{'format':<20}{'accuracy':>10}{'bytes':>12}{'p50 ms':>10}")
+    for r in rows:
+        print(f"{r['format']:<20}{r['accuracy']:>10.4f}{r['bytes']:>12,}{r['p50_ms']:>10.3f}")
+    print(f"export: serving {serving['runtime']}; registered version {registered['version']}")

@@ -1,0 +1,158 @@
+"""`export` end to end on a tiny trained model: formats, parity, registration, MLproject."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import ROOT, VENV_BIN, mlflow_client, relative_tiny_params, scratch_repo
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_every_format_is_written_checked_and_measured(exported_digits):
+    cfg = exported_digits
+    out = Path(cfg.paths.export)
+    saved = out / "saved_model" / cfg.export.model_name / "1"
+    assert (saved / "saved_model.pb").is_file() and (saved / "variables").is_dir()
+    for name in ("model.onnx", "model.tflite", "serving.json", "model_card.md",
+                 "registered.json"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((Path(cfg.paths.reports) / "export.json").read_text())
+    assert metrics["parity.passed"] == 1
+    assert metrics["parity.onnx.max_abs_diff"] <= cfg.export.atol
+    assert metrics["parity.saved_model_bytes.max_abs_diff"] <= cfg.export.atol
+    assert metrics["onnx.accuracy"] == metrics["keras.accuracy"] > 0.5
+    with open(Path(cfg.paths.reports) / "export_formats.csv") as fh:
+        rows = {r["format"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"keras", "saved_model", "onnx", "tflite", "served_image_bytes"}
+    for row in rows.values():
+        assert int(row["bytes"]) > 0 and float(row["p50_ms"]) > 0
+    served = json.loads((out / "serving.json").read_text())
+    assert served["runtime"] in ("onnx", "tflite")
+    assert rows[served["runtime"]]["served"] == "True"
+
+
+def test_the_version_is_registered_with_tags_card_and_lineage(exported_digits):
+    cfg = exported_digits
+    registered = json.loads((Path(cfg.paths.export) / "registered.json").read_text())
+    assert registered["name"] == cfg.promote.registered_model
+    client = mlflow_client(cfg)
+    mv = client.get_model_version(registered["name"], registered["version"])
+    tags = mv.tags
+    for fmt in ("keras", "saved_model", "onnx", "tflite"):
+        assert float(tags[f"accuracy.{fmt}"]) > 0.5
+        assert int(tags[f"bytes.{fmt}"]) > 0
+    assert tags["parity.passed"] == "true"
+    assert tags["parity.onnx"].startswith("pass")
+    assert tags["lineage.run.export"] == registered["run_id"]
+    assert tags["lineage.git_commit"] and "lineage.run.train" in tags
+    assert mv.description.startswith(f"# {registered['name']}")
+    assert "## Lineage" in mv.description
+    run = client.get_run(registered["run_id"])
+    assert run.data.tags["tfmlops.stage"] == "export"
+    artifacts = {a.path for a in client.list_artifacts(registered["run_id"])}
+    assert "model_card.md" in artifacts
+    model = client.get_logged_model(registered["model_uri"].rsplit("/", 1)[-1])
+    assert model.source_run_id == registered["run_id"]
+
+
+def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_digits,
+                                                                   exported_offline):
+    """PNG/JPEG, gray/colour/transparent, any size: in-graph == the served NumPy path."""
+    import tensorflow as tf
+    from PIL import Image
+
+    from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.signatures import BYTES_SIGNATURE, FLOAT_SIGNATURE
+
+    cfg, offline = exported_digits, exported_offline
+    out = Path(cfg.paths.export)
+    loaded = tf.saved_model.load(str(out / "saved_model" / cfg.export.model_name / "1"))
+    assert {BYTES_SIGNATURE, FLOAT_SIGNATURE, "serving_default"} <= set(loaded.signatures)
+    digit = Image.open(io.BytesIO(offline["encoded"][0]))
+    images = [
+        _encode(digit.convert("RGB").resize((37, 29)), "JPEG", quality=92),
+        _encode(digit.convert("RGBA").resize((24, 24)), "PNG"),
+        _encode(digit.resize((5, 7)), "PNG"),
+        offline["encoded"][1],
+    ]
+    got = loaded.signatures[BYTES_SIGNATURE](image_bytes=tf.constant(images))
+    predictor = Predictor.from_files(out / json.loads((out / CONFIG_FILE).read_text())["file"],
+                                     out / CONFIG_FILE)
+    served = predictor.predict_rows([{"image": base64.b64encode(b).decode()} for b in images])
+    np.testing.assert_allclose(got["probabilities"].numpy(), served["probabilities"],
+                               atol=cfg.export.atol)
+    assert [s.decode() for s in got["label"].numpy()] == served["label"]
+    floats = loaded.signatures[FLOAT_SIGNATURE](image=tf.constant(offline["x"][:8]))
+    np.testing.assert_allclose(floats["probabilities"].numpy(), offline["probs"][:8], atol=1e-5)
+
+
+def test_onnx_parity_fails_on_a_perturbed_model(exported_digits, exported_offline, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    from tfmlops.errors import DataError
+    from tfmlops.serving.formats import check_onnx
+
+    cfg, offline = exported_digits, exported_offline
+    source = Path(cfg.paths.export) / "model.onnx"
+    assert check_onnx(source, offline["x"], offline["probs"], cfg.export.atol).passed
+    model = onnx.load(str(source))
+    bias = next(t for t in model.graph.initializer if "logits" in t.name and "Bias" in t.name)
+    values = numpy_helper.to_array(bias).copy()
+    values[0] += 0.5  # class 0 gets a little more evidence everywhere
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    perturbed = tmp_path / "perturbed.onnx"
+    onnx.save(model, str(perturbed))
+    with pytest.raises(DataError) as err:
+        check_onnx(perturbed, offline["x"], offline["probs"], cfg.export.atol)
+    message = str(err.value)
+    assert "onnx parity FAILED" in message and "over by" in message
+    assert "\n" not in message
+
+
+def test_export_without_quantize_output_fails_in_one_line(exported_digits, tmp_path):
+    from tfmlops.config import load_config
+    from tfmlops.errors import DataError
+    from tfmlops.stages import export
+
+    params = yaml.safe_load((Path(exported_digits.paths.export).parent.parent
+                             / "params.yaml").read_text())
+    params["paths"]["tflite"] = str(tmp_path / "no_tflite")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(DataError, match="run `dvc repro quantize` first"):
+        export.run(load_config(tmp_path / "params.yaml"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mlflow_run_entry_point(tmp_path):
+    """`mlflow run . -e check --env-manager local` in a scratch copy of the project."""
+    repo = tmp_path / "repo"
+    scratch_repo(repo, relative_tiny_params())
+    shutil.copy2(ROOT / "MLproject", repo / "MLproject")
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
+    proc = subprocess.run([str(VENV_BIN / "mlflow"), "run", ".", "-e", "check",
+                           "--env-manager", "local", "--experiment-name", "tfmlops"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "params.yaml: ok" in proc.stdout
+    assert "succeeded" in proc.stderr
+
+
+def _encode(image, fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **kwargs)
+    return buf.getvalue()
