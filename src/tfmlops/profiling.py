@@ -53,3 +53,65 @@ def trace(cfg: Config, stage: str) -> Iterator[Path | None]:
 
 def trace_files(folder: str | Path) -> list[Path]:
     return sorted(Path(folder).rglob("*.xplane.pb"))
+
+
+# Keras' TensorBoard callback wraps each profiled training step in a trace event
+# of this name; the step's wait for its next batch is the iterator's GetNext op.
+STEP_EVENT = "Profiled batch"
+INPUT_WAIT_MARK = "IteratorGetNext"
+
+
+def trace_summary(folder: str | Path) -> dict[str, float]:
+    """Mean step time and the share of it spent waiting for input, from a trace folder.
+
+    xprof's overview and input-pipeline tools measure steps on accelerators
+    only (on a CPU-only host they report "No step time measured"), so this
+    reads the host's XSpace events directly: the steps Keras marked, and the
+    time inside them covered by iterator GetNext ops. Empty without a trace.
+    """
+    files = trace_files(folder)
+    if not files:
+        return {}
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    steps: list[tuple[int, int]] = []
+    waits: list[tuple[int, int]] = []
+    for path in files:
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(path.read_bytes())
+        for plane in space.planes:
+            names = {key: meta.name for key, meta in plane.event_metadata.items()}
+            for line in plane.lines:
+                origin_ps = line.timestamp_ns * 1000
+                for event in line.events:
+                    name = names.get(event.metadata_id, "")
+                    span = (origin_ps + event.offset_ps,
+                            origin_ps + event.offset_ps + event.duration_ps)
+                    if name == STEP_EVENT:
+                        steps.append(span)
+                    elif INPUT_WAIT_MARK in name and name.endswith("::DoCompute"):
+                        waits.append(span)
+    if not steps:
+        return {}
+    step_ps = sum(end - start for start, end in steps)
+    wait_ps = sum(_overlap(span, _union(waits)) for span in _union(steps))
+    return {
+        "profile_steps": len(steps),
+        "profile_step_ms": step_ps / len(steps) / 1e9,
+        "profile_input_wait_share": min(wait_ps / step_ps, 1.0) if step_ps else 0.0,
+    }
+
+
+def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping spans merged (two replicas waiting at once count once)."""
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def _overlap(window: tuple[int, int], spans: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(window[1], e) - max(window[0], s)) for s, e in spans)

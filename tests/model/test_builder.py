@@ -1,0 +1,72 @@
+"""The one builder: same spec, same weights, same outputs in Keras 3 and tf_keras."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tfmlops.config import BlockSpec, ModelSpec
+from tfmlops.errors import ConfigError
+
+INPUT = (16, 16, 1)
+SPECS = {
+    "conv_bn": ModelSpec(blocks=[BlockSpec(8, 3, False), BlockSpec(16, 3, False)],
+                         convs_per_block=1, head_units=32, dropout=0.1),
+    "separable_se_avg": ModelSpec(blocks=[BlockSpec(8, 3, True), BlockSpec(16, 5, True)],
+                                  convs_per_block=2, batch_norm=False, pooling="avg",
+                                  head_units=0, activation="swish", squeeze_excite=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_keras3_and_tf_keras_agree_after_weight_copy(name):
+    import keras
+    import tf_keras
+
+    from tfmlops.model.builder import build_model
+
+    spec = SPECS[name]
+    k3 = build_model(spec, keras, INPUT, 10)
+    k2 = build_model(spec, tf_keras, INPUT, 10)
+    assert [w.shape for w in k3.get_weights()] == [w.shape for w in k2.get_weights()]
+    # Non-default weights everywhere (BN statistics included), so a misordered copy shows.
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(0.5, 0.2, w.shape).astype(w.dtype) for w in k3.get_weights()]
+    k3.set_weights(weights)
+    k2.set_weights(k3.get_weights())
+    x = rng.normal(size=(8, *INPUT)).astype("float32")
+    out3 = k3(x, training=False).numpy()
+    out2 = k2(x, training=False).numpy()
+    assert out3.shape == (8, 10)
+    np.testing.assert_allclose(out3, out2, atol=1e-5)
+    assert k3.layers[-1].dtype_policy.compute_dtype == "float32"
+
+
+def test_custom_layer_and_loss_round_trip_with_safe_mode(tmp_path):
+    import keras
+
+    from tfmlops.config import LossConfig
+    from tfmlops.model.artifacts import load_keras3
+    from tfmlops.model.builder import build_model
+    from tfmlops.model.optim import make_loss
+
+    model = build_model(SPECS["separable_se_avg"], keras, INPUT, 10)
+    model.compile(optimizer="adam", loss=make_loss(LossConfig(name="focal", label_smoothing=0.1),
+                                                   10, keras), metrics=["accuracy"])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = load_keras3(path)
+    x = np.random.default_rng(1).normal(size=(4, *INPUT)).astype("float32")
+    np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+    assert any(type(layer).__name__ == "SqueezeExcite" for layer in loaded.layers)
+    assert type(loaded.loss).__name__ == "FocalLoss"
+
+
+def test_spec_with_more_pooling_than_the_input_allows_fails_before_building():
+    import keras
+
+    from tfmlops.model.builder import build_model
+
+    spec = ModelSpec(blocks=[BlockSpec(4, 3, False)] * 6)  # 5 pools of a 16px input
+    with pytest.raises(ConfigError, match="model.blocks"):
+        build_model(spec, keras, INPUT, 10)

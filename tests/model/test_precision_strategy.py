@@ -1,0 +1,162 @@
+"""Precision policies and tf.distribute strategies: resolution, mixed steps, replicas."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig
+from tfmlops.errors import ConfigError
+from tfmlops.model.precision import resolve_precision
+from tfmlops.model.strategy import cluster_tasks, resolve_strategy
+
+TINY = ModelSpec(blocks=[BlockSpec(4, 3, False), BlockSpec(8, 3, False)], convs_per_block=1,
+                 head_units=16, dropout=0.0)
+
+
+def cluster(workers: int, chief: bool = False) -> str:
+    spec = {"worker": [f"127.0.0.1:{2000 + i}" for i in range(workers)]}
+    if chief:
+        spec["chief"] = ["127.0.0.1:1999"]
+    return json.dumps({"cluster": spec, "task": {"type": "worker", "index": 0}})
+
+
+@pytest.mark.parametrize("setting, gpus, expected", [
+    ("auto", [], "float32"),                           # these CPUs: no fp16/bf16 units
+    ("auto", [(7, 0)], "mixed_float16"),               # Volta and newer: tensor cores
+    ("auto", [(8, 6), (9, 0)], "mixed_float16"),
+    ("auto", [(6, 1)], "float32"),                     # Pascal: float16 would be slower
+    ("auto", [(8, 0), (6, 1)], "float32"),             # mixed fleets take the safe policy
+    ("mixed_bfloat16", [], "mixed_bfloat16"),          # explicit settings are kept
+    ("float32", [(9, 0)], "float32"),
+])
+def test_precision_resolution(setting, gpus, expected):
+    assert resolve_precision(setting, gpus) == expected
+
+
+@pytest.mark.parametrize("setting, tf_config, gpus, expected", [
+    ("auto", None, 0, "default"),
+    ("auto", None, 1, "default"),
+    ("auto", None, 2, "mirrored"),
+    ("auto", cluster(2), 0, "multi_worker"),
+    ("auto", cluster(1, chief=True), 0, "multi_worker"),
+    ("auto", cluster(1), 4, "mirrored"),               # a one-task cluster is one machine
+    ("mirrored", None, 0, "mirrored"),                 # explicit: CPU split into replicas
+    ("default", cluster(3), 0, "default"),
+])
+def test_strategy_resolution(setting, tf_config, gpus, expected):
+    assert resolve_strategy(setting, tf_config, gpus) == expected
+
+
+def test_multi_worker_fit_across_workers_is_refused_with_the_upstream_issue():
+    from tfmlops.model.strategy import check_supported
+
+    with pytest.raises(ConfigError, match="keras-team/keras#20585"):
+        check_supported("multi_worker", cluster(2))
+    check_supported("multi_worker", cluster(1))  # one worker: Keras 3 fit works
+    check_supported("multi_worker", None)
+    check_supported("default", cluster(3))
+
+
+def test_bad_tf_config_is_a_config_error():
+    assert cluster_tasks(None) == 0
+    with pytest.raises(ConfigError, match="TF_CONFIG"):
+        cluster_tasks("{not json")
+
+
+def test_logical_cpus_cannot_be_added_once_tensorflow_runs():
+    import tensorflow as tf
+
+    from tfmlops.model.strategy import prepare_devices
+
+    tf.constant(1.0) + 1.0  # devices are initialised from here on
+    with pytest.raises(ConfigError, match="fresh process"):
+        prepare_devices("mirrored", 8)
+    prepare_devices("default", 8)  # nothing to do, no error
+
+
+@pytest.mark.parametrize("policy, compute", [("mixed_float16", "float16"),
+                                             ("mixed_bfloat16", "bfloat16")])
+def test_one_mixed_precision_training_step(policy, compute):
+    import keras
+
+    from tfmlops.model.builder import build_model
+    from tfmlops.model.optim import make_optimizer
+    from tfmlops.model.precision import global_policy, uses_loss_scaling
+
+    with global_policy(policy, keras):
+        model = build_model(TINY, keras, (16, 16, 1), 10)
+        model.compile(optimizer=make_optimizer(OptimizerConfig(), 1e-3, keras),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
+    conv = model.get_layer("block0_conv0")
+    assert (conv.compute_dtype, conv.variable_dtype) == (compute, "float32")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 16, 16, 1)).astype("float32")
+    y = rng.integers(0, 10, 16)
+    before = [w.copy() for w in model.get_weights()]
+    logs = model.train_on_batch(x, y, return_dict=True)
+    assert np.isfinite(logs["loss"])
+    assert model(x).dtype == "float32"  # the softmax computes in float32
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+    assert uses_loss_scaling(model, keras) is (policy == "mixed_float16")
+    if policy == "mixed_float16":
+        assert float(model.optimizer.dynamic_scale) > 1.0
+
+
+MIRRORED_ONE_STEP = textwrap.dedent("""
+    import json
+    import numpy as np
+    from tfmlops.model import strategy as dist
+
+    dist.prepare_devices("mirrored", 2)  # first: before TensorFlow initialises devices
+    import keras
+    import tensorflow as tf
+    from tfmlops.config import BlockSpec, ModelSpec
+    from tfmlops.model.builder import build_model
+
+    # No batch norm and no dropout: per-replica batch statistics and random
+    # masks are the legitimate differences between 1 and 2 replicas.
+    spec = ModelSpec(blocks=[BlockSpec(4, 3, False), BlockSpec(8, 3, False)],
+                     convs_per_block=1, batch_norm=False, dropout=0.0, head_units=16)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 16, 16, 1)).astype("float32")
+    y = rng.integers(0, 10, 32)
+    initial = build_model(spec, keras, (16, 16, 1), 10).get_weights()
+
+    def one_step(kind, replicas):
+        strategy = dist.make_strategy(kind, replicas)
+        with strategy.scope():
+            model = build_model(spec, keras, (16, 16, 1), 10)
+            model.compile(optimizer=keras.optimizers.SGD(0.5),
+                          loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.set_weights(initial)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # one global batch
+        model.fit(data, epochs=1, verbose=0, shuffle=False)
+        return strategy.num_replicas_in_sync, model.get_weights()
+
+    n1, single = one_step("default", 1)
+    n2, mirrored = one_step("mirrored", 2)
+    print(json.dumps({
+        "replicas": [n1, n2],
+        "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(single, mirrored)),
+        "moved": max(float(np.abs(a - b).max()) for a, b in zip(single, initial)),
+    }))
+""")
+
+
+@pytest.mark.timeout(180)
+def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
+    proc = subprocess.run([sys.executable, "-c", MIRRORED_ONE_STEP], capture_output=True,
+                          text=True, timeout=170, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == [1, 2]
+    assert result["moved"] > 1e-3  # the step really changed the weights
+    assert result["max_diff"] < 1e-5
