@@ -148,7 +148,7 @@ class LossConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = _f(20, **_rng(1, 10_000))
-    batch_size: int = _f(16, **_rng(1, 65_536))  # per replica; small: enough steps for BN stats
+    batch_size: int = _f(64, **_rng(1, 65_536))  # per replica
     optimizer: OptimizerConfig = _f(OptimizerConfig())
     schedule: ScheduleConfig = _f(ScheduleConfig())
     loss: LossConfig = _f(LossConfig())
@@ -217,10 +217,10 @@ class TuneConfig:
 class PruneConfig:
     initial_sparsity: float = _f(0.0, **_rng(0.0, 1.0, hi_open=True))
     final_sparsity: float = _f(0.8, **_rng(0.0, 1.0, hi_open=True))
-    epochs: int = _f(6, **_rng(1, 10_000))
+    epochs: int = _f(20, **_rng(1, 10_000))  # fine-tuning epochs
     begin_fraction: float = _f(0.0, **_rng(0.0, 1.0, hi_open=True))
-    end_fraction: float = _f(0.7, **_rng(0.0, 1.0, lo_open=True))
-    frequency: int = _f(20, **_rng(1, 1_000_000))
+    end_fraction: float = _f(0.5, **_rng(0.0, 1.0, lo_open=True))  # final sparsity reached here
+    frequency: int = _f(5, **_rng(1, 1_000_000))  # steps between mask updates
     learning_rate: float = _f(5e-4, **_rng(0.0, 10.0, lo_open=True))
 
 
@@ -511,6 +511,9 @@ def _check_invariants(obj, path: str) -> None:
             raise ConfigError(
                 f"{p}required: {bad[0]!r} is not a variant; use some of {', '.join(TFLITE_VARIANTS)}"
             )
+        if "qat_int8" in obj.required and not obj.qat:
+            raise ConfigError(f"{p}required: lists qat_int8 but {p}qat is false; "
+                              f"set {p}qat: true or remove qat_int8")
 
 
 TFLITE_VARIANTS = ("float32", "dynamic", "float16", "int8", "qat_int8")

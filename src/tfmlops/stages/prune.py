@@ -1,0 +1,132 @@
+"""Stage `prune`: tfmot magnitude pruning of the trained model, then fine-tuning.
+
+Runs with TF_USE_LEGACY_KERAS=1 (set by the CLI): tfmot works only on
+tf_keras. The trained Keras 3 model is rebuilt in tf_keras with the shared
+builder, every prunable layer is wrapped with a PolynomialDecay schedule
+(begin/end steps from prune.epochs x steps per epoch x the fractions), and
+the model is fine-tuned through the project's input pipeline with
+UpdatePruningStep and PruningSummaries (TensorBoard, into the profile folder,
+with a profiler trace of a few steps when profiling.enabled).
+
+Outputs: `paths.pruned/model.keras` (stripped, tf_keras format) and
+`mlflow_run.json`, built in a staging folder and swapped in whole;
+`reports/prune.json` (sparsity, accuracy against the trained model, gzip
+sizes) and `reports/prune_sparsity.csv` (one row per weighted layer).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tfmlops import tracking
+from tfmlops.compress import source
+from tfmlops.compress.measure import SPARSITY_COLUMNS, gzip_bytes, sparsity_table
+from tfmlops.compress.schedule import pruning_steps
+from tfmlops.config import Config
+from tfmlops.files import staging_dir, swap_in, write_csv, write_json
+from tfmlops.model.artifacts import MODEL_FILE
+
+STAGE = "prune"
+BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statistics
+
+
+def run(cfg: Config) -> dict:
+    tcfg = source.trained(cfg)  # DataError (exit 2) before TensorFlow loads
+    source.train_split_size(cfg)
+
+    from tfmlops.data import pipeline
+
+    prepared = pipeline.load_prepared(cfg)
+    batch_size = tcfg.train.batch_size
+    steps = pruning_steps(cfg.prune, prepared.counts["train"], batch_size)
+
+    out = staging_dir(cfg.paths.pruned)
+    upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train}
+    params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],
+              "schedule_steps": asdict(steps)}
+    with tracking.stage_run(cfg, STAGE, out, upstream=upstream, params=params) as run:
+        metrics, rows = _prune(cfg, tcfg, prepared, steps, out, run)
+        sparsity_csv = write_csv(Path(cfg.paths.reports) / "prune_sparsity.csv", rows,
+                                 SPARSITY_COLUMNS)
+        final = swap_in(out, cfg.paths.pruned)
+        # Logged from the final folder: a queued upload (server away) must find its file.
+        run.log_metrics(metrics)
+        run.log_artifact(sparsity_csv, "reports")
+        run.log_artifact(final / MODEL_FILE, "model")
+    write_json(Path(cfg.paths.reports) / "prune.json", metrics)
+    print(f"prune: sparsity {metrics['sparsity']:.3f} (target {cfg.prune.final_sparsity}), "
+          f"test accuracy {metrics['test_accuracy']:.4f} (trained "
+          f"{metrics['trained_test_accuracy']:.4f}), gzip {metrics['gzip_ratio']:.2f}x smaller")
+    return metrics
+
+
+def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[dict, list]:
+    from tfmlops import profiling
+    from tfmlops.compress import pruning
+    from tfmlops.data import pipeline
+    from tfmlops.model.optim import make_loss
+    from tfmlops.progress import keras_verbose
+    from tfmlops.runtimes import accuracy
+
+    keras = source.tf_keras_module()
+    keras.utils.set_random_seed(cfg.seed)
+    original, twin = source.load_trained(cfg, tcfg, prepared)
+    x_test, y_test = pipeline.arrays(cfg, prepared, "test")
+    trained_accuracy = accuracy(original.predict(x_test, verbose=0), y_test)
+    # The same tf_keras format as the pruned file, saved before fine-tuning
+    # (the pruning wrappers share these layers' weights).
+    with tempfile.TemporaryDirectory() as tmp:
+        unpruned = Path(tmp) / MODEL_FILE
+        twin.save(unpruned)
+        unpruned_bytes, unpruned_gzip = unpruned.stat().st_size, gzip_bytes(unpruned)
+
+    wrapped, left_dense = pruning.prunable_clone(
+        twin, pruning.polynomial_decay(cfg.prune, steps), keras
+    )
+    wrapped.compile(optimizer=keras.optimizers.Adam(cfg.prune.learning_rate),
+                    loss=make_loss(tcfg.train.loss, prepared.num_classes, keras),
+                    metrics=["accuracy"])
+    log_dir = profiling.fresh_profile_dir(cfg, STAGE)
+    callbacks = pruning.callbacks(str(log_dir),
+                                  profiling.keras_profile_batch(cfg, steps.steps_per_epoch))
+    train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
+                             training=True)
+    started = time.perf_counter()
+    history = wrapped.fit(train, epochs=cfg.prune.epochs, callbacks=callbacks,
+                          verbose=keras_verbose())
+    fine_tune_seconds = time.perf_counter() - started
+    for epoch in range(cfg.prune.epochs):
+        run.log_metrics({f"fine_tune_{k}": v[epoch] for k, v in history.history.items()},
+                        step=epoch)
+    pruned_names = pruning.pruned_weight_names(wrapped)
+
+    stripped = pruning.strip(wrapped)
+    x_train, _ = pipeline.arrays(cfg, prepared, "train")
+    stripped = pruning.recalibrated_batch_norm(stripped, x_train[:BN_CALIBRATION_IMAGES], keras)
+    stripped.save(out / MODEL_FILE)
+    rows, overall = sparsity_table(pruning.layer_weights(stripped, pruned_names))
+    pruned_accuracy = accuracy(stripped.predict(x_test, verbose=0), y_test)
+    pruned_gzip = gzip_bytes(out / MODEL_FILE)
+    if cfg.profiling.enabled:
+        run.log_artifact(log_dir, "profile")
+
+    metrics = {
+        **overall,
+        "target_sparsity": cfg.prune.final_sparsity,
+        "test_accuracy": round(pruned_accuracy, 6),
+        "trained_test_accuracy": round(trained_accuracy, 6),
+        "accuracy_delta": round(pruned_accuracy - trained_accuracy, 6),
+        "bytes_pruned": (out / MODEL_FILE).stat().st_size,
+        "bytes_unpruned": unpruned_bytes,
+        "gzip_bytes_pruned": pruned_gzip,
+        "gzip_bytes_unpruned": unpruned_gzip,
+        "gzip_ratio": round(unpruned_gzip / pruned_gzip, 3),
+        "prunable_layers": sum(r["prunable"] for r in rows),
+        "left_dense": left_dense,
+        "schedule": asdict(steps),
+        "fine_tune_seconds": round(fine_tune_seconds, 2),
+    }
+    return metrics, rows

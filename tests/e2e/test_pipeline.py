@@ -1,0 +1,90 @@
+"""The whole `dvc repro` in a scratch git repo, tiny params, real everything."""
+
+import json
+
+import pytest
+import yaml
+from conftest import dvc, relative_tiny_params, scratch_repo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+STAGES = ["materialize", "prepare", "tune", "train", "prune", "quantize", "export", "promote"]
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    params = relative_tiny_params(
+        tune={"max_trials": 2, "max_epochs": 1, "tuner": "random"},
+        promote={"gate": {"min_accuracy": 0.3, "max_latency_ms": 1000.0}},
+    )
+    repo = scratch_repo(tmp_path_factory.mktemp("e2e") / "repo", params)
+    first = dvc("repro", cwd=repo, timeout=1400)
+    return repo, first
+
+
+def test_every_stage_ran_and_is_locked(repro):
+    repo, first = repro
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in first.stdout, stage
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert set(STAGES) <= set(lock)
+
+
+def test_second_repro_is_a_no_op(repro):
+    repo, _ = repro
+    again = dvc("repro", cwd=repo)
+    assert "Running stage" not in again.stdout
+    assert "up to date" in again.stdout
+
+
+def test_metrics_and_plots_show(repro):
+    repo, _ = repro
+    metrics = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
+    files = next(iter(metrics.values()))["data"]
+    names = {f.split("/")[-1] for f in files}
+    assert {"prepare.json", "train.json", "quantize.json", "export.json"} <= names
+    train = next(v["data"] for k, v in files.items() if k.endswith("train.json"))
+    assert train["test_accuracy"] > 0.3
+    plots = dvc("plots", "show", "--json", cwd=repo)
+    assert "train_history.csv" in plots.stdout
+
+
+def test_mlflow_holds_one_run_per_stage_with_lineage_to_prepare(repro):
+    import mlflow
+
+    repo, _ = repro
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tfmlops")
+    runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
+    top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    by_stage = {}
+    for r in top:
+        by_stage.setdefault(r.data.tags["tfmlops.stage"], []).append(r)
+    tracked = [s for s in STAGES if s != "materialize"]
+    assert {s: len(by_stage.get(s, [])) for s in tracked} == {s: 1 for s in tracked}
+    ids = {s: by_stage[s][0].info.run_id for s in tracked}
+
+    def ancestors(stage):
+        seen, todo = set(), [ids[stage]]
+        while todo:
+            run = client.get_run(todo.pop())
+            for key, value in run.data.tags.items():
+                if key.startswith("tfmlops.upstream.") and value not in seen:
+                    seen.add(value)
+                    todo.append(value)
+        return seen
+
+    assert ids["prepare"] in ancestors("promote")
+    assert ids["train"] in ancestors("export")
+    assert ids["tune"] in ancestors("train")
+
+
+def test_a_registered_version_holds_production(repro):
+    import mlflow
+
+    repo, _ = repro
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("digits-classifier", "production")
+    assert int(version.version) >= 1
+    decision = json.loads((repo / "reports" / "promote.json").read_text())
+    assert decision["promoted"] in (True, 1)
