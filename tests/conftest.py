@@ -103,10 +103,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment for a subprocess, minus the tracking URI that
+    mlflow.set_tracking_uri exported here (a child must pick its own store)."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
+    return env
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600,
             check: bool = True) -> subprocess.CompletedProcess:
     """Run `tfmlops ...` in a real subprocess (own TensorFlow, own Keras world)."""
-    full_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})}
+    full_env = {**child_env(), **(env or {})}
     proc = subprocess.run([str(VENV_BIN / "tfmlops"), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -156,8 +164,7 @@ def scratch_repo(dest: Path, params: dict | None = None) -> Path:
 
 def dvc(*args: str, cwd: Path, timeout: float = 900, check: bool = True,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-                "DVC_NO_ANALYTICS": "1", **(env or {})}
+    full_env = {**child_env(), "DVC_NO_ANALYTICS": "1", **(env or {})}
     proc = subprocess.run([str(VENV_BIN / "dvc"), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -283,11 +283,5 @@ def _serving_signature():
 
 
 def _serving_requirements() -> list[str]:
-    from importlib.metadata import version
-
-    pins = ["mlflow", "numpy", "pandas", "Pillow", "onnxruntime", "ai-edge-litert"]
-    out = []
-    for name in pins:
-        with contextlib.suppress(Exception):
-            out.append(f"{name}=={version(name)}")
-    return out
+    return tracking.pinned_requirements(
+        "mlflow", "numpy", "pandas", "Pillow", "onnxruntime", "ai-edge-litert")

@@ -263,6 +263,11 @@ class StageRun:
     def log_keras_model(self, model, saved_path: str | Path, **kwargs) -> None:
         """Log (and optionally register) a Keras model; on failure queue its saved file."""
 
+        # Declared, not inferred: MLflow's inference reloads the model in a fresh
+        # Python (~15 s of TensorFlow import) on every log.
+        kwargs.setdefault("pip_requirements", pinned_requirements(
+            "mlflow", "tensorflow", "keras", "numpy"))
+
         def go(_client):
             mlflow = _import_mlflow()
             with _resumed(mlflow, self.run_id):
@@ -410,6 +415,17 @@ def _resumed(mlflow, run_id: str):
         return
     with mlflow.start_run(run_id=run_id):
         yield
+
+
+def pinned_requirements(*names: str) -> list[str]:
+    """`name==installed version` for each installed distribution (a model's pip deps)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in names:
+        with contextlib.suppress(PackageNotFoundError):
+            out.append(f"{name}=={version(name)}")
+    return out
 
 
 def _client():

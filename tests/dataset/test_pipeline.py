@@ -71,7 +71,8 @@ def test_augmentation_changes_training_images_only(prepared_digits, prepared):
             shuffle_buffer=1,
         ),
     )
-    plain = dataclasses.replace(aug, pipeline=dataclasses.replace(aug.pipeline, augment=prepared_digits.pipeline.augment))
+    plain = dataclasses.replace(
+        aug, pipeline=dataclasses.replace(aug.pipeline, augment=prepared_digits.pipeline.augment))
     xa, _ = next(iter(pipeline.dataset(aug, prepared, "train", batch_size=16, training=True)))
     xp, _ = next(iter(pipeline.dataset(plain, prepared, "train", batch_size=16, training=True)))
     assert xa.shape == xp.shape and np.isfinite(xa.numpy()).all()

@@ -7,14 +7,13 @@ After that, SQLite's busy timeout (20 s, set by MLflow) serialises the writes:
 no "database is locked", no lost row.
 """
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import mlflow_client
+from conftest import child_env, mlflow_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -28,7 +27,7 @@ def test_eight_processes_log_to_one_fresh_sqlite_store(tmp_path, make_cfg):
     store = Path(cfg.tracking.uri[len("sqlite:///"):])
     assert not store.exists()
     start = tmp_path / "start"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**child_env(), "PYTHONUNBUFFERED": "1"}
     env.pop("PYTEST_CURRENT_TEST", None)  # MLflow adds test-only checks when it sees it
     procs = [subprocess.Popen([sys.executable, str(WRITER), str(tmp_path / "params.yaml"), str(i),
                                str(STEPS), str(start)],

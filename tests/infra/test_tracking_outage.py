@@ -3,7 +3,6 @@ server that dies mid-run costs nothing but an outbox that `tfmlops sync` replays
 """
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from live_services import MlflowServer
 
-from conftest import VENV_BIN, free_port, mlflow_client, run_cli
+from conftest import VENV_BIN, child_env, free_port, mlflow_client, run_cli
 from tfmlops import tracking
 from tfmlops.errors import TrackingUnavailable
 
@@ -40,7 +39,7 @@ def test_server_killed_mid_train_then_sync_uploads_what_was_missed(tmp_path, dig
     cfg = digits_workdir(train={"use_tuned": False, "epochs": 3})
     server = MlflowServer(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "server-artifacts",
                           tmp_path).start()
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+    env = {**child_env(),
            "MLFLOW_TRACKING_URI": server.url}
     stage = None
     out, err = tmp_path / "train.out", tmp_path / "train.err"  # files: a full pipe would block it

@@ -6,7 +6,6 @@ import base64
 import csv
 import io
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, VENV_BIN, mlflow_client, relative_tiny_params, scratch_repo
+from conftest import ROOT, VENV_BIN, child_env, mlflow_client, relative_tiny_params, scratch_repo
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -142,7 +141,7 @@ def test_mlflow_run_entry_point(tmp_path):
     repo = tmp_path / "repo"
     scratch_repo(repo, relative_tiny_params())
     shutil.copy2(ROOT / "MLproject", repo / "MLproject")
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+    env = {**child_env(),
            "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
     proc = subprocess.run([str(VENV_BIN / "mlflow"), "run", ".", "-e", "check",
                            "--env-manager", "local", "--experiment-name", "tfmlops"],

@@ -9,7 +9,6 @@ wrote; a "worse" or "better" model is that model with a lower or higher
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import VENV_BIN, mlflow_client, run_cli
+from conftest import VENV_BIN, child_env, mlflow_client, run_cli
 from tfmlops.config import load_config
 
 pytestmark = pytest.mark.timeout(600)
@@ -141,7 +140,7 @@ def test_two_concurrent_promotions_serialize(store, tmp_path):
     promote.run(cfg, version=int(first))
     a, b = register(0.0), register(0.0)
     logs = {v: tmp_path / f"promote-{v}.log" for v in (a, b)}
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**child_env()}
     with registry.promotion_lock():  # both processes start while the lock is taken
         procs = [subprocess.Popen([str(VENV_BIN / "tfmlops"), "promote", "--version", v],
                                   cwd=tmp_path, env=env, stdout=logs[v].open("w"),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import VENV_BIN, free_port
+from conftest import VENV_BIN, child_env, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -30,7 +30,7 @@ def server(exported_digits, tmp_path_factory):
     cfg = exported_digits
     promote.run(cfg)  # the exported version -> @production (this store's gate floor is 0.5)
     port = free_port()
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+    env = {**child_env(),
            "MLFLOW_TRACKING_URI": tracking_uri(cfg), "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
     workdir = tmp_path_factory.mktemp("serve")
     log = workdir / "serve.log"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import VENV_BIN, mlflow_client, run_cli, stage_runs
+from conftest import VENV_BIN, child_env, mlflow_client, run_cli, stage_runs
 from tfmlops.errors import ConfigError, DataError
 
 NO_TUNE = {"use_tuned": False}
@@ -218,7 +217,7 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_backup(digits_workdir, tmp
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, **QUIET)
     backup = Path(cfg.paths.backup)
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**child_env()}
     proc = subprocess.Popen([str(VENV_BIN / "tfmlops"), "train"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import child_env
 from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig
 from tfmlops.errors import ConfigError
 from tfmlops.model.precision import resolve_precision
@@ -154,7 +154,7 @@ MIRRORED_ONE_STEP = textwrap.dedent("""
 @pytest.mark.timeout(180)
 def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
     proc = subprocess.run([sys.executable, "-c", MIRRORED_ONE_STEP], capture_output=True,
-                          text=True, timeout=170, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          text=True, timeout=170, env={**child_env(), "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["replicas"] == [1, 2]

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import yaml
+
 from conftest import dvc, relative_tiny_params, scratch_repo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
