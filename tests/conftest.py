@@ -222,7 +222,8 @@ def exported_digits(tmp_path_factory, prepared_digits):
     from tfmlops.stages import export
 
     workdir = tmp_path_factory.mktemp("exported_digits")
-    params = tiny_params(workdir, promote={"gate": {"min_accuracy": 0.5}})
+    params = tiny_params(workdir, promote={"gate": {"min_accuracy": 0.5}},
+                         profiling={"enabled": True, "start_step": 1, "steps": 1})
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cfg = load_config(workdir / "params.yaml")
     shutil.copytree(prepared_digits.paths.prepared, cfg.paths.prepared)

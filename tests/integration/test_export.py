@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, VENV_BIN, child_env, mlflow_client, relative_tiny_params, scratch_repo
+from tfmlops import profiling
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -62,6 +63,8 @@ def test_the_version_is_registered_with_tags_card_and_lineage(exported_digits):
     assert run.data.tags["tfmlops.stage"] == "export"
     artifacts = {a.path for a in client.list_artifacts(registered["run_id"])}
     assert "model_card.md" in artifacts
+    assert "profile" in artifacts  # a trace of the bytes-in serving function
+    assert profiling.trace_files(profiling.profile_dir(cfg, "export"))
     model = client.get_logged_model(registered["model_uri"].rsplit("/", 1)[-1])
     assert model.source_run_id == registered["run_id"]
 

@@ -54,6 +54,7 @@ def run(cfg: Config) -> dict:
         encoded, x, y = fmt.load_test_split(prepared)
         keras_probs = np.asarray(model.predict(x, batch_size=256, verbose=0), np.float32)
         formats = fmt.build_formats(cfg, model, prepared, edge, out, encoded, x, keras_probs)
+        _profile_serving(cfg, run, formats["saved_model"], encoded)
         rows, parities = fmt.measure(cfg, model, out, formats, x, y, keras_probs)
         parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
         serving = fmt.choose_serving(rows, parities)
@@ -87,6 +88,25 @@ def run(cfg: Config) -> dict:
 
 
 # ------------------------------------------------------------------ inputs
+
+def _profile_serving(cfg: Config, run, saved: Path, encoded) -> None:
+    """A profiler trace of the SavedModel's bytes-in serving function, warmed up first."""
+    import tensorflow as tf
+
+    from tfmlops import profiling
+
+    if not cfg.profiling.enabled:
+        return
+    serve = tf.saved_model.load(str(saved)).signatures["serving_default"]
+    name = next(iter(serve.structured_input_signature[1]))
+    batch = tf.constant(list(encoded[:1]))
+    for _ in range(cfg.profiling.start_step):  # tracing and first calls stay out of the trace
+        serve(**{name: batch})
+    with profiling.trace(cfg, STAGE) as folder:
+        for _ in range(cfg.profiling.steps):
+            serve(**{name: batch})
+    run.log_artifact(folder, "profile")
+
 
 def read_edge(cfg: Config) -> dict:
     """quantize's choice of edge variant: {"variant", "file", "accuracy", "bytes"}."""
