@@ -70,3 +70,22 @@ def test_spec_with_more_pooling_than_the_input_allows_fails_before_building():
     spec = ModelSpec(blocks=[BlockSpec(4, 3, False)] * 6)  # 5 pools of a 16px input
     with pytest.raises(ConfigError, match="model.blocks"):
         build_model(spec, keras, INPUT, 10)
+
+
+def test_squeeze_excite_under_mixed_float16_saves_and_loads(tmp_path):
+    import keras
+
+    from tfmlops.model.artifacts import load_keras3
+    from tfmlops.model.builder import build_model
+
+    spec = ModelSpec(squeeze_excite=True, blocks=[BlockSpec(8, 3, False), BlockSpec(16, 3, True)])
+    x = np.random.default_rng(0).random((2, 16, 16, 1), dtype=np.float32)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = build_model(spec, keras, (16, 16, 1), 10)
+        expected = model(x).numpy()
+        model.save(tmp_path / "se.keras")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert expected.dtype == np.float32
+    np.testing.assert_allclose(load_keras3(tmp_path / "se.keras")(x).numpy(), expected, atol=1e-6)

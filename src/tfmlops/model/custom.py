@@ -27,8 +27,12 @@ def squeeze_excite_layer(keras):
         def build(self, input_shape):
             channels = int(input_shape[-1])
             hidden = max(1, channels // self.ratio)
-            self.squeeze = keras.layers.Dense(hidden, activation="relu", name="squeeze")
-            self.excite = keras.layers.Dense(channels, activation="sigmoid", name="excite")
+            # The block's own dtype policy: under mixed precision the inner layers must
+            # compute in the same dtype as the feature map they scale.
+            self.squeeze = keras.layers.Dense(hidden, activation="relu", name="squeeze",
+                                              dtype=self.dtype_policy)
+            self.excite = keras.layers.Dense(channels, activation="sigmoid", name="excite",
+                                             dtype=self.dtype_policy)
             self.squeeze.build((None, channels))
             self.excite.build((None, hidden))
             super().build(input_shape)

@@ -54,6 +54,12 @@ def run(cfg: Config) -> dict:
     check_buildable(merged.model, prepared.input_shape)
     kind = dist.resolve_strategy(merged.train.strategy, os.environ.get("TF_CONFIG"),
                                  dist.visible_gpus())
+    if kind == "multi_worker" and dist.cluster_tasks(os.environ.get("TF_CONFIG")) > 1:
+        # Keras 3 fit breaks across workers (see check_supported): the same strategy
+        # runs tf_keras fit there, and the chief saves the same Keras 3 outputs.
+        from tfmlops.model import multi_worker
+
+        return multi_worker.run(cfg, merged, changes, prepared, started)
     dist.check_supported(kind, os.environ.get("TF_CONFIG"))
     dist.prepare_devices(kind, merged.train.replicas)  # before any other TensorFlow op
     strategy = dist.make_strategy(kind, merged.train.replicas)

@@ -1,0 +1,343 @@
+"""The `train` stage across several workers: tf_keras `fit` under MultiWorkerMirroredStrategy.
+
+Why tf_keras: Keras 3's `fit` fails under a MultiWorkerMirroredStrategy that
+spans more than one worker (keras-team/keras#20585, open; seen here with
+Keras 3.15.1 and TF 2.21: "PerReplica ... to a Tensor"). tf_keras 2.21's
+`fit` runs the same strategy (TensorFlow's own, nothing home-made) and is
+importable beside Keras 3 without TF_USE_LEGACY_KERAS. The architecture comes
+from the shared builder, so after training the chief rebuilds it in Keras 3,
+copies the weights and saves `paths.train/model.keras` exactly as the
+single-worker path does: every later stage is unchanged.
+
+What differs from stages/train.py, and why:
+- every worker passes the same `paths.backup` to tf_keras' BackupAndRestore
+  and ModelCheckpoint; the chief writes there (`chief/` TF checkpoints,
+  `best.weights.h5`), each other worker writes to its own
+  `workertemp_<task>` folder and deletes it (tf_keras' multi-worker
+  semantics: saving involves collective ops, so all workers save). A restart
+  resumes every worker from the chief's checkpoint: `paths.backup` must be on
+  a filesystem every worker sees (one machine, NFS, or a bucket path);
+- the per-epoch history goes to `paths.backup/history.json` on the chief and
+  to a private temp folder (deleted at the end) elsewhere;
+- after `fit` no collective op is left: non-chief workers stop there, the
+  chief evaluates, predicts and saves with the Keras 3 twin;
+- `train.optimizer.name: lamb` is refused (tf_keras has no Lamb) and
+  `train.jit_compile: auto` means tf_keras' default (no XLA).
+The reports, plots, metrics and MLflow logging are train.py's own helpers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tfmlops import profiling, tracking
+from tfmlops.config import Config
+from tfmlops.errors import ConfigError, DataError
+from tfmlops.files import staging_dir, swap_in, write_csv, write_json
+from tfmlops.model.artifacts import MODEL_FILE, write_resolved
+
+CHIEF_CHECKPOINTS = "chief"  # tf_keras' BackupAndRestore keeps the chief's state here
+EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"  # 0-based index of the last epoch
+BACKUP_FORMAT = "tf_keras-multi-worker"  # in the fingerprint: never resumed by the Keras 3 path
+JIT = {"auto": None, "true": True, "false": False}  # tf_keras takes a bool (None: its default)
+TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
+
+
+def run(cfg: Config, merged: Config, changes: list, prepared, started: float) -> dict:
+    """Train on every worker of TF_CONFIG; the chief writes what the single-worker path writes."""
+    tracking.preflight(cfg)  # the chief's store is away: fail now, before any worker waits
+    if merged.train.optimizer.name not in TF_KERAS_OPTIMIZERS:
+        raise ConfigError(
+            f"train.optimizer.name: {merged.train.optimizer.name} is not available in tf_keras, "
+            f"which multi-worker training uses; use one of {', '.join(TF_KERAS_OPTIMIZERS)}"
+        )
+    import tensorflow as tf
+
+    from tfmlops.model import strategy as dist
+    from tfmlops.stages import train as stage
+
+    # Before any other TensorFlow op: collective ops are configured at startup.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    placement = dist.describe(strategy, "multi_worker")
+    global_batch = merged.train.batch_size * placement["replicas"]
+    if global_batch > prepared.counts["train"]:
+        raise DataError(
+            f"train.batch_size {merged.train.batch_size} x {placement['replicas']} replica(s) = "
+            f"{global_batch} is more than the {prepared.counts['train']} train images; lower "
+            "train.batch_size (or train.overrides / tune's batch_size)"
+        )
+    chief = tracking.is_chief()
+    scratch = None if chief else Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))
+    try:
+        with stage._op_determinism(merged.pipeline.deterministic):
+            return _train(cfg, merged, changes, prepared, strategy, placement, global_batch,
+                          scratch, started)
+    finally:
+        if scratch is not None:  # a non-chief worker's history, outputs and traces
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def finished_epochs(backup_dir: str | Path) -> int:
+    """Epochs the chief's tf_keras backup in `backup_dir` has finished (0: nothing to resume)."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(Path(backup_dir) / CHIEF_CHECKPOINTS))
+    if not latest:
+        return 0
+    try:
+        return int(tf.train.load_checkpoint(latest).get_tensor(EPOCH_KEY)) + 1
+    except (tf.errors.OpError, ValueError):
+        return 0
+
+
+def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, scratch,
+           started) -> dict:
+    import keras
+    import tensorflow as tf
+    import tf_keras
+
+    from tfmlops.data import pipeline
+    from tfmlops.model import callbacks as cb
+    from tfmlops.model import precision
+    from tfmlops.stages import train as stage
+
+    tf_keras.utils.set_random_seed(merged.seed)
+    policy = precision.resolve_precision(merged.train.precision, precision.gpu_capabilities())
+    backup_dir = Path(cfg.paths.backup)  # every worker: tf_keras redirects non-chief writes
+    if scratch is None:
+        _adopt_backup(backup_dir, merged)
+        out_dir, history_dir = staging_dir(cfg.paths.train), backup_dir
+        profile_dir = profiling.fresh_profile_dir(cfg, stage.STAGE)
+    else:
+        out_dir, history_dir, profile_dir = (scratch / n for n in ("out", "history", "tb"))
+        out_dir.mkdir(parents=True)
+        history_dir.mkdir()
+    done = finished_epochs(backup_dir)
+    rows = [r for r in cb.history_rows(history_dir) if r["epoch"] <= done]
+    task = f"{strategy.cluster_resolver.task_type}:{strategy.cluster_resolver.task_id}"
+    if done and scratch is None:
+        print(f"train: resuming after epoch {done} of {merged.train.epochs} from the backup in "
+              f"{cfg.paths.backup}")
+
+    upstream = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned}
+    with tracking.stage_run(cfg, stage.STAGE, out_dir, upstream=upstream,
+                            params=stage._params(merged)) as run:
+        stage._log_setup(run, merged, changes, placement, global_batch, policy, done)
+        for row in rows:  # the killed run's epochs, so this run holds the whole curve
+            run.log_metrics(cb.metrics_of(row), step=row["epoch"])
+        with precision.global_policy(policy, tf_keras):
+            model, recorder, fit_seconds = _fit(cfg, merged, prepared, strategy, policy,
+                                                global_batch, backup_dir, history_dir,
+                                                profile_dir, run, rows, task)
+            # Reading SyncOnRead variables (BatchNorm statistics) all-reduces: every worker.
+            weights = model.get_weights()
+        if scratch is not None:  # no collective op is left: the chief finishes alone
+            return {"task": task, "epochs_run_now": len(recorder.rows)}
+
+        with precision.global_policy(policy, keras):
+            model = _keras3_twin(weights, merged, prepared, backup_dir / cb.BEST_WEIGHTS,
+                                 math.ceil(prepared.counts["train"] / global_batch))
+        test_steps = math.ceil(prepared.counts["test"] / global_batch)  # known: no warning
+        test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
+        test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(test_steps)),
+                              verbose=0, return_dict=True)
+        x_test, y_test = pipeline.arrays(merged, prepared, "test")
+        predicted = model.predict(x_test, batch_size=global_batch, verbose=0).argmax(-1)
+        model.save(out_dir / MODEL_FILE)
+        write_resolved(merged, out_dir)
+        write_json(out_dir / "tune_merge.json", changes)
+        # The model is now in paths.train: nothing after this line can lose it.
+        final = swap_in(out_dir, cfg.paths.train)
+
+        report = stage.classification_report(y_test, predicted, prepared.classes)
+        write_json(final / "classification_report.json", report)
+        metrics = stage._metrics(recorder.rows, test, report, placement, global_batch, done,
+                                 wall_seconds=time.perf_counter() - started,
+                                 fit_seconds=fit_seconds,
+                                 profile=profiling.trace_summary(profile_dir))
+        reports = Path(cfg.paths.reports)
+        write_csv(reports / "train_history.csv", recorder.rows, cb.HISTORY_COLUMNS)
+        write_json(reports / "train.json", metrics)
+        cb.clear(backup_dir)
+        stage._plot(final, recorder.rows, report, prepared.classes)
+        stage._log_results(run, model, metrics, final, reports, profile_dir, x_test[:2])
+    print(f"train: test accuracy {metrics['test_accuracy']:.4f} after {metrics['epochs_run']} "
+          f"epochs on {placement['workers']} workers ({metrics['wall_seconds']:.0f} s, "
+          f"{metrics['images_per_s']:.0f} images/s) -> {final / MODEL_FILE}")
+    return metrics
+
+
+def _adopt_backup(backup_dir: Path, merged: Config) -> None:
+    """Keep a tf_keras backup made with the same params and data; wipe any other (chief only)."""
+    from tfmlops.model import callbacks as cb
+
+    fingerprint = {"params": merged.digest("seed", "data", "pipeline", "model", "train"),
+                   "data": tracking.data_version(merged), "format": BACKUP_FORMAT}
+    had_backup = finished_epochs(backup_dir) > 0
+    if had_backup and cb.matches(backup_dir, fingerprint):
+        return
+    if had_backup:
+        print(f"train: discarded the backup in {backup_dir}: made with other params or data")
+    cb.clear(backup_dir)
+    write_json(backup_dir / cb.FINGERPRINT_FILE, fingerprint)
+
+
+def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, history_dir,
+         profile_dir, run, rows, task):
+    """Build and compile with tf_keras in the strategy's scope, then fit; (model, recorder, s)."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tfmlops.data import pipeline
+    from tfmlops.model import precision
+    from tfmlops.progress import keras_verbose
+
+    steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
+    cardinality = tf.data.experimental.assert_cardinality
+    train_ds = pipeline.dataset(merged, prepared, "train", batch_size=global_batch,
+                                training=True).apply(cardinality(steps_per_epoch))
+    val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
+        cardinality(math.ceil(prepared.counts["val"] / global_batch)))
+    shard_policy = _shard_policy(train_ds)
+    print(f"train: {task} of {_cluster_tasks()} workers, {strategy.num_replicas_in_sync} "
+          f"replicas, global batch {global_batch}, auto-shard {shard_policy}")
+    with strategy.scope():
+        model = _compiled(merged, prepared, tf_keras, steps_per_epoch * merged.train.epochs)
+    scaled = precision.uses_loss_scaling(model, tf_keras)
+    if policy == "mixed_float16" and not scaled:
+        raise RuntimeError("mixed_float16 without a LossScaleOptimizer: float16 gradients "
+                           "would underflow")
+    run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
+                                 "loss_scaling": scaled, "auto_shard_policy": shard_policy}})
+
+    recorder = _tf_keras_recorder(history_dir, prepared.counts["train"], run, rows)
+    val_losses = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    callbacks = _callbacks(merged, backup_dir, profile_dir, recorder,
+                           profiling.keras_profile_batch(cfg, steps_per_epoch),
+                           min(val_losses) if val_losses else None)
+    started = time.perf_counter()
+    model.fit(train_ds, validation_data=val_ds, epochs=merged.train.epochs,
+              callbacks=callbacks, verbose=keras_verbose() if tracking.is_chief() else 0,
+              shuffle=False)  # the dataset shuffles itself (seeded)
+    return model, recorder.inner, time.perf_counter() - started
+
+
+def _compiled(merged: Config, prepared, tf_keras, total_steps: int):
+    from tfmlops.model.builder import build_model
+    from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
+
+    t = merged.train
+    model = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes)
+    schedule = make_schedule(t.schedule, t.optimizer.learning_rate, total_steps, tf_keras)
+    model.compile(optimizer=make_optimizer(t.optimizer, schedule, tf_keras),
+                  loss=make_loss(t.loss, prepared.num_classes, tf_keras),
+                  metrics=["accuracy"], jit_compile=JIT[t.jit_compile])
+    return model
+
+
+def _callbacks(merged, backup_dir: Path, profile_dir: Path, recorder, profile_batch,
+               best_so_far) -> list:
+    """train.py's callback list and order, in tf_keras (see model/callbacks.py)."""
+    import tf_keras
+
+    from tfmlops.model import callbacks as cb
+
+    c = tf_keras.callbacks
+    t = merged.train
+    cbs = [recorder, c.ModelCheckpoint(str(backup_dir / cb.BEST_WEIGHTS), monitor=cb.MONITOR,
+                                       mode="min", save_best_only=True, save_weights_only=True,
+                                       initial_value_threshold=best_so_far)]
+    if t.early_stopping_patience:
+        cbs.append(c.EarlyStopping(monitor=cb.MONITOR, mode="min",
+                                   patience=t.early_stopping_patience))
+    if t.reduce_lr_on_plateau:
+        cbs.append(c.ReduceLROnPlateau(monitor=cb.MONITOR, mode="min", factor=0.5, patience=2,
+                                       min_lr=1e-6))
+    cbs.append(c.TensorBoard(log_dir=str(profile_dir), profile_batch=profile_batch,
+                             write_graph=False))
+    # Kept after a successful fit: the chief empties the folder once the model is saved.
+    cbs.append(c.BackupAndRestore(str(backup_dir), delete_checkpoint=False))
+    return cbs
+
+
+def _tf_keras_recorder(history_dir, train_images, run, rows):
+    """model/callbacks.EpochRecorder behind tf_keras' callback interface (`.inner` is it).
+
+    tf_keras calls hooks a Keras 3 callback lacks, and a MirroredVariable
+    learning rate does not convert through `keras.ops`: forward the hooks the
+    recorder uses and read the rate with tf_keras' backend.
+    """
+    import tf_keras
+
+    from tfmlops.model import callbacks as cb
+    from tfmlops.model.precision import inner_optimizer
+
+    class Recorder(cb.EpochRecorder):
+        def learning_rate(self) -> float:
+            optimizer = inner_optimizer(self.model.optimizer)
+            return float(tf_keras.backend.get_value(optimizer.learning_rate))
+
+    class Forward(tf_keras.callbacks.Callback):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def set_model(self, model):
+            super().set_model(model)
+            self.inner.set_model(model)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.inner.on_epoch_begin(epoch, logs)
+
+        def on_test_begin(self, logs=None):
+            self.inner.on_test_begin(logs)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.inner.on_epoch_end(epoch, logs)
+
+    return Forward(Recorder(history_dir, train_images, run, rows))
+
+
+def _keras3_twin(weights: list, merged: Config, prepared, best_weights: Path,
+                 steps_per_epoch: int):
+    """The trained tf_keras weights as a compiled Keras 3 model (the best epoch's weights).
+
+    The weights pass through a tf_keras model outside the strategy, so loading
+    `best.weights.h5` (tf_keras' h5 layout) touches no distributed variable. The Keras 3 optimizer is
+    fresh (its state does not carry over; later stages never resume training).
+    """
+    import keras
+    import tf_keras
+
+    from tfmlops.model.builder import build_model
+    from tfmlops.stages import train as stage
+
+    local = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes)
+    local.set_weights(weights)
+    if best_weights.is_file():  # the final model is the epoch with the lowest val_loss
+        local.load_weights(best_weights)
+    twin = stage._compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+    twin.set_weights(local.get_weights())
+    # Built (zero slots), so loading the saved file finds the optimizer variables it expects.
+    twin.optimizer.build(twin.trainable_variables)
+    return twin
+
+
+def _shard_policy(ds) -> str:
+    """The auto-shard policy the fed dataset carries; refuse any but an explicit one."""
+    policy = ds.options().experimental_distribute.auto_shard_policy
+    if policy.name not in ("DATA", "FILE"):
+        raise RuntimeError(f"the train dataset's auto-shard policy is {policy.name}; "
+                           "data/pipeline.dataset must set DATA or FILE explicitly")
+    return policy.name
+
+
+def _cluster_tasks() -> int:
+    from tfmlops.model.strategy import cluster_tasks
+
+    return cluster_tasks(os.environ.get("TF_CONFIG"))
