@@ -64,6 +64,8 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
     assert [r["trial"] for r in rows] == ["0", "1", "2"]
     assert {"score", "status", "learning_rate", "batch_size", "schedule"} <= set(rows[0])
     assert all(r["status"] == "COMPLETED" and float(r["score"]) > 0 for r in rows)
+    # the tiny params' batch size 32 lies outside TINY_SPACE: no baseline trial
+    assert [r["baseline"] for r in rows] == ["False"] * 3
 
     # MLflow: one parent, three children under it with distinct hyperparameters
     (parent,) = parent_runs(cfg)
@@ -100,6 +102,37 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
     assert merged.train.batch_size == int(best_row["batch_size"])
     run_file = json.loads((Path(cfg.paths.tuned) / "mlflow_run.json").read_text())
     assert run_file["run_id"] == parent.info.run_id
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_first_trial_is_the_params_own_settings_once(digits_workdir, make_cfg, capsys):
+    """Trial 0 runs the params' own settings (the baseline), tagged in MLflow and
+    marked in the CSV; a resumed search does not run it again."""
+    from tfmlops.stages import tune
+
+    space = {**TINY_SPACE, "batch_size": [32, 64]}  # holds the tiny params' batch size
+    cfg = digits_workdir(**tune_params(max_trials=2, space=space))
+    base = search_space.values_from_config(cfg)
+    tune.run(cfg)
+    rows = read_rows(cfg)
+    assert [r["baseline"] for r in rows] == ["True", "False"]
+    assert {k: yaml.safe_load(rows[0][k]) for k in search_space.HP_NAMES if rows[0][k]} == base
+    (parent,) = parent_runs(cfg)
+    tags = {c.info.run_name: c.data.tags["tfmlops.tune.baseline"]
+            for c in children_of(cfg, parent.info.run_id)}
+    assert tags == {"trial-0": "true", "trial-1": "false"}
+
+    cfg = make_cfg(**tune_params(max_trials=3, space=space))  # resumed with a bigger budget
+    again = tune.run(cfg)
+    assert again["trials"] == 3 and again["trials_run"] == 1
+    rows = read_rows(cfg)
+    assert [r["baseline"] for r in rows] == ["True", "False", "False"]
+    same_as_base = [r["trial"] for r in rows
+                    if {k: yaml.safe_load(r[k]) for k in base} == base]
+    assert same_as_base == ["0"]
+    out = capsys.readouterr().out
+    assert out.count("trial 0 is the baseline") == 1 and "no baseline" not in out
 
 
 def test_best_hparams_merge_into_a_buildable_train_config(make_cfg):

@@ -8,7 +8,7 @@ import pytest
 
 from tfmlops.config import Config, config_from_dict
 from tfmlops.errors import ConfigError
-from tfmlops.model import search_space
+from tfmlops.model import hparams, search_space
 
 kt = pytest.importorskip("keras_tuner")
 
@@ -105,18 +105,32 @@ def test_architectures_that_cannot_be_built_fail_up_front(space, image_size, key
     search_space.check_fits(Config().tune.space, 8)  # the defaults fit the smallest images
 
 
-@pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
-def test_same_seed_same_trials(tmp_path, tuner):
+def oracle_for(cfg: Config, folder) -> object:
+    """tune's oracle for `cfg`, its space declared, its state kept in `folder`."""
     from tfmlops.stages.tune import make_oracle
 
+    oracle = make_oracle(cfg)
+    oracle._set_project_dir(str(folder.parent), folder.name)
+    hp = kt.HyperParameters()
+    search_space.declare(hp, cfg.tune.space)
+    oracle.update_space(hp)
+    return oracle
+
+
+def searched(values: dict) -> dict:
+    """A trial's values without keras-tuner's own (`tuner/epochs`...)."""
+    return {k: v for k, v in values.items() if k in search_space.HP_NAMES}
+
+
+def with_tuner(cfg: Config, tuner: str) -> Config:
+    return dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune, tuner=tuner))
+
+
+@pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
+def test_same_seed_same_trials(tmp_path, tuner):
     def first_trials(seed: int, folder: str):
-        cfg = dataclasses.replace(Config(), seed=seed)
-        cfg = dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune, tuner=tuner))
-        oracle = make_oracle(cfg)
-        oracle._set_project_dir(str(tmp_path), folder)
-        hp = kt.HyperParameters()
-        search_space.declare(hp, cfg.tune.space)
-        oracle.update_space(hp)
+        cfg = with_tuner(dataclasses.replace(Config(), seed=seed), tuner)
+        oracle = oracle_for(cfg, tmp_path / folder)
         # distinct tuner ids: one id gets its ongoing trial back
         return [oracle.create_trial(f"t{i}").hyperparameters.values for i in range(3)]
 
@@ -145,3 +159,122 @@ def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
     assert search_key(changed(tune={"space": {**cfg.to_dict()["tune"]["space"],
                                               "head_units": [32]}})) != key
     assert search_key(dataclasses.replace(cfg, seed=1)) != key
+
+
+# ------------------------------------------------------------- the baseline trial
+
+SEARCHED_VARIANTS = [  # differ from the defaults only in searched settings
+    {},
+    {"model": {"blocks": [{"filters": 16, "kernel_size": 5, "separable": True}] * 1,
+               "batch_norm": False, "dropout": 0.0, "head_units": 64},
+     "train": {"batch_size": 32, "optimizer": {"name": "adamw", "learning_rate": 0.0005},
+               "schedule": {"name": "exponential_decay", "decay_rate": 0.3}}},
+    {"model": {"blocks": [{"filters": 16, "kernel_size": 3, "separable": False},
+                          {"filters": 32, "kernel_size": 3, "separable": False},
+                          {"filters": 64, "kernel_size": 3, "separable": False}]},
+     "train": {"schedule": {"name": "constant"}}},
+]
+
+
+@pytest.mark.parametrize("params", SEARCHED_VARIANTS)
+def test_values_from_config_is_the_inverse_of_config_from_values(params):
+    cfg = config_from_dict(params)
+    values = search_space.values_from_config(cfg)
+    back = search_space.config_from_values(cfg, values)
+    assert back.model == cfg.model
+    assert hparams.tuned_tree(back) == hparams.tuned_tree(cfg)
+    # the values alone carry the searched settings (not the base they are applied to)
+    other = config_from_dict({"model": {"blocks": [{"filters": 8, "kernel_size": 3}],
+                                        "dropout": 0.6},
+                              "train": {"batch_size": 16, "optimizer": {"name": "sgd"}}})
+    onto_other = search_space.config_from_values(other, values)
+    assert [(b.filters, b.separable) for b in onto_other.model.blocks] == [
+        (b.filters, b.separable) for b in cfg.model.blocks]
+    assert onto_other.model.dropout == cfg.model.dropout
+    assert onto_other.train.optimizer.name == cfg.train.optimizer.name
+    assert onto_other.train.batch_size == cfg.train.batch_size
+    assert onto_other.train.schedule.name == cfg.train.schedule.name
+    # only the active schedule parameter, as `declare` gives it
+    active = {"cosine_warmup": {"warmup_fraction"}, "exponential_decay": {"decay_rate"}}
+    assert set(values) & set(search_space.SCHEDULE_PARAMS) == active.get(
+        cfg.train.schedule.name, set())
+
+
+@pytest.mark.parametrize("blocks", [
+    [{"filters": 32}, {"filters": 32}],  # not doubling
+    [{"filters": 16, "kernel_size": 3}, {"filters": 32, "kernel_size": 5}],
+    [{"filters": 16, "separable": True}, {"filters": 32, "separable": False}],
+])
+def test_values_from_config_rejects_blocks_the_space_cannot_express(blocks):
+    cfg = config_from_dict({"model": {"blocks": blocks}})
+    with pytest.raises(ValueError, match="model.blocks"):
+        search_space.values_from_config(cfg)
+    assert search_space.baseline(cfg)[0] is None
+
+
+@pytest.mark.parametrize("params, key", [
+    ({"train": {"batch_size": 128}}, "train.batch_size 128 is outside tune.space.batch_size"),
+    ({"model": {"dropout": 0.5}}, "model.dropout 0.5 is outside tune.space.dropout"),
+    ({"train": {"optimizer": {"name": "sgd"}}}, "train.optimizer.name 'sgd' is outside"),
+    ({"train": {"schedule": {"name": "cosine_warmup", "warmup_fraction": 0.3}}},
+     "train.schedule.warmup_fraction 0.3 is outside"),
+    ({"tune": {"space": {"blocks": {"min": 1, "max": 3, "step": 2}}}},
+     "model.blocks (count) 2 is outside tune.space.blocks 1..3 step 2"),
+    ({"model": {"blocks": [{"filters": 8}]}}, "model.blocks[0].filters 8 is outside"),
+])
+def test_baseline_names_the_key_outside_the_space(params, key):
+    values, why = search_space.baseline(config_from_dict(params))
+    assert values is None
+    assert why.startswith(key) and "\n" not in why
+    # an inactive schedule parameter out of range does not matter
+    assert search_space.baseline(config_from_dict(
+        {"train": {"schedule": {"name": "cosine_warmup", "decay_rate": 0.99}}}))[1] is None
+
+
+@pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
+def test_the_first_trial_is_the_params_own_settings(tmp_path, tuner, capsys):
+    cfg = with_tuner(Config(), tuner)
+    base = search_space.values_from_config(cfg)
+    oracle = oracle_for(cfg, tmp_path / "s")
+    first, second = (oracle.create_trial(f"t{i}") for i in range(2))
+    assert searched(first.hyperparameters.values) == base
+    assert search_space.is_baseline(first.trial_id, first.hyperparameters.values, base)
+    assert searched(second.hyperparameters.values) != base
+    assert not search_space.is_baseline(second.trial_id, second.hyperparameters.values, base)
+    if tuner == "hyperband":  # the first round of the first bracket
+        assert first.hyperparameters.values["tuner/round"] == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "baseline" in line]
+    assert lines == ["tune: trial 0 is the baseline: the params' own settings"]
+
+
+@pytest.mark.parametrize("tuner", ["random", "hyperband"])
+def test_a_value_outside_the_space_skips_the_baseline_with_one_line(tmp_path, tuner, capsys):
+    cfg = with_tuner(config_from_dict({"train": {"batch_size": 128}}), tuner)
+    oracle = oracle_for(cfg, tmp_path / "s")
+    trials = [oracle.create_trial(f"t{i}") for i in range(2)]
+    inside = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=64))
+    assert all(searched(t.hyperparameters.values) != search_space.values_from_config(inside)
+               for t in trials)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "baseline" in line]
+    assert lines == ["tune: no baseline trial: train.batch_size 128 is outside "
+                     "tune.space.batch_size [32, 64]"]
+
+
+def test_a_resumed_search_does_not_add_the_baseline_again(tmp_path):
+    cfg = with_tuner(Config(), "random")
+    base = search_space.values_from_config(cfg)
+    oracle = oracle_for(cfg, tmp_path / "s")
+    for i in range(2):
+        trial = oracle.create_trial(f"t{i}")
+        oracle.update_trial(trial.trial_id, {"val_accuracy": 0.5})
+        trial.status = "COMPLETED"
+        oracle.end_trial(trial)
+    oracle.save()  # end_trial saves before it drops the ongoing trial
+
+    resumed = oracle_for(cfg, tmp_path / "s")
+    resumed.reload()  # as keras-tuner does when the project folder exists
+    new = resumed.create_trial("t9")
+    assert int(new.trial_id) == 2
+    assert [searched(t.hyperparameters.values) == base
+            for t in sorted(resumed.trials.values(), key=lambda t: t.trial_id)] == [
+        True, False, False]

@@ -12,6 +12,10 @@ best trial, what `best_hparams.yaml` holds):
   its own parameters (`warmup_fraction` only for cosine_warmup, `decay_rate`
   only for exponential_decay: conditional hyperparameters), `batch_size`.
 
+`values_from_config` is the inverse: the point of the space that is the
+params' own settings, which tune runs as its first ("baseline") trial when
+`baseline` finds every one of those values inside the space.
+
 Everything not searched (kernel size, convs per block, pooling, activation,
 weight decay, the loss...) comes from params.yaml. A range whose min equals its
 max, or a one-value list, is a fixed value. No TensorFlow import here: the
@@ -23,7 +27,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tfmlops.config import Config, FloatRange, IntRange, SearchSpace, config_from_dict
+from tfmlops.config import BlockSpec, Config, FloatRange, IntRange, SearchSpace, config_from_dict
 from tfmlops.errors import ConfigError
 
 # Column order of reports/tune_trials.csv and of the MLflow params of a trial.
@@ -34,6 +38,15 @@ HP_NAMES = (
 MAX_FILTERS = 4096  # BlockSpec.filters' accepted maximum
 # Schedule parameters and the one schedule that uses each.
 SCHEDULE_PARAMS = {"warmup_fraction": "cosine_warmup", "decay_rate": "exponential_decay"}
+# Where each searched value lives in params.yaml (for messages).
+PARAMS_KEYS = {
+    "blocks": "model.blocks (count)", "filters": "model.blocks[0].filters",
+    "separable": "model.blocks[].separable", "batch_norm": "model.batch_norm",
+    "dropout": "model.dropout", "head_units": "model.head_units",
+    "optimizer": "train.optimizer.name", "learning_rate": "train.optimizer.learning_rate",
+    "schedule": "train.schedule.name", "warmup_fraction": "train.schedule.warmup_fraction",
+    "decay_rate": "train.schedule.decay_rate", "batch_size": "train.batch_size",
+}
 
 
 def declare(hp, space: SearchSpace) -> dict[str, Any]:
@@ -87,6 +100,74 @@ def config_from_values(cfg: Config, values: dict[str, Any]) -> Config:
         if name in values:
             section[key] = _plain(values[name], type(section[key]))
     return config_from_dict(copy.deepcopy(tree))
+
+
+def values_from_config(cfg: Config) -> dict[str, Any]:
+    """The search-space values of `cfg`'s own settings: the inverse of `config_from_values`.
+
+    Like `declare`, it gives only the active values: a schedule parameter only
+    for its own schedule. Raises ValueError when `cfg.model.blocks` is not a
+    shape the space describes (the first block's width doubling block after
+    block, one kernel size, one convolution type).
+    """
+    m, t = cfg.model, cfg.train
+    if not m.blocks:
+        raise ValueError("model.blocks is empty; the search space has at least one block")
+    first = m.blocks[0]
+    doubling = [BlockSpec(first.filters * 2**i, first.kernel_size, first.separable)
+                for i in range(len(m.blocks))]
+    if list(m.blocks) != doubling:
+        raise ValueError("model.blocks do not double in width from the first block with one "
+                         "kernel size and one convolution type, the shape tune searches")
+    values = {
+        "blocks": len(m.blocks), "filters": first.filters, "separable": first.separable,
+        "batch_norm": m.batch_norm, "dropout": m.dropout, "head_units": m.head_units,
+        "optimizer": t.optimizer.name, "learning_rate": t.optimizer.learning_rate,
+        "schedule": t.schedule.name, "batch_size": t.batch_size,
+    }
+    for name, schedule in SCHEDULE_PARAMS.items():
+        if t.schedule.name == schedule:
+            values[name] = getattr(t.schedule, name)
+    return values
+
+
+def outside_space(values: dict[str, Any], space: SearchSpace) -> str | None:
+    """The first of `values` that lies outside `space`, as one line naming its key."""
+    for name in HP_NAMES:
+        if name not in values:
+            continue
+        value, allowed = values[name], getattr(space, name)
+        if isinstance(allowed, IntRange):
+            inside = (allowed.min <= value <= allowed.max
+                      and (value - allowed.min) % allowed.step == 0)
+            shown = f"{allowed.min}..{allowed.max} step {allowed.step}"
+        elif isinstance(allowed, FloatRange):
+            inside = allowed.min <= value <= allowed.max
+            shown = f"[{allowed.min:g}, {allowed.max:g}]"
+        else:
+            inside = value in allowed
+            shown = str(list(allowed))
+        if not inside:
+            return f"{PARAMS_KEYS[name]} {value!r} is outside tune.space.{name} {shown}"
+    return None
+
+
+def baseline(cfg: Config) -> tuple[dict[str, Any] | None, str | None]:
+    """(the params' own values, None) when they all lie in `tune.space`, else
+    (None, one line saying which key does not)."""
+    try:
+        values = values_from_config(cfg)
+    except ValueError as exc:
+        return None, str(exc)
+    why = outside_space(values, cfg.tune.space)
+    return (None, why) if why else (values, None)
+
+
+def is_baseline(trial_id: str, values: dict[str, Any], base: dict[str, Any] | None) -> bool:
+    """Whether a trial is the baseline: the search's first trial, holding `base`."""
+    if base is None or int(trial_id) != 0:
+        return False
+    return {k: values[k] for k in HP_NAMES if k in values} == base
 
 
 def reference_values(space: SearchSpace) -> dict[str, Any]:

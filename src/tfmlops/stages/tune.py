@@ -15,6 +15,12 @@ key hashing everything a trial depends on (space, tuner, seed, fixed settings,
 data version): rerunning resumes a killed or budget-stopped search without
 redoing finished trials; changing the space starts a fresh one.
 
+Baseline: the first trial of a fresh search (any tuner, distributed too) is
+the params' own model and optimizer settings when they all lie in the space
+(else one line says which key does not), so the search's best scores at least
+what the params' own settings score in it. Its child run is tagged
+`tfmlops.tune.baseline=true`; the trials CSV has a `baseline` column.
+
 MLflow: the stage's run is the parent; each trial is a nested child run with
 its hyperparameters as params, per-epoch metrics, and status FAILED when the
 trial failed (the search goes on). The parent logs the best values and score,
@@ -55,7 +61,7 @@ TRIAL_FILE = "tfmlops_trial.json"  # beside keras-tuner's trial.json: seconds, c
 MAX_FAILURES_BEFORE_SUCCESS = 3
 WORKER_WAIT_S = 120.0  # how long a worker waits for the chief's parent run
 ENDED = ("COMPLETED", "FAILED", "INVALID")  # keras-tuner trial statuses of a finished trial
-FIXED_COLUMNS = ("trial", "score", "status", "epochs", "best_epoch", "seconds")
+FIXED_COLUMNS = ("trial", "baseline", "score", "status", "epochs", "best_epoch", "seconds")
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -115,6 +121,7 @@ class TrialRecord:
     seconds: float | None = None
     run_id: str | None = None
     message: str | None = None
+    baseline: bool = False  # the params' own settings (the search's first trial)
 
 
 @dataclass
@@ -169,7 +176,7 @@ def _search(cfg: Config, parent: tracking.StageRun, key: str) -> SearchResult:
     tuner = kt_classes.TrackedTuner(
         oracle=oracle,
         hypermodel=kt_classes.TrialModel(cfg, prepared, deadline),
-        parent=parent,
+        parent=parent, baseline=oracle.baseline,
         directory=str(cfg.paths.tuner),
         project_name=project_name(cfg, key),
         overwrite=False,
@@ -185,7 +192,7 @@ def _search(cfg: Config, parent: tracking.StageRun, key: str) -> SearchResult:
     finally:
         tuner.close_open_trial()
     seconds = time.perf_counter() - started
-    trials = [_record(tuner, t) for t in _in_order(oracle.trials)]
+    trials = [_record(tuner, t, oracle.baseline) for t in _in_order(oracle.trials)]
     # ended now, by this process or (on a chief) by any worker
     ran_now = [t.trial_id for t in trials if t.status in ENDED and t.trial_id not in ended_before]
     return SearchResult(trials, ran_now, seconds, oracle.stop_reason or "done",
@@ -201,10 +208,12 @@ def _run_worker(cfg: Config) -> dict[str, Any]:
 
     kt_classes = _keras_tuner_classes()
     deadline = time.monotonic() + cfg.tune.budget_minutes * 60
+    oracle = make_oracle(cfg)  # wrapped by keras-tuner in a client of the chief's
     tuner = kt_classes.TrackedTuner(
-        oracle=make_oracle(cfg),
+        oracle=oracle,
         hypermodel=kt_classes.TrialModel(cfg, pipeline.load_prepared(cfg), deadline),
-        parent=parent, directory=str(cfg.paths.tuner), project_name=project_name(cfg, key),
+        parent=parent, baseline=oracle.baseline, directory=str(cfg.paths.tuner),
+        project_name=project_name(cfg, key),
         overwrite=False, max_model_size=cfg.tune.max_model_params or None,
     )
     try:
@@ -215,7 +224,8 @@ def _run_worker(cfg: Config) -> dict[str, Any]:
 
 
 def make_oracle(cfg: Config):
-    """The keras-tuner oracle for `tune.tuner`, seeded, with our budget stop."""
+    """The keras-tuner oracle for `tune.tuner`, seeded, with our budget stop and
+    the params' own settings as the first trial of a fresh search."""
     kt_classes = _keras_tuner_classes()
     import keras_tuner as kt
 
@@ -241,6 +251,7 @@ def make_oracle(cfg: Config):
                                            num_initial_points=max(3, t.max_trials // 3), **common)
     else:
         oracle = kt_classes.RandomOracle(max_trials=t.max_trials, **common)
+    oracle.baseline, oracle.baseline_skipped = search_space.baseline(cfg)
     return oracle
 
 
@@ -274,13 +285,50 @@ def _keras_tuner_classes():
                 return {"status": "STOPPED", "values": None}
             return super().populate_space(trial_id)
 
-    class HyperbandOracle(BudgetMixin, kt.oracles.HyperbandOracle):
+    class BaselineMixin:
+        """The first values a fresh search asks for are the params' own (`baseline`).
+
+        `_random_values` is where all three oracles draw a new point: random
+        search every trial, hyperband the first round of a bracket, bayesian
+        its initial points. A search with trials (resumed, reloaded) draws at
+        random as before; the baseline uses no seed state, so the random
+        trials after it are the same for the same seed.
+        """
+
+        baseline: dict[str, Any] | None = None
+        baseline_skipped: str | None = None  # why there is no baseline
+
+        def _random_values(self):
+            if self.trials:
+                return super()._random_values()
+            values = self._baseline_values()
+            if values is None:
+                print(f"tune: no baseline trial: {self.baseline_skipped}")
+                return super()._random_values()
+            print("tune: trial 0 is the baseline: the params' own settings")
+            return values
+
+        def _baseline_values(self):
+            if self.baseline is None:
+                return None
+            hps = kt.HyperParameters()
+            for hp in self.hyperparameters.space:  # only the active ones, as keras-tuner
+                hps.merge([hp])
+                if hps.is_active(hp):
+                    hps.values[hp.name] = self.baseline.get(hp.name)
+            if set(hps.values) != set(self.baseline):  # a space declared otherwise
+                self.baseline_skipped = (f"the search space declares {sorted(hps.values)}, "
+                                         f"the params give {sorted(self.baseline)}")
+                return None
+            return dict(hps.values)
+
+    class HyperbandOracle(BudgetMixin, BaselineMixin, kt.oracles.HyperbandOracle):
         pass
 
-    class BayesianOracle(BudgetMixin, kt.oracles.BayesianOptimizationOracle):
+    class BayesianOracle(BudgetMixin, BaselineMixin, kt.oracles.BayesianOptimizationOracle):
         pass
 
-    class RandomOracle(BudgetMixin, kt.oracles.RandomSearchOracle):
+    class RandomOracle(BudgetMixin, BaselineMixin, kt.oracles.RandomSearchOracle):
         pass
 
     class StopAtDeadline(keras.callbacks.Callback):
@@ -360,8 +408,9 @@ def _keras_tuner_classes():
         """One tuner for the three oracles: runs hyperband's continued rounds and
         opens one nested MLflow run per trial."""
 
-        def __init__(self, *args, parent: tracking.StageRun, **kwargs):
+        def __init__(self, *args, parent: tracking.StageRun, baseline: dict | None, **kwargs):
             self.parent = parent
+            self.baseline = baseline  # the params' own values (None: not searched)
             self.ran_now: list[str] = []
             self._child: tracking.StageRun | None = None
             self._started = 0.0
@@ -385,10 +434,13 @@ def _keras_tuner_classes():
         def on_trial_begin(self, trial):
             super().on_trial_begin(trial)
             self._started = time.perf_counter()
+            values = trial.hyperparameters.values
+            baseline = search_space.is_baseline(trial.trial_id, values, self.baseline)
             self._child = self.parent.start_child(
                 f"trial-{trial.trial_id}",
-                tags={"tfmlops.tune.trial": trial.trial_id, "tfmlops.tune.tuner_id": self.tuner_id})
-            self._child.log_params(dict(trial.hyperparameters.values))
+                tags={"tfmlops.tune.trial": trial.trial_id, "tfmlops.tune.tuner_id": self.tuner_id,
+                      "tfmlops.tune.baseline": str(baseline).lower()})
+            self._child.log_params(dict(values))
 
         def on_epoch_end(self, trial, model, epoch, logs=None):
             if self._child is not None:
@@ -441,14 +493,16 @@ def _in_order(trials: dict) -> list:
     return sorted(trials.values(), key=lambda t: (int(t.trial_id), t.trial_id))
 
 
-def _record(tuner, trial) -> TrialRecord:
+def _record(tuner, trial, baseline: dict[str, Any] | None) -> TrialRecord:
     side_path = Path(tuner.project_dir) / f"trial_{trial.trial_id}" / TRIAL_FILE
     side = json.loads(side_path.read_text()) if side_path.is_file() else {}
+    values = dict(trial.hyperparameters.values)
     return TrialRecord(
         trial_id=str(trial.trial_id), status=str(trial.status),
         score=None if trial.score is None else float(trial.score),
-        best_epoch=trial.best_step, values=dict(trial.hyperparameters.values),
+        best_epoch=trial.best_step, values=values,
         seconds=side.get("seconds"), run_id=side.get("run_id"), message=trial.message,
+        baseline=search_space.is_baseline(trial.trial_id, values, baseline),
     )
 
 
@@ -487,7 +541,8 @@ def _columns() -> list[str]:
 def _rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
     rows = []
     for t in trials:
-        row = {"trial": int(t.trial_id), "score": t.score, "status": t.status,
+        row = {"trial": int(t.trial_id), "baseline": t.baseline, "score": t.score,
+               "status": t.status,
                "epochs": t.values.get("tuner/epochs", cfg.tune.max_epochs),
                "best_epoch": t.best_epoch, "seconds": t.seconds}
         row.update({k: t.values.get(k) for k in search_space.HP_NAMES})
