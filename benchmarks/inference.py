@@ -40,8 +40,6 @@ def runners(cfg) -> dict:
     from tfmlops.model.artifacts import load_keras3, trained_model_path
     from tfmlops.runtimes import OnnxModel, TFLiteModel
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     model = load_keras3(trained_model_path(cfg))
     call = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
     export = Path(cfg.paths.export)
@@ -64,6 +62,11 @@ def runners(cfg) -> dict:
 
 
 def measure(repo: Path, runs: int) -> dict:
+    import tensorflow as tf
+
+    # One thread for every runtime, set before TensorFlow runs its first op.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     from tfmlops.config import load_config
     from tfmlops.data import pipeline
     from tfmlops.runtimes import latency_ms

@@ -70,11 +70,16 @@ def throughput(epochs: int = 6) -> dict:
         feed(model, timer.callback)
         return prepared.counts["train"] / statistics.median(timer.seconds[1:])
 
+    import tensorflow as tf
+
+    def train_ds():  # exactly what the train stage feeds fit (known length included)
+        return pipeline.dataset(cfg, prepared, "train", batch_size=batch, training=True).apply(
+            tf.data.experimental.assert_cardinality(steps))
+
     rates = {}
     for _ in range(2):  # alternate, so neither side gets the warmer machine
         rates.setdefault("pipeline", []).append(fit(lambda m, cb: m.fit(
-            pipeline.dataset(cfg, prepared, "train", batch_size=batch, training=True),
-            epochs=epochs, callbacks=[cb], verbose=0)))
+            train_ds(), epochs=epochs, callbacks=[cb], verbose=0)))
         rates.setdefault("in_memory", []).append(fit(lambda m, cb: m.fit(
             x, y, batch_size=batch, shuffle=True, epochs=epochs, callbacks=[cb], verbose=0)))
     pipe, mem = max(rates["pipeline"]), max(rates["in_memory"])

@@ -216,7 +216,7 @@ class TuneConfig:
 @dataclass(frozen=True)
 class PruneConfig:
     initial_sparsity: float = _f(0.0, **_rng(0.0, 1.0, hi_open=True))
-    final_sparsity: float = _f(0.8, **_rng(0.0, 1.0, hi_open=True))
+    final_sparsity: float = _f(0.85, **_rng(0.0, 1.0, hi_open=True))
     epochs: int = _f(20, **_rng(1, 10_000))  # fine-tuning epochs
     begin_fraction: float = _f(0.0, **_rng(0.0, 1.0, hi_open=True))
     end_fraction: float = _f(0.5, **_rng(0.0, 1.0, lo_open=True))  # final sparsity reached here

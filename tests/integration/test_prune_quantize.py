@@ -211,6 +211,8 @@ def test_every_variant_is_built_loaded_and_evaluated(compressed):
     client = mlflow_client(cfg)
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert plots == {"plots/frontier.png"}
+    # QAT's fine-tune was profiled (a trace of a few steady-state steps)
+    assert "profile" in {a.path for a in client.list_artifacts(run.info.run_id)}
     assert (folder / "frontier.png").read_bytes()[:4] == b"\x89PNG"
 
 

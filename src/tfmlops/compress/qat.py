@@ -41,8 +41,9 @@ def quantize_aware(model, keras) -> tuple[object, list[str]]:
     return qat_model, left_float
 
 
-def fine_tune(qat_model, dataset, epochs: int, learning_rate: float, loss, keras, verbose: int):
+def fine_tune(qat_model, dataset, epochs: int, learning_rate: float, loss, keras, verbose: int,
+              callbacks=()):
     qat_model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=loss,
                       metrics=["accuracy"])
-    history = qat_model.fit(dataset, epochs=epochs, verbose=verbose)
+    history = qat_model.fit(dataset, epochs=epochs, verbose=verbose, callbacks=list(callbacks))
     return {k: float(v[-1]) for k, v in history.history.items()}

@@ -21,10 +21,11 @@ Outputs: `paths.tflite/<source>_<variant>.tflite`, `edge.json`,
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
-from tfmlops import tracking
+from tfmlops import profiling, tracking
 from tfmlops.compress import source
 from tfmlops.compress.frontier import (
     BASE_VARIANTS,
@@ -68,6 +69,8 @@ def run(cfg: Config) -> dict:
         run.log_artifact(final / "frontier.png", "plots")
         run.log_artifact(final / "edge.json", "tflite")
         run.log_artifact(final / edge["file"], "tflite")
+        if cfg.quantize.qat and profiling.trace_files(profiling.profile_dir(cfg, STAGE)):
+            run.log_artifact(profiling.profile_dir(cfg, STAGE), "profile")  # QAT fine-tune
     write_json(Path(cfg.paths.reports) / "quantize.json", metrics)
     print(f"quantize: {len(rows)} variants; edge {edge['variant']} ({edge['bytes']} bytes, "
           f"accuracy {edge['accuracy']:.4f} vs Keras {edge['reference_accuracy']:.4f})")
@@ -163,9 +166,13 @@ def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, buil
         train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
                                  training=True)
         loss = make_loss(tcfg.train.loss, prepared.num_classes, keras)
+        steps = math.ceil(prepared.counts["train"] / tcfg.train.batch_size)
+        profile = profiling.keras_profile_batch(cfg, steps)
+        callbacks = [keras.callbacks.TensorBoard(
+            str(profiling.fresh_profile_dir(cfg, STAGE)), profile_batch=profile)] if profile else []
         report["fit"] = qat.fine_tune(model, train, cfg.quantize.qat_epochs,
                                       cfg.quantize.qat_learning_rate, loss, keras,
-                                      keras_verbose())
+                                      keras_verbose(), callbacks)
         data = tflite.convert(model, "int8", calibration)
     except Exception as exc:  # noqa: BLE001 - an unsupported model is reported
         failed[QAT_VARIANT] = tflite.first_line(exc)
