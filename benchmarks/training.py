@@ -44,7 +44,8 @@ class EpochTimer:
 def prepared_digits(**sections):
     from tfmlops.stages import materialize, prepare
 
-    cfg, workdir = scratch_config(train={"use_tuned": False}, **sections)
+    sections["train"] = {"use_tuned": False, **sections.get("train", {})}
+    cfg, workdir = scratch_config(**sections)
     materialize.run(cfg)
     prepare.run(cfg)
     return cfg, workdir
