@@ -44,7 +44,6 @@ from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 CHIEF_CHECKPOINTS = "chief"  # tf_keras' BackupAndRestore keeps the chief's state here
 EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"  # 0-based index of the last epoch
 BACKUP_FORMAT = "tf_keras-multi-worker"  # in the fingerprint: never resumed by the Keras 3 path
-JIT = {"auto": None, "true": True, "false": False}  # tf_keras takes a bool (None: its default)
 TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
 
 
@@ -206,8 +205,11 @@ def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, hist
     shard_policy = _shard_policy(train_ds)
     print(f"train: {task} of {_cluster_tasks()} workers, {strategy.num_replicas_in_sync} "
           f"replicas, global batch {global_batch}, auto-shard {shard_policy}")
+    from tfmlops.stages.train import _compiled_model  # the same build + compile, in tf_keras
+
     with strategy.scope():
-        model = _compiled(merged, prepared, tf_keras, steps_per_epoch * merged.train.epochs)
+        model = _compiled_model(merged, prepared, tf_keras,
+                                steps_per_epoch * merged.train.epochs)
     scaled = precision.uses_loss_scaling(model, tf_keras)
     if policy == "mixed_float16" and not scaled:
         raise RuntimeError("mixed_float16 without a LossScaleOptimizer: float16 gradients "
@@ -225,19 +227,6 @@ def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, hist
               callbacks=callbacks, verbose=keras_verbose() if tracking.is_chief() else 0,
               shuffle=False)  # the dataset shuffles itself (seeded)
     return model, recorder.inner, time.perf_counter() - started
-
-
-def _compiled(merged: Config, prepared, tf_keras, total_steps: int):
-    from tfmlops.model.builder import build_model
-    from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
-
-    t = merged.train
-    model = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes)
-    schedule = make_schedule(t.schedule, t.optimizer.learning_rate, total_steps, tf_keras)
-    model.compile(optimizer=make_optimizer(t.optimizer, schedule, tf_keras),
-                  loss=make_loss(t.loss, prepared.num_classes, tf_keras),
-                  metrics=["accuracy"], jit_compile=JIT[t.jit_compile])
-    return model
 
 
 def _callbacks(merged, backup_dir: Path, profile_dir: Path, recorder, profile_batch,

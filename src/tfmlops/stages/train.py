@@ -39,6 +39,8 @@ from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 
 STAGE = "train"
 JIT = {"auto": "auto", "true": True, "false": False}
+# tf_keras (multi-worker path) takes a bool or None (its own default) for `auto`.
+JIT_TF_KERAS = {"auto": None, "true": True, "false": False}
 
 
 def run(cfg: Config) -> dict:
@@ -241,7 +243,10 @@ def _op_determinism(enabled: bool):
 
 
 def _compiled_model(merged: Config, prepared, keras, total_steps: int):
-    """Build and compile inside the strategy scope and dtype policy of the caller."""
+    """Build and compile inside the strategy scope and dtype policy of the caller.
+
+    `keras` is Keras 3 or tf_keras (multi-worker training): the same build and compile.
+    """
     from tfmlops.model.builder import build_model
     from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
 
@@ -251,7 +256,7 @@ def _compiled_model(merged: Config, prepared, keras, total_steps: int):
     model.compile(optimizer=make_optimizer(t.optimizer, schedule, keras),
                   loss=make_loss(t.loss, prepared.num_classes, keras),
                   metrics=["accuracy"],  # by keyword: the third positional is loss_weights
-                  jit_compile=JIT[t.jit_compile])
+                  jit_compile=(JIT if keras.__version__[0] == "3" else JIT_TF_KERAS)[t.jit_compile])
     return model
 
 
