@@ -114,12 +114,17 @@ def child_env() -> dict[str, str]:
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600,
             check: bool = True) -> subprocess.CompletedProcess:
     """Run `tfmlops ...` in a real subprocess (own TensorFlow, own Keras world)."""
-    full_env = {**child_env(), **(env or {})}
-    proc = subprocess.run([str(VENV_BIN / "tfmlops"), *args], cwd=cwd, env=full_env,
+    return _run_tool("tfmlops", args, cwd, env or {}, timeout, check)
+
+
+def _run_tool(tool: str, args, cwd: Path, env: dict, timeout: float,
+              check: bool) -> subprocess.CompletedProcess:
+    """Run a venv command; with `check`, a non-zero exit fails with its output's tail."""
+    proc = subprocess.run([str(VENV_BIN / tool), *args], cwd=cwd, env={**child_env(), **env},
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"tfmlops {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 
@@ -164,13 +169,7 @@ def scratch_repo(dest: Path, params: dict | None = None) -> Path:
 
 def dvc(*args: str, cwd: Path, timeout: float = 900, check: bool = True,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**child_env(), "DVC_NO_ANALYTICS": "1", **(env or {})}
-    proc = subprocess.run([str(VENV_BIN / "dvc"), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dvc {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-    return proc
+    return _run_tool("dvc", args, cwd, {"DVC_NO_ANALYTICS": "1", **(env or {})}, timeout, check)
 
 
 def relative_tiny_params(**sections) -> dict:

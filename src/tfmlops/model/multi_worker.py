@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tfmlops import profiling, tracking
 from tfmlops.config import Config
-from tfmlops.errors import ConfigError, DataError
+from tfmlops.errors import ConfigError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 
@@ -63,13 +63,7 @@ def run(cfg: Config, merged: Config, changes: list, prepared, started: float) ->
     # Before any other TensorFlow op: collective ops are configured at startup.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     placement = dist.describe(strategy, "multi_worker")
-    global_batch = merged.train.batch_size * placement["replicas"]
-    if global_batch > prepared.counts["train"]:
-        raise DataError(
-            f"train.batch_size {merged.train.batch_size} x {placement['replicas']} replica(s) = "
-            f"{global_batch} is more than the {prepared.counts['train']} train images; lower "
-            "train.batch_size (or train.overrides / tune's batch_size)"
-        )
+    global_batch = stage.checked_global_batch(merged, placement, prepared)
     chief = tracking.is_chief()
     scratch = None if chief else Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))
     try:

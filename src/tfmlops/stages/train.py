@@ -66,13 +66,7 @@ def run(cfg: Config) -> dict:
     dist.prepare_devices(kind, merged.train.replicas)  # before any other TensorFlow op
     strategy = dist.make_strategy(kind, merged.train.replicas)
     placement = dist.describe(strategy, kind)
-    global_batch = merged.train.batch_size * placement["replicas"]
-    if global_batch > prepared.counts["train"]:
-        raise DataError(
-            f"train.batch_size {merged.train.batch_size} x {placement['replicas']} replica(s) = "
-            f"{global_batch} is more than the {prepared.counts['train']} train images; lower "
-            "train.batch_size (or train.overrides / tune's batch_size)"
-        )
+    global_batch = checked_global_batch(merged, placement, prepared)
 
     chief = tracking.is_chief()
     scratch = [] if chief else [Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))]
@@ -83,6 +77,18 @@ def run(cfg: Config) -> dict:
     finally:
         for folder in scratch:  # a non-chief worker's checkpoints and outputs
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def checked_global_batch(merged: Config, placement: dict, prepared) -> int:
+    """Per-replica batch x replicas; fails clearly when it exceeds the train split."""
+    global_batch = merged.train.batch_size * placement["replicas"]
+    if global_batch > prepared.counts["train"]:
+        raise DataError(
+            f"train.batch_size {merged.train.batch_size} x {placement['replicas']} replica(s) = "
+            f"{global_batch} is more than the {prepared.counts['train']} train images; lower "
+            "train.batch_size (or train.overrides / tune's batch_size)"
+        )
+    return global_batch
 
 
 def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, chief, scratch,
