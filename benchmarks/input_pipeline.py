@@ -7,7 +7,7 @@ tf.data is timed from its second epoch on (the first fills its cache), the
 generator has no cache to fill. Prints the ratio and writes
 reports/benchmarks/input_pipeline.json.
 
-    .venv/bin/python benchmarks/input_pipeline.py [--epochs 3]
+    .venv/bin/python benchmarks/input_pipeline.py [--epochs 20]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def pil_generator(files, labels, size, channels, mean, std, batch, seed):
         yield np.stack(xs), np.asarray([labels[i] for i in order[start : start + batch]])
 
 
-def measure(epochs: int = 3) -> dict:
+def measure(epochs: int = 20) -> dict:
     from tfmlops.data import pipeline
     from tfmlops.data.images import SUPPORTED
     from tfmlops.stages import materialize, prepare
@@ -90,7 +90,7 @@ def measure(epochs: int = 3) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=20)
     result = measure(parser.parse_args().epochs)
     path = save("input_pipeline", result)
     print(f"input pipeline: tf.data {result['tfdata_images_per_s']:,.0f} img/s vs PIL generator "

@@ -84,6 +84,10 @@ class PipelineConfig:
     shuffle_buffer: int = _f(2048, **_rng(1, 10_000_000))
     cache: bool = True
     deterministic: bool = True
+    # tf.data's autotuner records every element; once the cache serves the
+    # epochs that cost halves steady-state throughput on 2 cores, so parallel
+    # stages default to one call per core instead (benchmarks/input_pipeline.py).
+    autotune: bool = False
     augment: AugmentConfig = _f(AugmentConfig())
 
 

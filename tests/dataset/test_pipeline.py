@@ -89,3 +89,16 @@ def test_missing_and_stale_prepared_data_fail_clearly(make_cfg, prepared_digits)
                                 data=dataclasses.replace(prepared_digits.data, image_size=32))
     with pytest.raises(DataError, match="stale"):
         pipeline.load_prepared(stale)
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+def test_autotune_param_reaches_tf_data_and_yields_the_same_batches(prepared_digits, prepared,
+                                                                     autotune):
+    cfg = dataclasses.replace(
+        prepared_digits, pipeline=dataclasses.replace(prepared_digits.pipeline, autotune=autotune))
+    ds = pipeline.dataset(cfg, prepared, "train", batch_size=64, training=True)
+    assert ds.options().autotune.enabled is autotune
+    reference = pipeline.dataset(prepared_digits, prepared, "train", batch_size=64, training=True)
+    for (x, y), (rx, ry) in zip(ds.take(3), reference.take(3)):
+        np.testing.assert_array_equal(y.numpy(), ry.numpy())
+        np.testing.assert_array_equal(x.numpy(), rx.numpy())

@@ -132,10 +132,14 @@ def dataset(
         if p.augment.enabled:
             augment = augmenter(cfg)
             ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
+    # Serial batch: after the cache a batch is only a copy, and a parallel
+    # batch's hand-off cost more than it saved (benchmarks/input_pipeline.py).
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     ds = ds.prefetch(AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = p.deterministic
+    # With the autotuner off, AUTOTUNE above means one parallel call per core.
+    options.autotune.enabled = p.autotune
     # Explicit, not AUTO: multi-worker training shards by element, not by file
     # (a split may have fewer files than workers).
     options.experimental_distribute.auto_shard_policy = getattr(
