@@ -235,6 +235,8 @@ class QuantizeConfig:
     qat_epochs: int = _f(2, **_rng(1, 1000))
     qat_learning_rate: float = _f(1e-4, **_rng(0.0, 1.0, lo_open=True))
     accuracy_budget: float = _f(0.01, **_rng(0.0, 1.0))  # points lost vs Keras, as a fraction
+    # The edge variant: the smallest file within the budget, or the fastest (p50).
+    edge_pick: Literal["smallest", "fastest"] = "smallest"
     required: list[str] = _f(["int8"])  # variants whose failure fails the stage
     latency_runs: int = _f(200, **_rng(1, 1_000_000))
     latency_warmup: int = _f(20, **_rng(0, 1_000_000))
@@ -520,7 +522,7 @@ def _check_invariants(obj, path: str) -> None:
                               f"set {p}qat: true or remove qat_int8")
 
 
-TFLITE_VARIANTS = ("float32", "dynamic", "float16", "int8", "qat_int8")
+TFLITE_VARIANTS = ("float32", "dynamic", "float16", "int8", "int8_sparse", "qat_int8")
 OPTIMIZERS = typing.get_args(typing.get_type_hints(OptimizerConfig)["name"])
 SCHEDULES = typing.get_args(typing.get_type_hints(ScheduleConfig)["name"])
 

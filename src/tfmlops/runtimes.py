@@ -14,12 +14,28 @@ import numpy as np
 
 
 class TFLiteModel:
-    """A .tflite file in the maintained LiteRT interpreter; handles int8 in/out."""
+    """A .tflite file in the maintained LiteRT interpreter; handles int8 in/out.
+
+    LiteRT applies its XNNPACK delegate by default. XNNPACK refuses some valid
+    graphs (seen here: INT8 SqueezeExcite blocks, sparse-encoded weights:
+    "failed to prepare"); such a model runs on LiteRT's built-in kernels, and
+    `kernels` says which ran ("xnnpack" or "builtin").
+    """
 
     def __init__(self, path: str, threads: int = 1):
-        from ai_edge_litert.interpreter import Interpreter
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
         self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        self.kernels = "xnnpack"
+        try:
+            self.interpreter.allocate_tensors()  # where XNNPACK refuses a graph
+        except RuntimeError:
+            self.interpreter = Interpreter(
+                model_path=str(path), num_threads=threads,
+                experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+            )
+            self.interpreter.allocate_tensors()
+            self.kernels = "builtin"
         self.input = self.interpreter.get_input_details()[0]
         self.output = self.interpreter.get_output_details()[0]
         self._batch = None

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from tfmlops.compress.frontier import required_names, select_edge
+from tfmlops.compress.frontier import required_names, select_edge, variants
 from tfmlops.compress.measure import gzip_bytes, sparsity_table, zero_fraction
 from tfmlops.compress.schedule import pruning_steps
 from tfmlops.config import ConfigError, PruneConfig, config_from_dict
@@ -76,8 +76,9 @@ def test_gzip_bytes_of_a_file_and_of_bytes(tmp_path):
     assert gzip_bytes(data) < 1200  # zeros compress away, random bytes do not
 
 
-def row(variant, accuracy, size):
-    return {"variant": variant, "accuracy": accuracy, "bytes": size, "gzip_bytes": size // 2}
+def row(variant, accuracy, size, p50=1.0):
+    return {"variant": variant, "accuracy": accuracy, "bytes": size, "gzip_bytes": size // 2,
+            "p50_ms": p50}
 
 
 def test_edge_is_the_smallest_variant_within_budget():
@@ -94,6 +95,14 @@ def test_edge_is_the_smallest_variant_within_budget():
     assert select_edge([row("a", 0.98, 10)], 0.99, 0.01)["within_budget"] is True
 
 
+def test_fastest_edge_trades_bytes_for_latency_within_the_budget():
+    rows = [row("pruned_int8_sparse", 0.99, 50, p50=0.25), row("pruned_int8", 0.99, 90, p50=0.07),
+            row("trained_int8", 0.97, 90, p50=0.05)]  # fastest, but out of budget
+    assert select_edge(rows, 0.99, 0.01)["variant"] == "pruned_int8_sparse"
+    fastest = select_edge(rows, 0.99, 0.01, pick="fastest")
+    assert fastest["variant"] == "pruned_int8" and fastest["p50_ms"] == 0.07
+
+
 def test_edge_without_a_variant_in_budget_is_the_most_accurate():
     rows = [row("a", 0.90, 100), row("b", 0.93, 500), row("c", 0.93, 400)]
     edge = select_edge(rows, reference_accuracy=0.99, budget=0.01)
@@ -104,6 +113,12 @@ def test_edge_without_a_variant_in_budget_is_the_most_accurate():
 
 def test_required_variants_name_the_pruned_model():
     assert required_names(["int8", "qat_int8"]) == ["pruned_int8", "pruned_qat_int8"]
+    assert required_names(["int8_sparse"]) == ["pruned_int8_sparse"]
+
+
+def test_sparse_encoding_is_built_for_the_pruned_model_only():
+    assert variants("pruned") == ("float32", "dynamic", "float16", "int8", "int8_sparse")
+    assert variants("trained") == ("float32", "dynamic", "float16", "int8")
 
 
 @pytest.mark.parametrize("section, message", [

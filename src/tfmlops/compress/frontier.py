@@ -5,7 +5,14 @@ from __future__ import annotations
 FRONTIER_COLUMNS = ("variant", "accuracy", "agreement", "bytes", "gzip_bytes", "p50_ms", "p95_ms")
 SOURCES = ("pruned", "trained")  # the pruned model first: the pipeline's main product
 BASE_VARIANTS = ("float32", "dynamic", "float16", "int8")
+# Sparse encoding only pays where pruning made zeros: built for the pruned model.
+PRUNED_ONLY_VARIANTS = ("int8_sparse",)
 QAT_VARIANT = "pruned_qat_int8"
+
+
+def variants(src: str) -> tuple[str, ...]:
+    """The TFLite variants built from one source model, in frontier order."""
+    return BASE_VARIANTS + (PRUNED_ONLY_VARIANTS if src == "pruned" else ())
 
 
 def required_names(required: list[str]) -> list[str]:
@@ -13,11 +20,13 @@ def required_names(required: list[str]) -> list[str]:
     return [f"pruned_{r}" for r in required]
 
 
-def select_edge(rows: list[dict], reference_accuracy: float, budget: float) -> dict:
-    """The smallest variant within `budget` of the Keras reference's accuracy.
+def select_edge(rows: list[dict], reference_accuracy: float, budget: float,
+                pick: str = "smallest") -> dict:
+    """The smallest (or, with pick="fastest", the lowest-p50) variant within `budget`.
 
     Smallest in raw bytes (what the device loads); ties (pruning leaves the raw
     size unchanged) go to the more accurate, then the smaller gzipped.
+    Fastest by p50 latency; ties go to the smaller.
 
     When none is within budget the most accurate one (then the smallest) is
     named, with `within_budget: false`, so the export stage still has a file.
@@ -27,7 +36,10 @@ def select_edge(rows: list[dict], reference_accuracy: float, budget: float) -> d
     floor = reference_accuracy - budget - 1e-9
     within = [r for r in rows if r["accuracy"] >= floor]
     if within:
-        best = min(within, key=lambda r: (r["bytes"], -r["accuracy"], r["gzip_bytes"]))
+        if pick == "fastest":
+            best = min(within, key=lambda r: (r["p50_ms"], r["bytes"], -r["accuracy"]))
+        else:
+            best = min(within, key=lambda r: (r["bytes"], -r["accuracy"], r["gzip_bytes"]))
     else:
         best = max(rows, key=lambda r: (r["accuracy"], -r["bytes"]))
     return {
@@ -38,6 +50,8 @@ def select_edge(rows: list[dict], reference_accuracy: float, budget: float) -> d
         "gzip_bytes": best["gzip_bytes"],
         "reference_accuracy": reference_accuracy,
         "accuracy_budget": budget,
+        "pick": pick,
+        "p50_ms": best.get("p50_ms"),
         "within_budget": bool(within),
     }
 

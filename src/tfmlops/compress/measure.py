@@ -1,4 +1,4 @@
-"""Sizes and sparsity: gzip-compressed bytes and the per-layer zero fractions."""
+"""Sizes and sparsity: gzip-compressed bytes, per-layer zero fractions, sparse tensors."""
 
 from __future__ import annotations
 
@@ -15,6 +15,19 @@ def gzip_bytes(path_or_data: str | Path | bytes) -> int:
     """Bytes after gzip at the highest level (the size a download would carry)."""
     data = path_or_data if isinstance(path_or_data, bytes) else Path(path_or_data).read_bytes()
     return len(gzip.compress(data, compresslevel=9, mtime=0))
+
+
+def sparse_tensors(path: str | Path) -> int:
+    """How many tensors of a .tflite file are stored in TFLite's sparse format."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.Model.GetRootAsModel(Path(path).read_bytes(), 0)
+    return sum(
+        1
+        for g in range(model.SubgraphsLength())
+        for t in range(model.Subgraphs(g).TensorsLength())
+        if model.Subgraphs(g).Tensors(t).Sparsity() is not None
+    )
 
 
 def zero_fraction(arrays: Sequence[np.ndarray]) -> float:

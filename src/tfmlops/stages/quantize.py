@@ -4,15 +4,16 @@ Runs with TF_USE_LEGACY_KERAS=1 (set by the CLI). For each source (the pruned
 model, and the unpruned trained model for comparison) it builds float32,
 dynamic-range, float16 and full-integer INT8 (int8 in and out, calibrated on
 `quantize.representative_samples` train images drawn through the input
-pipeline); with `quantize.qat`, also a pruning-preserving QAT INT8 model.
+pipeline), and of the pruned model also INT8 in TFLite's sparse encoding; with
+`quantize.qat`, also a pruning-preserving QAT INT8 model.
 A variant the converter refuses is reported with the converter's message;
 only the variants in `quantize.required` (of the pruned model) fail the stage.
 
 Every variant runs in LiteRT on the whole test split: accuracy, top-1
 agreement with the Keras reference (the trained model's predictions), bytes
 raw and gzipped, batch-1 latency p50/p95 (same image, `quantize.threads`).
-The edge variant is the smallest within `quantize.accuracy_budget` of the
-reference.
+The edge variant is the smallest (`quantize.edge_pick: fastest`: the lowest
+p50) within `quantize.accuracy_budget` of the reference.
 
 Outputs: `paths.tflite/<source>_<variant>.tflite`, `edge.json`,
 `frontier.png`, `mlflow_run.json` (staged, swapped in whole);
@@ -28,13 +29,13 @@ from pathlib import Path
 from tfmlops import profiling, tracking
 from tfmlops.compress import source
 from tfmlops.compress.frontier import (
-    BASE_VARIANTS,
     FRONTIER_COLUMNS,
     QAT_VARIANT,
     SOURCES,
     ratio,
     required_names,
     select_edge,
+    variants,
 )
 from tfmlops.compress.measure import gzip_bytes
 from tfmlops.config import Config
@@ -110,7 +111,7 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path):
     built: list[str] = []
     started = time.perf_counter()
     for src in SOURCES:
-        for variant in BASE_VARIANTS:
+        for variant in variants(src):
             name = f"{src}_{variant}"
             try:
                 data = tflite.convert(models[src], variant, calibration)
@@ -143,7 +144,7 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path):
     if not rows:
         name, message = next(iter(failed.items()))
         raise DataError(f"quantize: no TFLite variant could be built ({name}: {message})")
-    edge = select_edge(rows, reference_accuracy, q.accuracy_budget)
+    edge = select_edge(rows, reference_accuracy, q.accuracy_budget, q.edge_pick)
     metrics = _metrics(cfg, details, failed, reference_accuracy, edge, qat_report)
     metrics["convert_seconds"] = round(convert_seconds, 2)
     return metrics, rows, edge
@@ -206,6 +207,8 @@ def _metrics(cfg: Config, details: dict, failed: dict, reference_accuracy: float
     for src in SOURCES:
         out[f"{src}_int8_vs_float32_bytes"] = ratio(get(f"{src}_float32", "bytes"),
                                                     get(f"{src}_int8", "bytes"))
+    out["pruned_int8_sparse_vs_float32_bytes"] = ratio(get("pruned_float32", "bytes"),
+                                                       get("pruned_int8_sparse", "bytes"))
     # Prune + INT8 against the trained float32 model: the gzip of the trained
     # model.keras file, and (weights only, no optimizer state or Keras metadata)
     # the gzip of the trained float32 .tflite.
