@@ -56,7 +56,7 @@ def throughput(epochs: int = 6) -> dict:
     import keras
 
     from tfmlops.data import pipeline
-    from tfmlops.stages.train import _compiled_model
+    from tfmlops.stages.train import compiled_model
 
     cfg, _ = prepared_digits()
     prepared = pipeline.load_prepared(cfg)
@@ -66,7 +66,7 @@ def throughput(epochs: int = 6) -> dict:
 
     def fit(feed) -> float:
         keras.utils.set_random_seed(cfg.seed)
-        model = _compiled_model(cfg, prepared, keras, steps * epochs)
+        model = compiled_model(cfg, prepared, keras, steps * epochs)
         timer = EpochTimer(keras)
         feed(model, timer.callback)
         return prepared.counts["train"] / statistics.median(timer.seconds[1:])

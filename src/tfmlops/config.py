@@ -209,6 +209,9 @@ class TuneConfig:
     budget_minutes: float = _f(3.5, **_rng(0.0, 100_000.0, lo_open=True))
     early_stopping_patience: int = _f(2, **_rng(0, 1000))
     hyperband_factor: int = _f(3, **_rng(2, 100))
+    # The params' own settings and the search's best N are trained at
+    # train.epochs; the winner (ties: the params') is the tuned configuration.
+    final_candidates: int = _f(1, **_rng(0, 100))
     # A trial whose model has more parameters fails (recorded FAILED) and the
     # search goes on: keeps the search within an edge size budget. 0: no limit.
     max_model_params: int = _f(0, **_rng(0, None))

@@ -99,6 +99,6 @@ def test_autotune_param_reaches_tf_data_and_yields_the_same_batches(prepared_dig
     ds = pipeline.dataset(cfg, prepared, "train", batch_size=64, training=True)
     assert ds.options().autotune.enabled is autotune
     reference = pipeline.dataset(prepared_digits, prepared, "train", batch_size=64, training=True)
-    for (x, y), (rx, ry) in zip(ds.take(3), reference.take(3)):
+    for (x, y), (rx, ry) in zip(ds.take(3), reference.take(3), strict=True):
         np.testing.assert_array_equal(y.numpy(), ry.numpy())
         np.testing.assert_array_equal(x.numpy(), rx.numpy())

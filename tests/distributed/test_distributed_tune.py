@@ -84,8 +84,13 @@ def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_wo
     assert parent.data.tags["tfmlops.stage"] == "tune"
     assert parent.data.tags["tfmlops.tune.search"] == tune.search_key(cfg)
     assert parent.info.status == "FINISHED"
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == len(runs) - 1  # nothing outside the parent
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(nested) == len(runs) - 1  # nothing outside the parent
+    # The chief's final round after the search: the params' settings and the best trial.
+    finals = [r for r in nested if r.data.tags.get("tfmlops.tune.round") == "final"]
+    assert sorted(r.info.run_name for r in finals) == \
+        ["final-params", f"final-trial-{parent.data.tags['tfmlops.tune.best_trial']}"]
+    children = [r for r in nested if r not in finals]
     assert sorted(c.data.tags["tfmlops.tune.trial"] for c in children) == \
         [str(i) for i in range(TRIALS)]
     assert all(c.info.status == "FINISHED" and "score" in c.data.metrics for c in children)

@@ -30,8 +30,9 @@ TINY_SPACE = {
 
 
 def tune_params(**tune):
+    # final_candidates 0: these tests are about the search; the final round has its own
     return {"tune": {"tuner": "random", "max_trials": 3, "max_epochs": 1, "space": TINY_SPACE,
-                     **tune}}
+                     "final_candidates": 0, **tune}}
 
 
 def children_of(cfg, parent_id: str):
@@ -135,6 +136,54 @@ def test_the_first_trial_is_the_params_own_settings_once(digits_workdir, make_cf
     assert out.count("trial 0 is the baseline") == 1 and "no baseline" not in out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_final_round_trains_the_finalists_as_train_does_and_keeps_the_winner(digits_workdir):
+    """The params' own settings and the search's best trial, each fit at
+    train.epochs; best_hparams.yaml holds the winner (a tie keeps the params')."""
+    from tfmlops.stages import tune
+
+    cfg = digits_workdir(**tune_params(max_trials=2, final_candidates=1),
+                         train={"epochs": 3, "early_stopping_patience": 0})
+    metrics = tune.run(cfg)
+
+    with (Path(cfg.paths.tuned) / tune.FINAL_FILE).open() as fh:
+        final = list(csv.DictReader(fh))
+    best_trial = str(metrics["best_trial"])
+    assert [r["candidate"] for r in final] == ["params", f"trial-{best_trial}"]
+    assert all(r["epochs"] == "3" and not r["error"] for r in final)
+    params, challenger = final
+    assert metrics["final_params_score"] == pytest.approx(float(params["score"]), abs=1e-6)
+    beats = float(challenger["score"]) > float(params["score"])  # a tie keeps the params'
+    assert metrics["final_winner_is_params"] == int(not beats)
+    trial_row = next(r for r in read_rows(cfg) if r["trial"] == best_trial)
+    winner_cfg = search_space.config_from_values(cfg, {
+        k: yaml.safe_load(trial_row[k]) for k in search_space.HP_NAMES if trial_row[k]}) \
+        if beats else cfg
+    assert hparams.read_best(cfg) == hparams.tuned_tree(winner_cfg)
+
+    (parent,) = parent_runs(cfg)
+    finals = {c.info.run_name: c for c in children_of(cfg, parent.info.run_id)
+              if c.data.tags.get("tfmlops.tune.round") == "final"}
+    assert sorted(finals) == ["final-params", f"final-trial-{best_trial}"]
+    client = mlflow_client(cfg)
+    for child in finals.values():
+        assert child.info.status == "FINISHED"
+        history = client.get_metric_history(child.info.run_id, "val_loss")
+        assert [m.step for m in history] == [0, 1, 2]  # train's length, not the search's
+    assert parent.data.tags["tfmlops.tune.winner"] == ("trial-" + best_trial if beats else "params")
+    assert "tune/final_round.csv" in {a.path for a in client.list_artifacts(parent.info.run_id,
+                                                                            "tune")}
+
+    # The round trained the winner exactly as train then does: the same curve.
+    from tfmlops.stages import train
+
+    trained = train.run(cfg)
+    won = challenger if beats else params
+    assert trained["best_val_loss"] == pytest.approx(float(won["val_loss"]), rel=1e-6)
+    assert trained["best_val_accuracy"] == pytest.approx(float(won["score"]), rel=1e-6)
+
+
 def test_best_hparams_merge_into_a_buildable_train_config(make_cfg):
     import keras
 
@@ -193,7 +242,8 @@ def test_hyperband_continues_trials_and_a_failed_trial_is_recorded(digits_workdi
              "separable": [False], "head_units": [16], "batch_norm": [False],
              "optimizer": ["adam"], "schedule": ["constant"]}
     cfg = digits_workdir(tune={"tuner": "hyperband", "max_epochs": 2, "hyperband_factor": 2,
-                               "max_trials": 3, "max_model_params": 1000, "space": space})
+                               "max_trials": 3, "max_model_params": 1000, "space": space,
+                               "final_candidates": 0})
     metrics = tune.run(cfg)
     rows = read_rows(cfg)
     assert [r["status"] for r in rows].count("FAILED") >= 1

@@ -154,6 +154,18 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool) -> list:
+    """The callbacks that change what a run learns (also used by tune's final round)."""
+    cbs = []
+    if early_stopping_patience:
+        cbs.append(keras.callbacks.EarlyStopping(monitor=MONITOR, mode="min",
+                                                 patience=early_stopping_patience))
+    if reduce_lr_on_plateau:
+        cbs.append(keras.callbacks.ReduceLROnPlateau(monitor=MONITOR, mode="min", factor=0.5,
+                                                     patience=2, min_lr=1e-6))
+    return cbs
+
+
 def training_callbacks(*, backup_dir: Path, profile_dir: Path, profile_batch, recorder,
                        early_stopping_patience: int, reduce_lr_on_plateau: bool,
                        best_so_far: float | None) -> list:
@@ -165,12 +177,7 @@ def training_callbacks(*, backup_dir: Path, profile_dir: Path, profile_batch, re
             save_weights_only=True, initial_value_threshold=best_so_far,
         ),
     ]
-    if early_stopping_patience:
-        cbs.append(keras.callbacks.EarlyStopping(monitor=MONITOR, mode="min",
-                                                 patience=early_stopping_patience))
-    if reduce_lr_on_plateau:
-        cbs.append(keras.callbacks.ReduceLROnPlateau(monitor=MONITOR, mode="min", factor=0.5,
-                                                     patience=2, min_lr=1e-6))
+    cbs += stopping_callbacks(early_stopping_patience, reduce_lr_on_plateau)
     cbs.append(keras.callbacks.TensorBoard(log_dir=str(profile_dir), profile_batch=profile_batch,
                                            write_graph=False))
     # double_checkpoint: a kill while the weights file is written leaves the previous one.

@@ -67,7 +67,7 @@ def run(cfg: Config, merged: Config, changes: list, prepared, started: float) ->
     chief = tracking.is_chief()
     scratch = None if chief else Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))
     try:
-        with stage._op_determinism(merged.pipeline.deterministic):
+        with stage.op_determinism(merged.pipeline.deterministic):
             return _train(cfg, merged, changes, prepared, strategy, placement, global_batch,
                           scratch, started)
     finally:
@@ -183,26 +183,20 @@ def _adopt_backup(backup_dir: Path, merged: Config) -> None:
 def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, history_dir,
          profile_dir, run, rows, task):
     """Build and compile with tf_keras in the strategy's scope, then fit; (model, recorder, s)."""
-    import tensorflow as tf
     import tf_keras
 
-    from tfmlops.data import pipeline
     from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
+    from tfmlops.stages.train import compiled_model, datasets
 
-    steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
-    cardinality = tf.data.experimental.assert_cardinality
-    train_ds = pipeline.dataset(merged, prepared, "train", batch_size=global_batch,
-                                training=True).apply(cardinality(steps_per_epoch))
-    val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
-        cardinality(math.ceil(prepared.counts["val"] / global_batch)))
+    # the same batches, build and compile as single-machine train, in tf_keras
+    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, global_batch)
     shard_policy = _shard_policy(train_ds)
     print(f"train: {task} of {_cluster_tasks()} workers, {strategy.num_replicas_in_sync} "
           f"replicas, global batch {global_batch}, auto-shard {shard_policy}")
-    from tfmlops.stages.train import _compiled_model  # the same build + compile, in tf_keras
 
     with strategy.scope():
-        model = _compiled_model(merged, prepared, tf_keras,
+        model = compiled_model(merged, prepared, tf_keras,
                                 steps_per_epoch * merged.train.epochs)
     scaled = precision.uses_loss_scaling(model, tf_keras)
     if policy == "mixed_float16" and not scaled:
@@ -304,7 +298,7 @@ def _keras3_twin(weights: list, merged: Config, prepared, best_weights: Path,
     local.set_weights(weights)
     if best_weights.is_file():  # the final model is the epoch with the lowest val_loss
         local.load_weights(best_weights)
-    twin = stage._compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+    twin = stage.compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
     twin.set_weights(local.get_weights())
     # Built (zero slots), so loading the saved file finds the optimizer variables it expects.
     twin.optimizer.build(twin.trainable_variables)

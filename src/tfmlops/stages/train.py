@@ -71,7 +71,7 @@ def run(cfg: Config) -> dict:
     chief = tracking.is_chief()
     scratch = [] if chief else [Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))]
     try:
-        with _op_determinism(merged.pipeline.deterministic):
+        with op_determinism(merged.pipeline.deterministic):
             return _train(cfg, merged, changes, prepared, strategy, placement, global_batch,
                           chief, scratch, started)
     finally:
@@ -176,22 +176,14 @@ def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, prof
          rows):
     """Build, compile (in the strategy's scope) and fit; returns (model, recorder, seconds)."""
     import keras
-    import tensorflow as tf
 
-    from tfmlops.data import pipeline
     from tfmlops.model import callbacks as cb
     from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
 
-    steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
-    # Known lengths: Keras shows real progress and does not warn at the end of epoch 1.
-    cardinality = tf.data.experimental.assert_cardinality
-    train_ds = pipeline.dataset(merged, prepared, "train", batch_size=global_batch,
-                                training=True).apply(cardinality(steps_per_epoch))
-    val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
-        cardinality(math.ceil(prepared.counts["val"] / global_batch)))
+    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, global_batch)
     with strategy.scope():
-        model = _compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+        model = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
     scaled = precision.uses_loss_scaling(model, keras)
     if policy == "mixed_float16" and not scaled:
         raise RuntimeError("mixed_float16 without a LossScaleOptimizer: float16 gradients "
@@ -231,7 +223,7 @@ def _log_results(run, model, metrics, final: Path, reports: Path, profile_dir: P
 
 
 @contextlib.contextmanager
-def _op_determinism(enabled: bool):
+def op_determinism(enabled: bool):
     """TensorFlow op determinism for the run (with the seed: bit-identical runs on CPU).
 
     Restored afterwards, so a test session that calls `run` in-process keeps its state.
@@ -248,7 +240,23 @@ def _op_determinism(enabled: bool):
             tf_config.disable_op_determinism()
 
 
-def _compiled_model(merged: Config, prepared, keras, total_steps: int):
+def datasets(merged: Config, prepared, global_batch: int):
+    """(train, val, steps per epoch): the batches train fits on, in its order."""
+    import tensorflow as tf
+
+    from tfmlops.data import pipeline
+
+    steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
+    # Known lengths: Keras shows real progress and does not warn at the end of epoch 1.
+    cardinality = tf.data.experimental.assert_cardinality
+    train_ds = pipeline.dataset(merged, prepared, "train", batch_size=global_batch,
+                                training=True).apply(cardinality(steps_per_epoch))
+    val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
+        cardinality(math.ceil(prepared.counts["val"] / global_batch)))
+    return train_ds, val_ds, steps_per_epoch
+
+
+def compiled_model(merged: Config, prepared, keras, total_steps: int):
     """Build and compile inside the strategy scope and dtype policy of the caller.
 
     `keras` is Keras 3 or tf_keras (multi-worker training): the same build and compile.

@@ -1,0 +1,62 @@
+"""The tune stage's final-round choices, on hand-made results (no training)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tfmlops.config import config_from_dict
+from tfmlops.model import search_space
+from tfmlops.stages.tune import FinalEntry, TrialRecord, finalists, pick_winner
+
+CFG = config_from_dict({"tune": {"space": {"batch_size": [32, 64]}}})
+
+
+def entry(name, score, val_loss, error=None):
+    return FinalEntry(name, CFG, score=score, val_loss=val_loss, error=error)
+
+
+def test_a_challenger_must_beat_the_params_settings_not_tie_them():
+    params = entry("params", 0.99, 0.05)
+    assert pick_winner(CFG, [params, entry("trial-3", 0.99, 0.05)]) is params
+    # the same accuracy with a lower val_loss is a tie on the objective: no change
+    assert pick_winner(CFG, [params, entry("trial-3", 0.99, 0.01)]) is params
+    assert pick_winner(CFG, [params, entry("trial-4", 0.98, 0.01)]) is params
+    better, same_lower_loss = entry("trial-5", 0.995, 0.09), entry("trial-6", 0.995, 0.02)
+    assert pick_winner(CFG, [params, better]) is better
+    assert pick_winner(CFG, [params, better, same_lower_loss]) is same_lower_loss
+
+
+def test_a_loss_objective_wants_lower():
+    cfg = config_from_dict({"tune": {"objective": "val_loss"}})
+    params = entry("params", 0.05, 0.05)
+    lower = entry("trial-1", 0.04, 0.04)
+    assert pick_winner(cfg, [params, lower]) is lower
+    assert pick_winner(cfg, [params, entry("trial-2", 0.06, 0.06)]) is params
+
+
+def test_failed_finalists_are_skipped_and_all_failed_raises():
+    failed = entry("params", None, None, error="ResourceExhaustedError: OOM")
+    nan = entry("trial-1", math.nan, math.nan)
+    ok = entry("trial-2", 0.9, 0.3)
+    assert pick_winner(CFG, [failed, nan, ok]) is ok
+    with pytest.raises(RuntimeError, match="every finalist failed"):
+        pick_winner(CFG, [failed, nan])
+
+
+def trial(trial_id, score, **values):
+    base = search_space.values_from_config(CFG)
+    return TrialRecord(str(trial_id), "COMPLETED", score, 1, {**base, **values})
+
+
+def test_finalists_are_the_best_distinct_trials_other_than_the_params_own():
+    own = trial(0, 0.99)  # the baseline trial: the params' own values
+    a = trial(1, 0.95, learning_rate=0.004)
+    a_continued = trial(4, 0.97, learning_rate=0.004)  # hyperband's next round, same values
+    b = trial(2, 0.96, learning_rate=0.001)
+    failed = TrialRecord("3", "FAILED", None, None, {"learning_rate": 0.002})
+    trials = [own, a, b, failed, a_continued]
+    best = a_continued
+    assert finalists(CFG, trials, best, 1) == [a_continued]
+    assert finalists(CFG, trials, best, 5) == [a_continued, b]
