@@ -224,11 +224,11 @@ class TuneConfig:
 class PruneConfig:
     initial_sparsity: float = _f(0.0, **_rng(0.0, 1.0, hi_open=True))
     final_sparsity: float = _f(0.85, **_rng(0.0, 1.0, hi_open=True))
-    epochs: int = _f(20, **_rng(1, 10_000))  # fine-tuning epochs
+    epochs: int = _f(30, **_rng(1, 10_000))  # fine-tuning epochs
     begin_fraction: float = _f(0.0, **_rng(0.0, 1.0, hi_open=True))
     end_fraction: float = _f(0.5, **_rng(0.0, 1.0, lo_open=True))  # final sparsity reached here
     frequency: int = _f(5, **_rng(1, 1_000_000))  # steps between mask updates
-    learning_rate: float = _f(5e-4, **_rng(0.0, 10.0, lo_open=True))
+    learning_rate: float = _f(1e-3, **_rng(0.0, 10.0, lo_open=True))
 
 
 @dataclass(frozen=True)

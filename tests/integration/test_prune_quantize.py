@@ -27,7 +27,7 @@ from tfmlops.config import load_config
 FINAL_SPARSITY = 0.6
 SECTIONS = {
     "model": {"squeeze_excite": True},
-    "prune": {"final_sparsity": FINAL_SPARSITY, "epochs": 1, "frequency": 10,
+    "prune": {"final_sparsity": FINAL_SPARSITY, "epochs": 3, "frequency": 10,
               "learning_rate": 0.001},
     "quantize": {"qat": True, "qat_epochs": 1, "representative_samples": 32,
                  "accuracy_budget": 0.05},
@@ -132,6 +132,13 @@ def test_prune_reaches_the_scheduled_sparsity(compressed):
     # Tracked: run finished, metrics logged, run file beside the model, summaries and a trace.
     (run,) = stage_runs(cfg, "prune")
     assert run.info.status == "FINISHED"
+    # The kept epoch: the lowest val_loss among the epochs that end at full sparsity.
+    losses = [m.value for m in sorted(
+        mlflow_client(cfg).get_metric_history(run.info.run_id, "fine_tune_val_loss"),
+        key=lambda m: m.step)]
+    assert len(losses) == 3
+    full = [e for e in range(3) if (e + 1) * schedule["steps_per_epoch"] >= schedule["end_step"]]
+    assert full and metrics["kept_epoch"] == min(full, key=lambda e: losses[e])
     assert run.data.metrics["sparsity"] == pytest.approx(metrics["sparsity"])
     run_file = json.loads((Path(cfg.paths.pruned) / "mlflow_run.json").read_text())
     assert run_file["run_id"] == run.info.run_id

@@ -80,6 +80,35 @@ def callbacks(log_dir: str, profile_batch):
     ]
 
 
+def keep_best_pruned(keras, end_step: int, steps_per_epoch: int):
+    """A callback that keeps the weights of the fine-tuning epoch with the lowest
+    val_loss among those that end at full sparsity (after `end_step`).
+
+    The epochs after the schedule's end only recover accuracy; which one
+    recovers most varies with the run, so the stage keeps the best one, as
+    `train` keeps its lowest-val_loss epoch. `restore()` puts it back.
+    """
+
+    class KeepBestPruned(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.best_loss, self.best_epoch, self._weights = float("inf"), None, None
+
+        def on_epoch_end(self, epoch, logs=None):
+            loss = (logs or {}).get("val_loss")
+            full_sparsity = (epoch + 1) * steps_per_epoch >= end_step
+            if full_sparsity and loss is not None and loss < self.best_loss:
+                self.best_loss, self.best_epoch = float(loss), epoch
+                self._weights = self.model.get_weights()
+
+        def restore(self) -> int | None:
+            if self._weights is not None:
+                self.model.set_weights(self._weights)
+            return self.best_epoch
+
+    return KeepBestPruned()
+
+
 def pruned_weight_names(wrapped_model) -> dict[str, set[str]]:
     """Layer name -> names of the weights tfmot pruned in it."""
     out: dict[str, set[str]] = {}

@@ -6,7 +6,8 @@ builder, every prunable layer is wrapped with a PolynomialDecay schedule
 (begin/end steps from prune.epochs x steps per epoch x the fractions), and
 the model is fine-tuned through the project's input pipeline with
 UpdatePruningStep and PruningSummaries (TensorBoard, into the profile folder,
-with a profiler trace of a few steps when profiling.enabled).
+with a profiler trace of a few steps when profiling.enabled). Of the epochs
+that end at full sparsity, the one with the lowest val_loss is kept.
 
 Outputs: `paths.pruned/model.keras` (stripped, tf_keras format) and
 `mlflow_run.json`, built in a staging folder and swapped in whole;
@@ -94,10 +95,13 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
                                   profiling.keras_profile_batch(cfg, steps.steps_per_epoch))
     train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
                              training=True)
+    val = pipeline.dataset(cfg, prepared, "val", batch_size=tcfg.train.batch_size)
+    keep = pruning.keep_best_pruned(keras, steps.end_step, steps.steps_per_epoch)
     started = time.perf_counter()
-    history = wrapped.fit(train, epochs=cfg.prune.epochs, callbacks=callbacks,
-                          verbose=keras_verbose())
+    history = wrapped.fit(train, validation_data=val, epochs=cfg.prune.epochs,
+                          callbacks=[*callbacks, keep], verbose=keras_verbose())
     fine_tune_seconds = time.perf_counter() - started
+    kept_epoch = keep.restore()
     for epoch in range(cfg.prune.epochs):
         run.log_metrics({f"fine_tune_{k}": v[epoch] for k, v in history.history.items()},
                         step=epoch)
@@ -128,5 +132,6 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
         "left_dense": left_dense,
         "schedule": asdict(steps),
         "fine_tune_seconds": round(fine_tune_seconds, 2),
+        "kept_epoch": kept_epoch,  # the full-sparsity epoch with the lowest val_loss
     }
     return metrics, rows
