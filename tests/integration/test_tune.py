@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import mlflow_client, run_cli, stage_runs, tiny_params
-from tfmlops.model import hparams, search_space
+from tfmlops.model import final_round, hparams, search_space
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
 TINY_SPACE = {
@@ -147,7 +147,7 @@ def test_final_round_trains_the_finalists_as_train_does_and_keeps_the_winner(dig
                          train={"epochs": 3, "early_stopping_patience": 0})
     metrics = tune.run(cfg)
 
-    with (Path(cfg.paths.tuned) / tune.FINAL_FILE).open() as fh:
+    with (Path(cfg.paths.tuned) / final_round.FILE).open() as fh:
         final = list(csv.DictReader(fh))
     best_trial = str(metrics["best_trial"])
     assert [r["candidate"] for r in final] == ["params", f"trial-{best_trial}"]

@@ -21,13 +21,10 @@ the params' own model and optimizer settings when they all lie in the space
 what the params' own settings score in it. Its child run is tagged
 `tfmlops.tune.baseline=true`; the trials CSV has a `baseline` column.
 
-Final round (`tune.final_candidates`, default 1): the search ranks trials
-after a few epochs, but `train` trains for `train.epochs`; a configuration
-that learns fast is not always the one that ends best. So the params' own
-settings and the search's best N are each trained as `train` will train them
-(its epochs, early stopping on val_loss, the lowest-val_loss epoch kept) and
-a challenger wins only by beating the params' settings on the objective. The table
-is `paths.tuned/final_round.csv`; each fit is a child run `final-<name>`.
+Final round (`tune.final_candidates`, model/final_round.py): the params' own
+settings and the search's best trials are trained exactly as `train` trains
+them; a challenger must beat the params' settings to become the tuned
+configuration.
 
 MLflow: the stage's run is the parent; each trial is a nested child run with
 its hyperparameters as params, per-epoch metrics, and status FAILED when the
@@ -59,7 +56,7 @@ import yaml
 from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
-from tfmlops.model import hparams, search_space
+from tfmlops.model import final_round, hparams, search_space
 
 STAGE = "tune"
 TRIAL_FILE = "tfmlops_trial.json"  # beside keras-tuner's trial.json: seconds, child run id
@@ -70,9 +67,6 @@ MAX_FAILURES_BEFORE_SUCCESS = 3
 WORKER_WAIT_S = 120.0  # how long a worker waits for the chief's parent run
 ENDED = ("COMPLETED", "FAILED", "INVALID")  # keras-tuner trial statuses of a finished trial
 FIXED_COLUMNS = ("trial", "baseline", "score", "status", "epochs", "best_epoch", "seconds")
-FINAL_FILE = "final_round.csv"  # beside best_hparams.yaml: the finalists at train's length
-FINAL_COLUMNS = ("candidate", "trial", "score", "val_loss", "epochs", "best_epoch", "seconds",
-                 "error")
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -91,15 +85,15 @@ def run(cfg: Config) -> dict[str, Any]:
                          "tfmlops.tune.tuner": cfg.tune.tuner})
         result = _search(cfg, parent, key)
         best = _best_trial(cfg, result.trials)
-        final = _final_round(cfg, parent, result, best)
-        winner = pick_winner(cfg, final) if final else None
+        final = final_round.run(cfg, parent, result.trials, best)
+        winner = final_round.pick_winner(cfg, final) if final else None
         best_cfg = winner.config if winner else search_space.config_from_values(cfg, best.values)
         rows = _rows(cfg, result.trials)
         write_csv(_csv_path(cfg), rows, _columns())
         write_text(out / hparams.BEST_FILE, _best_text(cfg, best, key, best_cfg, winner))
-        metrics = {**_metrics(cfg, result, best), **_final_metrics(final, winner)}
+        metrics = {**_metrics(cfg, result, best), **final_round.metrics(final, winner)}
         if final:
-            write_csv(out / FINAL_FILE, _final_rows(final), FINAL_COLUMNS)
+            write_csv(out / final_round.FILE, final_round.rows(final), final_round.COLUMNS)
 
         parent.log_params({"best": {k: best.values[k] for k in search_space.HP_NAMES
                                     if k in best.values}})
@@ -114,7 +108,7 @@ def run(cfg: Config) -> dict[str, Any]:
         final_dir = swap_in(out, cfg.paths.tuned)
         parent.log_artifact(hparams.best_path(cfg), "tune")
         if final:
-            parent.log_artifact(final_dir / FINAL_FILE, "tune")
+            parent.log_artifact(final_dir / final_round.FILE, "tune")
     write_json(_report_path(cfg), metrics)
     chosen = (f"; final round at train's length: {winner.name} wins with "
               f"{cfg.tune.objective} {winner.score:.4f}" if winner else "")
@@ -151,22 +145,6 @@ class SearchResult:
     seconds: float
     stop_reason: str  # done | budget | failures
     profile_dir: Path | None = None
-
-
-@dataclass
-class FinalEntry:
-    """One configuration of the final round, trained the way `train` trains it."""
-
-    name: str  # "params" (the params' own settings) or "trial-<id>"
-    config: Config
-    trial_id: str | None = None
-    score: float | None = None  # the objective at the epoch train keeps (lowest val_loss)
-    val_loss: float | None = None
-    epochs: int | None = None
-    best_epoch: int | None = None
-    seconds: float | None = None
-    run_id: str | None = None
-    error: str | None = None
 
 
 def search_key(cfg: Config) -> str:
@@ -513,154 +491,14 @@ def _keras_tuner_classes():
                 self._child.end("KILLED")
                 self._child = None
 
-    class LogEpochs(keras.callbacks.Callback):
-        """Per-epoch metrics of a final-round fit into its child run."""
-
-        def __init__(self, child: tracking.StageRun):
-            super().__init__()
-            self.child = child
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.child.log_metrics(dict(logs or {}), step=epoch)
-
     return _Namespace(HyperbandOracle=HyperbandOracle, BayesianOracle=BayesianOracle,
                       RandomOracle=RandomOracle, TrialModel=TrialModel,
-                      TrackedTuner=TrackedTuner, LogEpochs=LogEpochs)
+                      TrackedTuner=TrackedTuner)
 
 
 class _Namespace:
     def __init__(self, **items):
         self.__dict__.update(items)
-
-
-# ------------------------------------------------------------- the final round
-
-def _final_round(cfg: Config, parent: tracking.StageRun, result: SearchResult,
-                 best: TrialRecord) -> list[FinalEntry] | None:
-    """Train the params' own settings and the search's best `tune.final_candidates`
-    configurations exactly as `train` does on one device (its datasets, build,
-    compile, seed, op determinism, early stopping on val_loss; the epoch of the
-    lowest val_loss is the one train keeps), each a nested run `final-<name>`.
-    The search ranks configurations after a few epochs; this round ranks the
-    finalists at the length they will be trained for.
-    """
-    n = cfg.tune.final_candidates
-    if n == 0:
-        return None
-    from tfmlops.data import pipeline
-
-    prepared = pipeline.load_prepared(cfg)
-    entries = [FinalEntry("params", cfg)] + [
-        FinalEntry(f"trial-{t.trial_id}", search_space.config_from_values(cfg, t.values),
-                   t.trial_id)
-        for t in finalists(cfg, result.trials, best, n)
-    ]
-    print(f"tune: final round: {', '.join(e.name for e in entries)} at train's "
-          f"{cfg.train.epochs} epochs")
-    for entry in entries:
-        child = parent.start_child(f"final-{entry.name}", tags={
-            "tfmlops.tune.round": "final", "tfmlops.tune.candidate": entry.name})
-        child.log_params(hparams.tuned_tree(entry.config))
-        started = time.perf_counter()
-        try:
-            history = _fit_as_train(entry.config, prepared, child)
-            kept = min(range(len(history["val_loss"])), key=lambda i: history["val_loss"][i])
-            entry.score = float(history[cfg.tune.objective][kept])
-            entry.val_loss = float(history["val_loss"][kept])
-            entry.epochs, entry.best_epoch = len(history["val_loss"]), kept
-        except Exception as exc:  # noqa: BLE001 - a finalist that fails is recorded, not fatal
-            entry.error = _last_line(f"{type(exc).__name__}: {exc}")
-        entry.seconds = round(time.perf_counter() - started, 2)
-        entry.run_id = child.run_id
-        if entry.error is None and math.isfinite(entry.score):
-            child.log_metrics({"score": entry.score, "best_epoch": entry.best_epoch,
-                               "seconds": entry.seconds})
-            child.end("FINISHED")
-        else:
-            child.set_tags({"tfmlops.tune.error": entry.error or "non-finite score"})
-            child.end("FAILED")
-    return entries
-
-
-def _fit_as_train(trial_cfg: Config, prepared, child: tracking.StageRun) -> dict[str, list]:
-    """The history of `train`'s own fit of `trial_cfg` (one device, no outputs)."""
-    import keras
-
-    from tfmlops.model import callbacks as cb
-    from tfmlops.progress import keras_verbose
-    from tfmlops.stages import train
-
-    t = trial_cfg.train
-    with train.op_determinism(trial_cfg.pipeline.deterministic):
-        keras.utils.set_random_seed(trial_cfg.seed)
-        train_ds, val_ds, steps = train.datasets(trial_cfg, prepared, t.batch_size)
-        model = train.compiled_model(trial_cfg, prepared, keras, steps * t.epochs)
-        callbacks = [_keras_tuner_classes().LogEpochs(child),
-                     *cb.stopping_callbacks(t.early_stopping_patience, t.reduce_lr_on_plateau)]
-        return model.fit(train_ds, validation_data=val_ds, epochs=t.epochs, callbacks=callbacks,
-                         verbose=keras_verbose(), shuffle=False).history
-
-
-def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
-               n: int) -> list[TrialRecord]:
-    """The best `n` completed trials with distinct values, not the params' own."""
-    own = search_space.baseline(cfg)[0]
-    sign = 1 if "accuracy" in cfg.tune.objective else -1
-    done = [t for t in trials if t.status == "COMPLETED" and t.score is not None
-            and math.isfinite(t.score)]
-    done.sort(key=lambda t: (t is not best, -sign * t.score, int(t.trial_id)))
-    picked, seen = [], []
-    for t in done:
-        values = {k: t.values[k] for k in search_space.HP_NAMES if k in t.values}
-        if values == own or values in seen:  # hyperband's later rounds repeat values
-            continue
-        seen.append(values)
-        picked.append(t)
-        if len(picked) == n:
-            break
-    return picked
-
-
-def pick_winner(cfg: Config, entries: list[FinalEntry]) -> FinalEntry:
-    """The params' own settings unless a challenger beats them on the objective.
-
-    A tie keeps the params' settings: a small validation split moves in coarse
-    steps (one image of 281 is 0.36 points), so an equal score is no evidence
-    for a change. Between challengers, a tie goes to the lower val_loss.
-    """
-    sign = 1 if "accuracy" in cfg.tune.objective else -1
-    scored = [e for e in entries if e.error is None and e.score is not None
-              and math.isfinite(e.score)]
-    if not scored:
-        raise RuntimeError(f"tune: every finalist failed; the first: {entries[0].error}")
-    champion = entries[0] if entries[0] in scored else None
-    challengers = [e for e in scored if e is not champion]
-    best = max(challengers, key=lambda e: (sign * e.score, -e.val_loss), default=None)
-    if champion is None:
-        return best
-    if best is not None and sign * best.score > sign * champion.score:
-        return best
-    return champion
-
-
-def _final_rows(entries: list[FinalEntry]) -> list[dict[str, Any]]:
-    return [{"candidate": e.name, "trial": e.trial_id, "score": e.score, "val_loss": e.val_loss,
-             "epochs": e.epochs, "best_epoch": e.best_epoch, "seconds": e.seconds,
-             "error": e.error} for e in entries]
-
-
-def _final_metrics(entries: list[FinalEntry] | None, winner: FinalEntry | None) -> dict:
-    if not entries:
-        return {}
-    params = entries[0]
-    out = {
-        "final_winner_score": round(winner.score, 6),
-        "final_winner_is_params": int(winner is params),
-        "final_seconds": round(sum(e.seconds or 0 for e in entries), 2),
-    }
-    if params.score is not None:
-        out["final_params_score"] = round(params.score, 6)
-    return out
 
 
 # ------------------------------------------------------------- results
@@ -727,7 +565,7 @@ def _rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
 
 
 def _best_text(cfg: Config, best: TrialRecord, key: str, chosen: Config,
-               winner: FinalEntry | None) -> str:
+               winner: final_round.FinalEntry | None) -> str:
     head = (f"best trial {best.trial_id} of search {project_name(cfg, key)}: "
             f"{cfg.tune.objective} {best.score:.6g}")
     if winner is not None:
