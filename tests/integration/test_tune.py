@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -182,6 +183,38 @@ def test_final_round_trains_the_finalists_as_train_does_and_keeps_the_winner(dig
     won = challenger if beats else params
     assert trained["best_val_loss"] == pytest.approx(float(won["val_loss"]), rel=1e-6)
     assert trained["best_val_accuracy"] == pytest.approx(float(won["score"]), rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_final_round_fails_an_oversized_params_model_and_the_challenger_wins(digits_workdir):
+    """tune.max_model_params binds the params' own settings in the final round too."""
+    from tfmlops.stages import tune
+
+    small = {**TINY_SPACE, "blocks": {"min": 1, "max": 1}, "filters": [4], "head_units": [16]}
+    # the tiny params' model (8 and 16 filters, head 32) is over 1,500 parameters;
+    # every model of `small` is under it
+    cfg = digits_workdir(**tune_params(max_trials=1, final_candidates=1, space=small,
+                                       max_model_params=1500))
+    metrics = tune.run(cfg)
+    with (Path(cfg.paths.tuned) / final_round.FILE).open() as fh:
+        params, challenger = list(csv.DictReader(fh))
+    assert "Oversized model" in params["error"] and not params["score"]
+    assert not challenger["error"] and metrics["final_winner_is_params"] == 0
+    assert len(hparams.read_best(cfg)["model"]["blocks"]) == 1
+
+
+def test_no_final_round_when_train_does_not_use_the_tuned_settings(digits_workdir):
+    from tfmlops.stages import tune
+
+    cfg = digits_workdir(**tune_params(max_trials=1, final_candidates=1),
+                         train={"use_tuned": False})
+    metrics = tune.run(cfg)
+    assert not any(k.startswith("final_") for k in metrics)
+    assert not (Path(cfg.paths.tuned) / final_round.FILE).exists()
+    # a speed-only setting does not make it a different search
+    faster = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, autotune=True))
+    assert tune.search_key(faster) == tune.search_key(cfg)
 
 
 def test_best_hparams_merge_into_a_buildable_train_config(make_cfg):

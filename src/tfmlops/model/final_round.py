@@ -46,14 +46,16 @@ class FinalEntry:
 def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
         best: TrialRecord) -> list[FinalEntry] | None:
     """Train the params' own settings and the search's best `tune.final_candidates`
-    configurations exactly as `train` does on one device (its datasets, build,
-    compile, seed, op determinism, early stopping on val_loss; the epoch of the
-    lowest val_loss is the one train keeps), each a nested run `final-<name>`.
+    configurations exactly as `train` does on one device (merged with
+    train.overrides; its datasets, build, compile, precision, seed, op
+    determinism, early stopping on val_loss; the epoch of the lowest val_loss is
+    the one train keeps), each a nested run `final-<name>`. A candidate over
+    `tune.max_model_params` fails, as it does in the search.
     The search ranks configurations after a few epochs; this round ranks the
     finalists at the length they will be trained for.
     """
     n = cfg.tune.final_candidates
-    if n == 0:
+    if n == 0 or not cfg.train.use_tuned:  # train would not read the winner
         return None
     from tfmlops.data import pipeline
 
@@ -71,7 +73,9 @@ def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
         child.log_params(hparams.tuned_tree(entry.config))
         started = time.perf_counter()
         try:
-            history = _fit_as_train(entry.config, prepared, child)
+            # what train will build from this candidate: params <- it <- train.overrides
+            merged, _ = hparams.merge(cfg, hparams.tuned_tree(entry.config))
+            history = _fit_as_train(merged, prepared, child, cfg.tune.max_model_params)
             kept = min(range(len(history["val_loss"])), key=lambda i: history["val_loss"][i])
             entry.score = float(history[cfg.tune.objective][kept])
             entry.val_loss = float(history["val_loss"][kept])
@@ -90,23 +94,32 @@ def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
     return entries
 
 
-def _fit_as_train(trial_cfg: Config, prepared, child: tracking.StageRun) -> dict[str, list]:
-    """The history of `train`'s own fit of `trial_cfg` (one device, no outputs)."""
+def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
+                  max_params: int) -> dict[str, list]:
+    """The history of `train`'s own fit of `merged` (one device, no outputs)."""
     import keras
 
     from tfmlops.model import callbacks as cb
+    from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
     from tfmlops.stages import train
 
-    t = trial_cfg.train
-    with train.op_determinism(trial_cfg.pipeline.deterministic):
-        keras.utils.set_random_seed(trial_cfg.seed)
-        train_ds, val_ds, steps = train.datasets(trial_cfg, prepared, t.batch_size)
-        model = train.compiled_model(trial_cfg, prepared, keras, steps * t.epochs)
-        callbacks = [_log_epochs(keras, child),
-                     *cb.stopping_callbacks(t.early_stopping_patience, t.reduce_lr_on_plateau)]
-        return model.fit(train_ds, validation_data=val_ds, epochs=t.epochs, callbacks=callbacks,
-                         verbose=keras_verbose(), shuffle=False).history
+    t = merged.train
+    policy = precision.resolve_precision(t.precision, precision.gpu_capabilities())
+    with train.op_determinism(merged.pipeline.deterministic):
+        keras.utils.set_random_seed(merged.seed)
+        with precision.global_policy(policy, keras):
+            train_ds, val_ds, steps = train.datasets(merged, prepared, t.batch_size)
+            model = train.compiled_model(merged, prepared, keras, steps * t.epochs)
+            if max_params and model.count_params() > max_params:  # as the search fails it
+                raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
+                                 f"than tune.max_model_params {max_params}")
+            callbacks = [_log_epochs(keras, child),
+                         *cb.stopping_callbacks(t.early_stopping_patience,
+                                                t.reduce_lr_on_plateau)]
+            return model.fit(train_ds, validation_data=val_ds, epochs=t.epochs,
+                             callbacks=callbacks, verbose=keras_verbose(),
+                             shuffle=False).history
 
 
 def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,

@@ -22,6 +22,7 @@ evaluating involve collective ops); only the chief's outputs are kept.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import shutil
@@ -158,7 +159,10 @@ def _folders(cfg: Config, merged: Config, chief: bool, scratch: list[Path]):
     """
     from tfmlops.model import callbacks as cb
 
-    fingerprint = {"params": merged.digest("seed", "data", "pipeline", "model", "train"),
+    # pipeline.autotune changes speed, not batches: a backup made either way resumes
+    same = dataclasses.replace(merged, pipeline=dataclasses.replace(merged.pipeline,
+                                                                    autotune=False))
+    fingerprint = {"params": same.digest("seed", "data", "pipeline", "model", "train"),
                    "data": tracking.data_version(merged)}
     if chief:
         backup_dir = Path(cfg.paths.backup)
