@@ -20,8 +20,6 @@ import argparse
 import base64
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,48 +49,6 @@ def scratch_pipeline(epochs: int):
     return cfg
 
 
-def serve(model_uri: str, tracking_uri: str, log: Path,
-          pickle: bool = False) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": tracking_uri,
-           "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": str(pickle).lower()}
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
-         "-h", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_up(session, proc, url: str, log: Path) -> None:
-    import requests
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server {url} died:\n{log.read_text()[-3000:]}")
-        try:
-            if session.get(f"{url}/ping", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"server {url} did not start:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def timed(session, url: str, body: bytes) -> float:
     start = time.perf_counter()
     answer = session.post(f"{url}/invocations", data=body,
@@ -113,19 +69,22 @@ def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
 
     from tfmlops.model.artifacts import load_keras3, trained_model_path
     from tfmlops.registry import PRODUCTION, save_keras_flavor
+    from tfmlops.serving import local_server as server
     from tfmlops.tracking import tracking_uri
 
     save_keras_flavor(load_keras3(trained_model_path(cfg)), tmp / "keras_model", x[:1])
 
     uri = tracking_uri(cfg)
-    pyfunc, pyfunc_url = serve(f"models:/{registry.name}@{PRODUCTION}", uri, tmp / "pyfunc.log")
+    pyfunc, pyfunc_url = server.start(f"models:/{registry.name}@{PRODUCTION}", uri,
+                                      tmp / "pyfunc.log")
     # The Keras flavor pickles the project's registered Keras objects (cloudpickle):
     # it does not load with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false.
-    keras_srv, keras_url = serve(str(tmp / "keras_model"), uri, tmp / "keras.log", pickle=True)
+    keras_srv, keras_url = server.start(str(tmp / "keras_model"), uri, tmp / "keras.log",
+                                        allow_pickle=True)
     try:
         sessions = {"pyfunc": requests.Session(), "keras": requests.Session()}
-        wait_up(sessions["pyfunc"], pyfunc, pyfunc_url, tmp / "pyfunc.log")
-        wait_up(sessions["keras"], keras_srv, keras_url, tmp / "keras.log")
+        server.wait_ready(pyfunc, pyfunc_url, tmp / "pyfunc.log", session=sessions["pyfunc"])
+        server.wait_ready(keras_srv, keras_url, tmp / "keras.log", session=sessions["keras"])
         bodies = {
             "pyfunc": json.dumps({"dataframe_records": [{"pixels": x[0].ravel().tolist()}]}).encode(),
             "keras": json.dumps({"inputs": x[:1].tolist()}).encode(),
@@ -141,8 +100,8 @@ def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
                 if i >= args.warmup:
                     times[k].append(t)
     finally:
-        stop(pyfunc)
-        stop(keras_srv)
+        server.stop(pyfunc)
+        server.stop(keras_srv)
 
     served = registry.tags(version).get("serving.runtime", "?")
     result = {

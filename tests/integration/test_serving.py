@@ -8,58 +8,32 @@ from __future__ import annotations
 
 import base64
 import io
-import os
-import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 import requests
 
-from conftest import VENV_BIN, child_env, free_port
+from conftest import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def server(exported_digits, tmp_path_factory):
+    from tfmlops.serving import local_server
     from tfmlops.stages import promote
     from tfmlops.tracking import tracking_uri
 
     cfg = exported_digits
     promote.run(cfg)  # the exported version -> @production (this store's gate floor is 0.5)
-    port = free_port()
-    env = {**child_env(),
-           "MLFLOW_TRACKING_URI": tracking_uri(cfg), "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
-    workdir = tmp_path_factory.mktemp("serve")
-    log = workdir / "serve.log"
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "mlflow"), "models", "serve", "-m",
-         f"models:/{cfg.promote.registered_model}@production", "--env-manager", "local",
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=workdir, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-        start_new_session=True)  # its own process group: uvicorn workers stop with it
-    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc, url = local_server.start(f"models:/{cfg.promote.registered_model}@production",
+                                   tracking_uri(cfg), log, env=child_env(), cwd=log.parent)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/ping", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
+        local_server.wait_ready(proc, url, log, timeout_s=180)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        local_server.stop(proc)
 
 
 def invoke(url: str, payload) -> requests.Response:

@@ -91,10 +91,8 @@ def finished_epochs(backup_dir: str | Path) -> int:
 def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, scratch,
            started) -> dict:
     import keras
-    import tensorflow as tf
     import tf_keras
 
-    from tfmlops.data import pipeline
     from tfmlops.model import callbacks as cb
     from tfmlops.model import precision
     from tfmlops.stages import train as stage
@@ -135,12 +133,7 @@ def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, sc
         with precision.global_policy(policy, keras):
             model = _keras3_twin(weights, merged, prepared, backup_dir / cb.BEST_WEIGHTS,
                                  math.ceil(prepared.counts["train"] / global_batch))
-        test_steps = math.ceil(prepared.counts["test"] / global_batch)  # known: no warning
-        test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
-        test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(test_steps)),
-                              verbose=0, return_dict=True)
-        x_test, y_test = pipeline.arrays(merged, prepared, "test")
-        predicted = model.predict(x_test, batch_size=global_batch, verbose=0).argmax(-1)
+        test, x_test, y_test, predicted = stage.evaluate_test(model, merged, prepared, global_batch)
         model.save(out_dir / MODEL_FILE)
         write_resolved(merged, out_dir)
         write_json(out_dir / "tune_merge.json", changes)

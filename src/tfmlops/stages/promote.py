@@ -67,31 +67,14 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
     """Every check of the gate, passed or not, with its values and a one-line message."""
     c = candidate
     checks = []
-    if c.accuracy is None:
-        checks.append(_missing("min_accuracy", c, "serving.accuracy"))
-    else:
-        ok = c.accuracy >= gate.min_accuracy
-        checks.append(Check("min_accuracy", ok, c.accuracy, gate.min_accuracy,
-                            f"accuracy {c.accuracy:.4f} {'>=' if ok else '<'} min_accuracy "
-                            f"{gate.min_accuracy:.4f}"
-                            + ("" if ok else f" (short by {gate.min_accuracy - c.accuracy:.4f})")))
+    checks.append(_bound("min_accuracy", c, c.accuracy, gate.min_accuracy, "serving.accuracy",
+                         at_least=True, label="accuracy", unit="", spec=(".4f", ".4f")))
     checks.append(_regression(gate, c, production))
-    if c.bytes is None:
-        checks.append(_missing("max_size_bytes", c, "serving.bytes"))
-    else:
-        ok = c.bytes <= gate.max_size_bytes
-        checks.append(Check("max_size_bytes", ok, c.bytes, gate.max_size_bytes,
-                            f"size {c.bytes:,.0f} bytes {'<=' if ok else '>'} max_size_bytes "
-                            f"{gate.max_size_bytes:,}"
-                            + ("" if ok else f" (over by {c.bytes - gate.max_size_bytes:,.0f})")))
-    if c.latency_ms is None:
-        checks.append(_missing("max_latency_ms", c, "serving.latency_p50_ms"))
-    else:
-        ok = c.latency_ms <= gate.max_latency_ms
-        checks.append(Check("max_latency_ms", ok, c.latency_ms, gate.max_latency_ms,
-                            f"p50 latency {c.latency_ms:.3f} ms {'<=' if ok else '>'} "
-                            f"max_latency_ms {gate.max_latency_ms:g}"
-                            + ("" if ok else f" (over by {c.latency_ms - gate.max_latency_ms:.3f})")))
+    checks.append(_bound("max_size_bytes", c, c.bytes, gate.max_size_bytes, "serving.bytes",
+                         at_least=False, label="size", unit=" bytes", spec=(",.0f", ",")))
+    checks.append(_bound("max_latency_ms", c, c.latency_ms, gate.max_latency_ms,
+                         "serving.latency_p50_ms", at_least=False, label="p50 latency",
+                         unit=" ms", spec=(".3f", "g")))
     if not gate.require_parity:
         checks.append(Check("parity", True, c.parity, None, "parity not required"))
     else:
@@ -99,6 +82,21 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
         what = {True: "passed", False: "failed", None: "were not recorded"}[c.parity]
         checks.append(Check("parity", ok, c.parity, True, f"parity checks {what} at export"))
     return checks
+
+
+def _bound(name: str, v: VersionMetrics, value: float | None, limit: float, tag: str, *,
+           at_least: bool, label: str, unit: str, spec: tuple[str, str]) -> Check:
+    """A floor (`at_least`) or ceiling check of one tagged figure; `spec` formats
+    (the value and the distance, the limit)."""
+    if value is None:
+        return _missing(name, v, tag)
+    value_spec, limit_spec = spec
+    ok = value >= limit if at_least else value <= limit
+    op = (">=" if ok else "<") if at_least else ("<=" if ok else ">")
+    text = f"{label} {value:{value_spec}}{unit} {op} {name} {limit:{limit_spec}}"
+    if not ok:
+        text += f" ({'short' if at_least else 'over'} by {abs(value - limit):{value_spec}})"
+    return Check(name, ok, value, limit, text)
 
 
 def _regression(gate: GateConfig, c: VersionMetrics, production: VersionMetrics | None) -> Check:

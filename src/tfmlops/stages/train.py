@@ -96,7 +96,6 @@ def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, ch
            started) -> dict:
     import keras
 
-    from tfmlops.data import pipeline
     from tfmlops.model import callbacks as cb
     from tfmlops.model import precision
 
@@ -120,11 +119,7 @@ def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, ch
             best = backup_dir / cb.BEST_WEIGHTS
             if best.is_file():  # the final model is the epoch with the lowest val_loss
                 model.load_weights(best)
-            test = model.evaluate(
-                pipeline.dataset(merged, prepared, "test", batch_size=global_batch),
-                verbose=0, return_dict=True)
-            x_test, y_test = pipeline.arrays(merged, prepared, "test")
-            predicted = model.predict(x_test, batch_size=global_batch, verbose=0).argmax(-1)
+            test, x_test, y_test, predicted = evaluate_test(model, merged, prepared, global_batch)
             # Every worker saves (it may involve collective ops); only the chief's copy is kept.
             model.save(out_dir / MODEL_FILE)
         write_resolved(merged, out_dir)
@@ -242,6 +237,21 @@ def op_determinism(enabled: bool):
     finally:
         if enabled and not before:
             tf_config.disable_op_determinism()
+
+
+def evaluate_test(model, merged: Config, prepared, global_batch: int):
+    """(Keras metrics on the test split, its images, labels and predicted classes)."""
+    import tensorflow as tf
+
+    from tfmlops.data import pipeline
+
+    steps = math.ceil(prepared.counts["test"] / global_batch)  # known: Keras does not warn
+    test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
+    test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(steps)),
+                          verbose=0, return_dict=True)
+    x_test, y_test = pipeline.arrays(merged, prepared, "test")
+    predicted = model.predict(x_test, batch_size=global_batch, verbose=0).argmax(-1)
+    return test, x_test, y_test, predicted
 
 
 def datasets(merged: Config, prepared, global_batch: int):

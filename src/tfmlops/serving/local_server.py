@@ -1,0 +1,70 @@
+"""`mlflow models serve` on 127.0.0.1, in its own process group: start, wait, stop.
+
+What the README's serving command does, as the serving tests and
+`benchmarks/serving.py` run it. Its own process group: the uvicorn workers
+it spawns stop with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+MLFLOW = Path(sys.executable).parent / "mlflow"  # the one of this environment
+
+
+def start(model_uri: str, tracking_uri: str, log: Path, *, allow_pickle: bool = False,
+          env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """(the server process, its URL); `log` takes its output."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = dict(os.environ if env is None else env)
+    env = {**base, "PATH": f"{MLFLOW.parent}{os.pathsep}{base.get('PATH', '')}",
+           "MLFLOW_TRACKING_URI": tracking_uri,
+           "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": str(allow_pickle).lower()}
+    proc = subprocess.Popen(
+        [str(MLFLOW), "models", "serve", "-m", model_uri, "--env-manager", "local",
+         "-h", "127.0.0.1", "-p", str(port)],
+        cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 300.0,
+               session=None) -> None:
+    """Until `/ping` answers 200; RuntimeError with the log's tail if it dies or times out."""
+    import requests
+
+    get = (session or requests).get
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server {url} died:\n{log.read_text()[-3000:]}")
+        try:
+            if get(f"{url}/ping", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server {url} did not start in {timeout_s:g} s:\n"
+                       f"{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole group, SIGKILL after 30 s."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
