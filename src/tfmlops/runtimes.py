@@ -38,7 +38,7 @@ class TFLiteModel:
             self.kernels = "builtin"
         self.input = self.interpreter.get_input_details()[0]
         self.output = self.interpreter.get_output_details()[0]
-        self._batch = None
+        self._batch = int(self.input["shape"][0])  # allocated above at the file's batch size
 
     @property
     def input_dtype(self):

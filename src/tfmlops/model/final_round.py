@@ -39,7 +39,6 @@ class FinalEntry:
     epochs: int | None = None
     best_epoch: int | None = None
     seconds: float | None = None
-    run_id: str | None = None
     error: str | None = None
 
 
@@ -83,7 +82,6 @@ def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
         except Exception as exc:  # noqa: BLE001 - a finalist that fails is recorded, not fatal
             entry.error = _last_line(f"{type(exc).__name__}: {exc}")
         entry.seconds = round(time.perf_counter() - started, 2)
-        entry.run_id = child.run_id
         if entry.error is None and math.isfinite(entry.score):
             child.log_metrics({"score": entry.score, "best_epoch": entry.best_epoch,
                                "seconds": entry.seconds})
