@@ -1,0 +1,110 @@
+"""Read an image as a phone wrote it: one decoding for `prepare` and for serving.
+
+`prepare` (every worker of its pool) and the served model's request decoding
+both call `load_image`, so a photo gives the same pixels on either path:
+
+- the header is checked before any pixel is read: a file that claims more
+  pixels than PIL's decompression-bomb limit is refused with that reason;
+- JPEGs (and MPO, the multi-picture JPEG many phones write; its first frame
+  is the photo) decode at a reduced scale when the target is much smaller
+  (`draft`), which is most of the speed on phone-size photos;
+- EXIF orientation is applied, so a portrait photo is not trained sideways;
+- 16-bit images are scaled to 8 bits (PIL's own `convert("L")` clips them);
+- transparency goes onto white, then PIL's grayscale or RGB conversion.
+
+`ImageRejected` carries the one-line reason an image is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# What PIL opens and what the SavedModel's decode_image reads too (MPO is a JPEG).
+FORMATS = {"PNG", "JPEG", "MPO", "GIF", "BMP"}
+MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
+
+
+class ImageRejected(ValueError):
+    """An image that cannot be used; the message is the one-line reason."""
+
+
+def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
+    """Encoded bytes -> an opened (not yet decoded) PIL image, or `ImageRejected`.
+
+    `max_pixels` caps what the header may claim (serving's per-row budget);
+    PIL's own decompression-bomb limit always applies.
+    """
+    if not data:
+        raise ImageRejected("zero-byte file")
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            # Above the limit PIL only warns (it raises above twice the limit): refuse both.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageRejected(f"decompression bomb: the header claims more than {limit:,} pixels "
+                            "(PIL's limit); resize the image") from None
+    except UnidentifiedImageError:
+        if data.startswith(MAGIC):  # an image's header, then garbage or nothing
+            raise ImageRejected("corrupt or truncated: unreadable after the header") from None
+        raise ImageRejected("not an image") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
+    if img.format not in FORMATS:
+        raise ImageRejected(f"unsupported image format {img.format}; use PNG or JPEG")
+    pixels = img.width * img.height
+    if max_pixels is not None and pixels > max_pixels:
+        raise ImageRejected(f"image of {img.width}x{img.height} pixels is too large "
+                            f"(at most {max_pixels:,} pixels)")
+    return img
+
+
+def load_image(data: bytes, channels: int, short_side: int | None = None,
+               max_pixels: int | None = None) -> Image.Image:
+    """Encoded bytes -> a decoded 8-bit image in `channels`, upright, its short side
+    reduced to `short_side` when larger (None keeps the full size)."""
+    img = open_image(data, max_pixels)
+    try:
+        if short_side is not None and img.format in ("JPEG", "MPO"):
+            # Decode at 1/2, 1/4 or 1/8 scale while both sides stay >= short_side, so the
+            # resize below still sees more pixels than it keeps (orientation-independent).
+            img.draft("L" if channels == 1 else "RGB", (short_side, short_side))
+        img.load()  # decodes every pixel: catches truncation
+        img = ImageOps.exif_transpose(img)
+        img = to_channels(img, channels)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
+    if short_side is not None and min(img.size) > short_side:
+        img = img.resize(reduced_size(img.size, short_side), Image.Resampling.BILINEAR,
+                         reducing_gap=None)
+    return img
+
+
+def reduced_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
+    """(w, h) scaled so that the shorter side is `short_side` (aspect kept, rounded)."""
+    w, h = size
+    scale = short_side / min(w, h)
+    return max(short_side, round(w * scale)), max(short_side, round(h * scale))
+
+
+def to_channels(img: Image.Image, channels: int) -> Image.Image:
+    """Any PIL mode -> 8-bit "L" (channels 1) or "RGB" (channels 3)."""
+    if img.mode in _SIXTEEN_BIT:
+        img = _sixteen_to_eight(img)
+    if img.mode in ("RGBA", "LA", "P", "PA") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba)  # transparent -> white, not black
+    return img.convert("L" if channels == 1 else "RGB")
+
+
+def _sixteen_to_eight(img: Image.Image) -> Image.Image:
+    # A 16-bit PNG spans 0..65535; PIL's convert("L") clips at 255 (all white). Scale instead.
+    values = np.asarray(img, dtype=np.int64)
+    return Image.fromarray(np.clip((values * 255 + 32767) // 65535, 0, 255).astype(np.uint8), "L")
