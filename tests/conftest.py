@@ -172,6 +172,19 @@ def dvc(*args: str, cwd: Path, timeout: float = 900, check: bool = True,
     return _run_tool("dvc", args, cwd, {"DVC_NO_ANALYTICS": "1", **(env or {})}, timeout, check)
 
 
+@pytest.fixture(scope="session")
+def pipeline_repo(tmp_path_factory):
+    """(scratch repo, its first `dvc repro`): the whole pipeline on tiny params, run once
+    per session and shared by the e2e tests (the README's commands run in it afterwards)."""
+    params = relative_tiny_params(
+        tune={"max_trials": 2, "max_epochs": 1, "tuner": "random"},
+        promote={"gate": {"min_accuracy": 0.3, "max_latency_ms": 1000.0}},
+    )
+    repo = scratch_repo(tmp_path_factory.mktemp("e2e") / "repo", params)
+    first = dvc("repro", cwd=repo, timeout=1400)
+    return repo, first
+
+
 def relative_tiny_params(**sections) -> dict:
     """TINY params with the repo's relative paths (for scratch repos run by dvc)."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from conftest import dvc, relative_tiny_params, scratch_repo
+from conftest import dvc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -13,14 +13,8 @@ STAGES = ["materialize", "prepare", "tune", "train", "prune", "quantize", "expor
 
 
 @pytest.fixture(scope="module")
-def repro(tmp_path_factory):
-    params = relative_tiny_params(
-        tune={"max_trials": 2, "max_epochs": 1, "tuner": "random"},
-        promote={"gate": {"min_accuracy": 0.3, "max_latency_ms": 1000.0}},
-    )
-    repo = scratch_repo(tmp_path_factory.mktemp("e2e") / "repo", params)
-    first = dvc("repro", cwd=repo, timeout=1400)
-    return repo, first
+def repro(pipeline_repo):
+    return pipeline_repo
 
 
 def test_every_stage_ran_and_is_locked(repro):

@@ -1,0 +1,147 @@
+"""Every shell block of the README runs as written, after the two set-up commands.
+
+Each ```bash block in README.md is preceded by a marker that says how it is checked:
+
+    <!-- test: run -->            run it in the scratch repo after the pipeline
+    <!-- test: server PORT -->    its first command is a server on PORT (a free port
+                                  is put in its place): started in the background,
+                                  the rest of the block runs once it answers, then
+                                  it is stopped
+    <!-- test: skip REASON -->    not run here (the set-up commands themselves, a host
+                                  that only a team has), with the reason
+
+A block without a marker fails the test, so a new command cannot escape it. The
+blocks run with the PATH a user has after `./dev pipeline` (the venv not
+activated: a block that needs it says `source .venv/bin/activate`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, VENV_BIN, dvc, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+MARKER = re.compile(r"<!--\s*test:\s*(run|server\s+\d+|skip\b[^>]*?)\s*-->\s*\n```bash\n(.*?)```",
+                    re.S)
+FENCE = re.compile(r"```bash\n")
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """(marker, block text) of every bash block in README.md, in order."""
+    text = (ROOT / "README.md").read_text()
+    found = [(m.group(1).strip(), m.group(2)) for m in MARKER.finditer(text)]
+    assert len(found) == len(FENCE.findall(text)), (
+        "every ```bash block in README.md needs a <!-- test: ... --> marker before it")
+    return found
+
+
+def user_env() -> dict[str, str]:
+    """The environment of a user's shell: the venv NOT on PATH, no tracking URI."""
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                           if Path(p).resolve() != VENV_BIN.resolve())
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "VIRTUAL_ENV", "PYTHONPATH")}
+    return {**env, "PATH": path, "DVC_NO_ANALYTICS": "1"}
+
+
+@pytest.fixture(scope="module")
+def repo(pipeline_repo):
+    """The scratch repo after `dvc repro`, with the project's venv and `dev` in place,
+    as a fresh clone has them after the two set-up commands."""
+    repo, _ = pipeline_repo
+    if not (repo / ".venv").exists():
+        (repo / ".venv").symlink_to(VENV_BIN.parent)
+        shutil.copy2(ROOT / "dev", repo / "dev")
+        with open(repo / ".git" / "info" / "exclude", "a") as f:
+            f.write(".venv\ndev\n")
+    return repo
+
+
+def run_block(block: str, repo: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=repo, env=user_env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (f"README block exited {proc.returncode}:\n{block}\n"
+                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def split_server(block: str) -> tuple[str, str, str]:
+    """(leading `source` lines, the server command with its continuation lines, the rest)."""
+    lines = block.splitlines(keepends=True)
+    start = 0
+    while lines[start].startswith("source "):
+        start += 1
+    end = start
+    while lines[end].rstrip().endswith("\\"):
+        end += 1
+    return "".join(lines[:start]), "".join(lines[start:end + 1]), "".join(lines[end + 1:])
+
+
+def run_with_server(block: str, port: int, repo: Path, tmp_path: Path) -> str:
+    new_port = free_port()
+    prelude, server, rest = split_server(block.replace(str(port), str(new_port)))
+    log = tmp_path / f"server-{new_port}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", prelude + server], cwd=repo,
+                                env=user_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_for_port(proc, new_port, log)
+        return run_block(prelude + rest, repo).stdout
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for_port(proc: subprocess.Popen, port: int, log: Path, timeout_s: float = 300) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"README server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"README server did not answer on {port}:\n{log.read_text()[-3000:]}")
+
+
+def test_every_block_is_marked():
+    markers = [m for m, _ in readme_blocks()]
+    assert any(m == "run" for m in markers) and any(m.startswith("server") for m in markers)
+    for marker in markers:
+        if marker.startswith("skip"):
+            assert len(marker.split(maxsplit=1)) == 2, "a skipped block says why"
+
+
+def test_dev_pipeline_after_a_run_reruns_nothing(repo):
+    # `./dev` reinstalls when its stamp does not match, which would point the shared venv's
+    # editable install at the scratch copy: only run it when the venv is ./dev's own.
+    assert list(VENV_BIN.parent.glob(".installed-*")), "install the venv with ./dev first"
+    out = run_block("./dev pipeline", repo).stdout
+    assert "Running stage" not in out
+
+
+def test_readme_blocks_run_as_written(repo, tmp_path):
+    dvc("status", cwd=repo)  # the repo is a real DVC project before the blocks run
+    for marker, block in readme_blocks():
+        if marker == "run":
+            run_block(block, repo)
+        elif marker.startswith("server"):
+            out = run_with_server(block, int(marker.split()[1]), repo, tmp_path)
+            assert out.strip(), f"the block after the server printed nothing:\n{block}"
