@@ -115,3 +115,9 @@ def test_searched_names_are_the_search_space_fields_and_set_real_keys():
 def test_variant_names_are_one_list():
     assert set(frontier.variants("pruned")) | {"qat_int8"} == set(TFLITE_VARIANTS)
     assert frontier.QAT_VARIANT == "pruned_qat_int8"
+
+
+def test_blocks_too_wide_to_double_are_not_the_searched_shape():
+    cfg = config_from_dict({"model": {"blocks": [{"filters": 4096}, {"filters": 4096}]}})
+    values, why = search_space.baseline(cfg)
+    assert values is None and why.startswith("model.blocks do not double") and "\n" not in why

@@ -107,9 +107,10 @@ def values_from_config(cfg: Config) -> dict[str, Any]:
     if not m.blocks:
         raise ValueError("model.blocks is empty; the search space has at least one block")
     first = m.blocks[0]
-    doubling = [BlockSpec(first.filters * 2**i, first.kernel_size, first.separable)
+    # Tuples, not BlockSpecs: a doubled width past BlockSpec's bound is simply not this shape.
+    doubling = [(first.filters * 2**i, first.kernel_size, first.separable)
                 for i in range(len(m.blocks))]
-    if list(m.blocks) != doubling:
+    if [(b.filters, b.kernel_size, b.separable) for b in m.blocks] != doubling:
         raise ValueError("model.blocks do not double in width from the first block with one "
                          "kernel size and one convolution type, the shape tune searches")
     shape = {"blocks": len(m.blocks), "filters": first.filters, "separable": first.separable}
