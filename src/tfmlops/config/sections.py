@@ -30,10 +30,10 @@ from pydantic_core import PydanticCustomError
 from tfmlops.compress.variants import QAT_INT8, TFLITE_VARIANTS
 from tfmlops.config.messages import Rule, field_bounds, field_info
 
-# Values are taken as written: no "yes" for true, no "3" for 3, no inf.
 _SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
 section = dataclass(frozen=True, config=_SECTION)
 
+# Values are taken as written: no "yes" for true, no "3" or 3.0 for 3, no inf.
 Int = StrictInt
 Bool = StrictBool
 Float = Annotated[float, Field(strict=True)]  # an integer is taken as a float
