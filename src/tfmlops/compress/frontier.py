@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from tfmlops.compress.variants import BASE_VARIANTS, PRUNED_ONLY_VARIANTS, QAT_VARIANT
+
+__all__ = ["BASE_VARIANTS", "PRUNED_ONLY_VARIANTS", "QAT_VARIANT"]  # quantize reads them here
+
 FRONTIER_COLUMNS = ("variant", "accuracy", "agreement", "bytes", "gzip_bytes", "p50_ms", "p95_ms")
 SOURCES = ("pruned", "trained")  # the pruned model first: the pipeline's main product
-BASE_VARIANTS = ("float32", "dynamic", "float16", "int8")
-# Sparse encoding only pays where pruning made zeros: built for the pruned model.
-PRUNED_ONLY_VARIANTS = ("int8_sparse",)
-QAT_VARIANT = "pruned_qat_int8"
 
 
 def variants(src: str) -> tuple[str, ...]:

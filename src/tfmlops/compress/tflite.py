@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from tfmlops.compress.variants import DYNAMIC, FLOAT16, FLOAT32, INT8, INT8_SPARSE
+
 
 def representative(images: np.ndarray) -> Callable[[], Iterator[list[np.ndarray]]]:
     """The converter's calibration generator: one image per call, as float32."""
@@ -36,18 +38,18 @@ def convert(model, variant: str, calibration: np.ndarray | None = None) -> bytes
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    if variant == "float32":
+    if variant == FLOAT32:
         pass
-    elif variant == "dynamic":
+    elif variant == DYNAMIC:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    elif variant == "float16":
+    elif variant == FLOAT16:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
         converter.target_spec.supported_types = [tf.float16]
-    elif variant in ("int8", "int8_sparse"):
+    elif variant in (INT8, INT8_SPARSE):
         if calibration is None or not len(calibration):
             raise ValueError("int8 needs a representative dataset")
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        if variant == "int8_sparse":
+        if variant == INT8_SPARSE:
             converter.optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
         converter.representative_dataset = representative(calibration)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]

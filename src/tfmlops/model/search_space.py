@@ -25,48 +25,47 @@ keras-tuner `hp` object is passed in.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
-from tfmlops.config import BlockSpec, Config, FloatRange, IntRange, SearchSpace, config_from_dict
+from tfmlops.config import (
+    HP_NAMES,
+    SEARCHED_PARAMS,
+    BlockSpec,
+    Config,
+    FloatRange,
+    IntRange,
+    SearchSpace,
+    config_from_dict,
+)
+from tfmlops.config.messages import field_bounds, field_info
 from tfmlops.errors import ConfigError
 
-# Column order of reports/tune_trials.csv and of the MLflow params of a trial.
-HP_NAMES = (
-    "blocks", "filters", "separable", "batch_norm", "dropout", "head_units",
-    "optimizer", "learning_rate", "schedule", "warmup_fraction", "decay_rate", "batch_size",
-)
-MAX_FILTERS = 4096  # BlockSpec.filters' accepted maximum
+# HP_NAMES (the SearchSpace fields, in order) is also the column order of
+# reports/tune_trials.csv and of the MLflow params of a trial.
+__all__ = ["HP_NAMES", "baseline", "check_fits", "config_from_values", "declare",
+           "is_baseline", "outside_space", "reference_values", "values_from_config"]
+MAX_FILTERS = field_bounds(field_info(BlockSpec, ["filters"]))[1]
 # Schedule parameters and the one schedule that uses each.
 SCHEDULE_PARAMS = {"warmup_fraction": "cosine_warmup", "decay_rate": "exponential_decay"}
-# Where each searched value lives in params.yaml (for messages).
+LOG_SCALE = ("learning_rate",)  # sampled on a log scale
+# Declared unconditionally, in HP_NAMES order (keras-tuner's space order).
+ALWAYS = tuple(n for n in HP_NAMES if n not in SCHEDULE_PARAMS)
+# Where each searched value lives in params.yaml (for messages). The first
+# three together shape model.blocks; every other one sets one key.
 PARAMS_KEYS = {
     "blocks": "model.blocks (count)", "filters": "model.blocks[0].filters",
-    "separable": "model.blocks[].separable", "batch_norm": "model.batch_norm",
-    "dropout": "model.dropout", "head_units": "model.head_units",
-    "optimizer": "train.optimizer.name", "learning_rate": "train.optimizer.learning_rate",
-    "schedule": "train.schedule.name", "warmup_fraction": "train.schedule.warmup_fraction",
-    "decay_rate": "train.schedule.decay_rate", "batch_size": "train.batch_size",
+    "separable": "model.blocks[].separable", **SEARCHED_PARAMS,
 }
 
 
 def declare(hp, space: SearchSpace) -> dict[str, Any]:
     """Declare the space on keras-tuner's `hp`; return this trial's active values."""
-    values = {
-        "blocks": _int(hp, "blocks", space.blocks),
-        "filters": _choice(hp, "filters", space.filters),
-        "separable": _choice(hp, "separable", space.separable),
-        "batch_norm": _choice(hp, "batch_norm", space.batch_norm),
-        "dropout": _float(hp, "dropout", space.dropout),
-        "head_units": _choice(hp, "head_units", space.head_units),
-        "optimizer": _choice(hp, "optimizer", space.optimizer),
-        "learning_rate": _float(hp, "learning_rate", space.learning_rate, log=True),
-        "schedule": _choice(hp, "schedule", space.schedule),
-        "batch_size": _choice(hp, "batch_size", space.batch_size),
-    }
+    values = {name: _declare_one(hp, name, getattr(space, name)) for name in ALWAYS}
     for name, schedule in SCHEDULE_PARAMS.items():
         if schedule in space.schedule:  # else it never matters: not searched
             with hp.conditional_scope("schedule", [schedule]):
-                values[name] = _float(hp, name, getattr(space, name))
+                values[name] = _declare_one(hp, name, getattr(space, name))
     return {k: v for k, v in values.items() if v is not None}  # None: inactive
 
 
@@ -77,7 +76,7 @@ def config_from_values(cfg: Config, values: dict[str, Any]) -> Config:
     `tuner/epochs` and so on) are ignored; missing ones keep the params' value.
     """
     tree = cfg.to_dict()
-    model, train = tree["model"], tree["train"]
+    model = tree["model"]
     if "blocks" in values or "filters" in values or "separable" in values:
         first = model["blocks"][0] if model["blocks"] else {"filters": 32, "kernel_size": 3,
                                                             "separable": False}
@@ -88,17 +87,11 @@ def config_from_values(cfg: Config, values: dict[str, Any]) -> Config:
             {"filters": base * 2**i, "kernel_size": first["kernel_size"], "separable": separable}
             for i in range(count)
         ]
-    for name, section, key in (
-        ("batch_norm", model, "batch_norm"), ("dropout", model, "dropout"),
-        ("head_units", model, "head_units"), ("batch_size", train, "batch_size"),
-        ("optimizer", train["optimizer"], "name"),
-        ("learning_rate", train["optimizer"], "learning_rate"),
-        ("schedule", train["schedule"], "name"),
-        ("warmup_fraction", train["schedule"], "warmup_fraction"),
-        ("decay_rate", train["schedule"], "decay_rate"),
-    ):
+    for name, key in SEARCHED_PARAMS.items():
         if name in values:
-            section[key] = _plain(values[name], type(section[key]))
+            *sections, last = key.split(".")
+            node = functools.reduce(dict.__getitem__, sections, tree)
+            node[last] = _plain(values[name], type(node[last]))
     return config_from_dict(copy.deepcopy(tree))
 
 
@@ -110,24 +103,22 @@ def values_from_config(cfg: Config) -> dict[str, Any]:
     shape the space describes (the first block's width doubling block after
     block, one kernel size, one convolution type).
     """
-    m, t = cfg.model, cfg.train
+    m = cfg.model
     if not m.blocks:
         raise ValueError("model.blocks is empty; the search space has at least one block")
     first = m.blocks[0]
-    doubling = [BlockSpec(first.filters * 2**i, first.kernel_size, first.separable)
+    # Tuples, not BlockSpecs: a doubled width past BlockSpec's bound is simply not this shape.
+    doubling = [(first.filters * 2**i, first.kernel_size, first.separable)
                 for i in range(len(m.blocks))]
-    if list(m.blocks) != doubling:
+    if [(b.filters, b.kernel_size, b.separable) for b in m.blocks] != doubling:
         raise ValueError("model.blocks do not double in width from the first block with one "
                          "kernel size and one convolution type, the shape tune searches")
-    values = {
-        "blocks": len(m.blocks), "filters": first.filters, "separable": first.separable,
-        "batch_norm": m.batch_norm, "dropout": m.dropout, "head_units": m.head_units,
-        "optimizer": t.optimizer.name, "learning_rate": t.optimizer.learning_rate,
-        "schedule": t.schedule.name, "batch_size": t.batch_size,
-    }
+    shape = {"blocks": len(m.blocks), "filters": first.filters, "separable": first.separable}
+    values = {name: shape[name] if name in shape else _at(cfg, SEARCHED_PARAMS[name])
+              for name in ALWAYS}
     for name, schedule in SCHEDULE_PARAMS.items():
-        if t.schedule.name == schedule:
-            values[name] = getattr(t.schedule, name)
+        if cfg.train.schedule.name == schedule:
+            values[name] = _at(cfg, SEARCHED_PARAMS[name])
     return values
 
 
@@ -178,8 +169,7 @@ def reference_values(space: SearchSpace) -> dict[str, Any]:
     tune's search key hashes besides the space itself.
     """
     values = {name: (r.min if isinstance(r, (IntRange, FloatRange)) else r[0])
-              for name in HP_NAMES if name not in SCHEDULE_PARAMS
-              for r in [getattr(space, name)]}
+              for name in ALWAYS for r in [getattr(space, name)]}
     for name, schedule in SCHEDULE_PARAMS.items():
         if schedule in space.schedule:
             values[name] = getattr(space, name).min
@@ -204,6 +194,19 @@ def check_fits(space: SearchSpace, image_size: int) -> None:
 
 
 # ------------------------------------------------------------------ helpers
+
+def _declare_one(hp, name: str, allowed):
+    if isinstance(allowed, IntRange):
+        return _int(hp, name, allowed)
+    if isinstance(allowed, FloatRange):
+        return _float(hp, name, allowed, log=name in LOG_SCALE)
+    return _choice(hp, name, allowed)
+
+
+def _at(cfg: Config, dotted: str):
+    """The value of a dotted params key in `cfg`."""
+    return functools.reduce(getattr, dotted.split("."), cfg)
+
 
 def _int(hp, name: str, r: IntRange):
     if r.min == r.max:

@@ -38,6 +38,7 @@ from tfmlops.compress.frontier import (
     variants,
 )
 from tfmlops.compress.measure import gzip_bytes
+from tfmlops.compress.variants import INT8
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json
@@ -174,7 +175,7 @@ def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, buil
         report["fit"] = qat.fine_tune(model, train, cfg.quantize.qat_epochs,
                                       cfg.quantize.qat_learning_rate, loss, keras,
                                       keras_verbose(), callbacks)
-        data = tflite.convert(model, "int8", calibration)
+        data = tflite.convert(model, INT8, calibration)
     except Exception as exc:  # noqa: BLE001 - an unsupported model is reported
         failed[QAT_VARIANT] = tflite.first_line(exc)
         report["error"] = failed[QAT_VARIANT]

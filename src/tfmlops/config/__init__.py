@@ -1,0 +1,117 @@
+"""The one typed, validated view of params.yaml.
+
+Every section of params.yaml maps to a frozen pydantic dataclass
+(`sections.py`). `load_config` reads the file once; an unknown key, a wrong
+type, an out-of-range value or a broken cross-key rule raises a `ConfigError`
+whose one-line message (`messages.py`) names the dotted key, the bad value and
+what is accepted. Nothing here imports TensorFlow or MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tfmlops.compress.variants import TFLITE_VARIANTS
+from tfmlops.config.messages import one_line
+from tfmlops.config.sections import (
+    HP_NAMES,
+    OPTIMIZERS,
+    SCHEDULES,
+    SEARCHED_PARAMS,
+    AugmentConfig,
+    BlockSpec,
+    Config,
+    DataConfig,
+    ExportConfig,
+    FloatRange,
+    GateConfig,
+    IntRange,
+    LossConfig,
+    ModelSpec,
+    OptimizerConfig,
+    PathsConfig,
+    PipelineConfig,
+    ProfilingConfig,
+    PromoteConfig,
+    PruneConfig,
+    QuantizeConfig,
+    ScheduleConfig,
+    SearchSpace,
+    SplitConfig,
+    SyntheticConfig,
+    TrackingConfig,
+    TrainConfig,
+    TuneConfig,
+)
+from tfmlops.errors import ConfigError
+
+__all__ = [
+    "HP_NAMES", "OPTIMIZERS", "SCHEDULES", "SEARCHED_PARAMS", "TFLITE_VARIANTS",
+    "AugmentConfig", "BlockSpec", "Config", "ConfigError", "DataConfig", "ExportConfig",
+    "FloatRange", "GateConfig", "IntRange", "LossConfig", "ModelSpec", "OptimizerConfig",
+    "PathsConfig", "PipelineConfig", "ProfilingConfig", "PromoteConfig", "PruneConfig",
+    "QuantizeConfig", "ScheduleConfig", "SearchSpace", "SplitConfig", "SyntheticConfig",
+    "TrackingConfig", "TrainConfig", "TuneConfig",
+    "config_from_dict", "flatten", "load_config", "set_dotted",
+]
+
+
+def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Config:
+    """Read and validate params.yaml; `overrides` maps dotted keys to values."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found; run from the project root or pass --params PATH")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML; fix the syntax") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    for dotted, value in (overrides or {}).items():
+        set_dotted(raw, dotted, value)
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """A validated Config from a params tree (missing keys take their defaults)."""
+    if isinstance(raw, Config):
+        return raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"params: expected a mapping, got {raw!r}")
+    try:
+        return Config.__pydantic_validator__.validate_python(raw)
+    except ValidationError as exc:
+        raise ConfigError(one_line(exc, Config)) from None
+
+
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: '{k}' is not a section")
+    node[keys[-1]] = value
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists of mappings get an index."""
+    out: dict[str, Any] = {}
+    if dataclasses.is_dataclass(tree):
+        tree = dataclasses.asdict(tree)
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+    elif isinstance(tree, list) and any(isinstance(v, dict) for v in tree):
+        for i, v in enumerate(tree):
+            out.update(flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out

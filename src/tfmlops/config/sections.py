@@ -1,0 +1,473 @@
+"""The sections of params.yaml as frozen pydantic dataclasses.
+
+Each class owns its keys: their types, their defaults, their numeric ranges
+(`Field` bounds), their choices (`Literal`) and the rules that span several of
+its keys (a validator on the class). They are stdlib dataclasses too:
+`dataclasses.replace` re-validates, assignment raises FrozenInstanceError.
+Nothing here imports TensorFlow or MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
+
+from tfmlops.compress.variants import QAT_INT8, TFLITE_VARIANTS
+from tfmlops.config.messages import Rule, field_bounds, field_info
+
+_SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
+section = dataclass(frozen=True, config=_SECTION)
+
+# Values are taken as written: no "yes" for true, no "3" or 3.0 for 3, no inf.
+Int = StrictInt
+Bool = StrictBool
+Float = Annotated[float, Field(strict=True)]  # an integer is taken as a float
+Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+
+Optimizer = Literal["adam", "adamw", "rmsprop", "sgd", "lamb"]
+Schedule = Literal[
+    "constant", "exponential_decay", "cosine_decay", "cosine_warmup", "piecewise_constant"
+]
+OPTIMIZERS = typing.get_args(Optimizer)
+SCHEDULES = typing.get_args(Schedule)
+
+
+def _copies(*values):
+    """A default_factory: a fresh list per instance."""
+    return Field(default_factory=lambda: list(values))
+
+
+# --------------------------------------------------------------------------- data
+
+@section
+class SyntheticConfig:
+    """The built-in RGB shapes dataset, used for scale and RGB tests."""
+
+    count: Int = Field(1200, ge=20, le=10_000_000)
+    image_size: Int = Field(32, ge=8, le=1024)
+    classes: Int = Field(4, ge=2, le=6)
+
+
+@section
+class SplitConfig:
+    val: Float = Field(0.15, gt=0.0, le=0.5)
+    test: Float = Field(0.15, gt=0.0, le=0.5)
+
+    @model_validator(mode="after")
+    def _leaves_a_train_split(self):
+        if self.val + self.test >= 0.9:
+            raise Rule(f"{{p}}val + {{p}}test = {self.val + self.test}; keep it below 0.9")
+        return self
+
+
+@section
+class DataConfig:
+    # The class-per-folder images prepare reads. The default is where the
+    # `materialize` stage writes the built-in dataset; point it at your own.
+    image_dir: Text = "data/builtin"
+    builtin: Literal["digits", "synthetic"] = "digits"
+    image_size: Int = Field(32, ge=8, le=1024)
+    channels: Literal[1, 3] = 1
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    max_bad_fraction: Float = Field(0.05, ge=0.0, le=1.0)
+    shards: Int = Field(2, ge=1, le=1024)
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _channels_as_written(cls, value):
+        # Literal[1, 3] alone takes true and 1.0 for 1.
+        if type(value) is not int:
+            raise PydanticCustomError("literal_error", "Input should be 1 or 3")
+        return value
+
+
+@section
+class AugmentConfig:
+    enabled: Bool = False
+    flip: Bool = False  # digits are not mirror-symmetric: off by default
+    rotation: Float = Field(0.05, ge=0.0, le=0.5)  # fraction of a full turn
+    zoom: Float = Field(0.1, ge=0.0, le=0.9)
+    translate: Float = Field(0.1, ge=0.0, le=0.5)
+
+
+@section
+class PipelineConfig:
+    shuffle_buffer: Int = Field(2048, ge=1, le=10_000_000)
+    cache: Bool = True
+    deterministic: Bool = True
+    # tf.data's autotuner records every element; once the cache serves the
+    # epochs that cost halves steady-state throughput on 2 cores, so parallel
+    # stages default to one call per core instead (benchmarks/input_pipeline.py).
+    autotune: Bool = False
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+
+
+# -------------------------------------------------------------------------- model
+
+@section
+class BlockSpec:
+    filters: Int = Field(32, ge=1, le=4096)
+    kernel_size: Int = Field(3, ge=1, le=15)
+    separable: Bool = False
+
+
+@section
+class ModelSpec:
+    """The architecture as data; `tfmlops.model.builder.build_model` builds it."""
+
+    backbone: Literal["none", "mobilenet_v3_small", "efficientnet_b0"] = "none"
+    backbone_weights: Text | None = None  # a local weights file; never a hub download
+    blocks: list[BlockSpec] = _copies(BlockSpec(32, 3, False), BlockSpec(64, 3, False))
+    convs_per_block: Int = Field(2, ge=1, le=4)
+    batch_norm: Bool = True
+    # Keras' default 0.99 averages ~100 steps: too slow for short runs on small
+    # data (validation then sees stale statistics and scores near chance).
+    bn_momentum: Float = Field(0.9, ge=0.0, lt=1.0)
+    dropout: Float = Field(0.25, ge=0.0, le=0.9)
+    pooling: Literal["max", "avg"] = "max"
+    head_units: Int = Field(128, ge=0, le=8192)
+    activation: Literal["relu", "relu6", "swish", "gelu", "elu"] = "relu"
+    squeeze_excite: Bool = False
+
+    @model_validator(mode="after")
+    def _has_a_body(self):
+        if self.backbone == "none" and not self.blocks:
+            raise Rule("{p}blocks: empty; give at least one block or a backbone")
+        return self
+
+
+# ---------------------------------------------------------------------- training
+
+@section
+class OptimizerConfig:
+    name: Optimizer = "adam"
+    learning_rate: Float = Field(0.002, gt=0.0, le=10.0)
+    weight_decay: Float = Field(0.0001, ge=0.0, le=1.0)
+    momentum: Float = Field(0.9, ge=0.0, lt=1.0)
+    clipnorm: Float | None = None
+
+
+@section
+class ScheduleConfig:
+    name: Schedule = "cosine_warmup"
+    warmup_fraction: Float = Field(0.1, ge=0.0, le=0.9)
+    decay_rate: Float = Field(0.5, gt=0.0, le=1.0)
+    alpha: Float = Field(0.01, ge=0.0, le=1.0)  # cosine floor as a fraction of the peak
+    boundaries: list[Float] = _copies(0.5, 0.75)  # fractions of the total steps
+    factors: list[Float] = _copies(1.0, 0.1, 0.01)  # multipliers of the peak, len(boundaries)+1
+
+    @model_validator(mode="after")
+    def _piecewise_steps(self):
+        if len(self.factors) != len(self.boundaries) + 1:
+            raise Rule(f"{{p}}factors: needs len(boundaries)+1 = {len(self.boundaries) + 1} "
+                       f"values, got {len(self.factors)}")
+        b = self.boundaries
+        if any(not 0 < x < 1 for x in b) or b != sorted(b):
+            raise Rule(f"{{p}}boundaries: {b} must be increasing fractions in (0, 1)")
+        return self
+
+
+@section
+class LossConfig:
+    name: Literal["crossentropy", "focal"] = "crossentropy"
+    label_smoothing: Float = Field(0.0, ge=0.0, le=0.5)
+    gamma: Float = Field(2.0, ge=0.0, le=10.0)
+
+
+@section
+class TrainConfig:
+    epochs: Int = Field(20, ge=1, le=10_000)
+    batch_size: Int = Field(64, ge=1, le=65_536)  # per replica
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    reduce_lr_on_plateau: Bool = False  # only with schedule.name == constant
+    early_stopping_patience: Int = Field(6, ge=0, le=10_000)  # 0 turns it off
+    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
+    replicas: Int = Field(1, ge=1, le=64)
+    jit_compile: Literal["auto", "true", "false"] = "false"
+    use_tuned: Bool = True
+    # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that
+    # win over the tune stage's best hyperparameters.
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _plateau_needs_a_constant_schedule(self):
+        if self.reduce_lr_on_plateau and self.schedule.name != "constant":
+            raise Rule(f"{{p}}reduce_lr_on_plateau: only works with {{p}}schedule.name: "
+                       f"constant, not {self.schedule.name!r}")
+        return self
+
+
+# ------------------------------------------------------------------------ tuning
+
+@section
+class IntRange:
+    min: Int = Field(1, ge=1)
+    max: Int = 1
+    step: Int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise Rule(f"{{path}}: min {self.min} > max {self.max}; give min <= max")
+        return self
+
+
+@section
+class FloatRange:
+    min: Float = Field(0.0, ge=0.0)
+    max: Float = 0.0
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise Rule(f"{{path}}: min {self.min} > max {self.max}; give min <= max")
+        return self
+
+
+def _nonempty(item):
+    """A list of choices with at least one (a one-value list is a fixed value)."""
+    return Annotated[list[item], Field(min_length=1)]
+
+
+_Filters = _nonempty(Annotated[Int, Field(ge=1, le=4096)])
+_HeadUnits = _nonempty(Annotated[Int, Field(ge=1, le=8192)])
+_BatchSizes = _nonempty(Annotated[Int, Field(ge=1, le=65_536)])
+_Flags = _nonempty(Bool)
+_Optimizers = _nonempty(Optimizer)
+_Schedules = _nonempty(Schedule)
+
+
+@section
+class SearchSpace:
+    """What tune searches. The field names are the hyperparameter names
+    (`HP_NAMES`); `SEARCHED_PARAMS` says which params key each one sets."""
+
+    blocks: IntRange = Field(default_factory=lambda: IntRange(1, 3, 1))
+    filters: _Filters = _copies(16, 32)  # first block; each next block doubles it
+    separable: _Flags = _copies(False, True)
+    batch_norm: _Flags = _copies(True, False)
+    dropout: FloatRange = Field(default_factory=lambda: FloatRange(0.0, 0.4))
+    head_units: _HeadUnits = _copies(64, 128)
+    optimizer: _Optimizers = _copies("adam", "adamw")
+    learning_rate: FloatRange = Field(  # sampled on a log scale
+        default_factory=lambda: FloatRange(5e-4, 5e-3))
+    schedule: _Schedules = _copies("constant", "cosine_warmup", "exponential_decay")
+    warmup_fraction: FloatRange = Field(default_factory=lambda: FloatRange(0.0, 0.2))
+    decay_rate: FloatRange = Field(default_factory=lambda: FloatRange(0.3, 0.9))
+    batch_size: _BatchSizes = _copies(32, 64)
+
+    @model_validator(mode="after")
+    def _each_value_once(self):
+        for name in HP_NAMES:
+            values = getattr(self, name)
+            if isinstance(values, list):
+                dupes = sorted({repr(v) for v in values if values.count(v) > 1})
+                if dupes:
+                    raise Rule(f"{{p}}{name}: {dupes[0]} is listed twice; list each value once")
+        return self
+
+    @model_validator(mode="after")
+    def _ranges_within_their_keys(self):
+        # tune: each sampled value must also be a valid setting of the key it sets.
+        for name, key in SEARCHED_PARAMS.items():
+            r = getattr(self, name)
+            if not isinstance(r, FloatRange):
+                continue
+            low, high, open_low, _ = field_bounds(field_info(Config, key.split(".")))
+            if r.min < low or (open_low and r.min == low) or r.max > high:
+                left = "(" if open_low else "["
+                raise Rule(f"{{p}}{name}: [{r.min}, {r.max}] is outside {left}{low}, {high}]; "
+                           "narrow the range")
+        return self
+
+
+HP_NAMES = tuple(f.name for f in dataclasses.fields(SearchSpace))
+# The params key each searched name sets. blocks, filters and separable are
+# missing on purpose: together they set model.blocks (count, first width, kind).
+SEARCHED_PARAMS = {
+    "batch_norm": "model.batch_norm", "dropout": "model.dropout",
+    "head_units": "model.head_units", "optimizer": "train.optimizer.name",
+    "learning_rate": "train.optimizer.learning_rate", "schedule": "train.schedule.name",
+    "warmup_fraction": "train.schedule.warmup_fraction",
+    "decay_rate": "train.schedule.decay_rate", "batch_size": "train.batch_size",
+}
+
+
+@section
+class TuneConfig:
+    enabled: Bool = True
+    tuner: Literal["hyperband", "bayesian", "random"] = "hyperband"
+    objective: Literal["val_accuracy", "val_loss"] = "val_accuracy"
+    max_trials: Int = Field(12, ge=1, le=100_000)
+    max_epochs: Int = Field(6, ge=1, le=10_000)
+    budget_minutes: Float = Field(3.5, gt=0.0, le=100_000.0)
+    early_stopping_patience: Int = Field(2, ge=0, le=1000)
+    hyperband_factor: Int = Field(3, ge=2, le=100)
+    # The params' own settings and the search's best N are trained at
+    # train.epochs; the winner (ties: the params') is the tuned configuration.
+    final_candidates: Int = Field(1, ge=0, le=100)
+    # A trial whose model has more parameters fails (recorded FAILED) and the
+    # search goes on: keeps the search within an edge size budget. 0: no limit.
+    max_model_params: Int = Field(0, ge=0)
+    space: SearchSpace = Field(default_factory=SearchSpace)
+
+
+# ---------------------------------------------------------------- compression
+
+@section
+class PruneConfig:
+    initial_sparsity: Float = Field(0.0, ge=0.0, lt=1.0)
+    final_sparsity: Float = Field(0.85, ge=0.0, lt=1.0)
+    epochs: Int = Field(30, ge=1, le=10_000)  # fine-tuning epochs
+    begin_fraction: Float = Field(0.0, ge=0.0, lt=1.0)
+    end_fraction: Float = Field(0.5, gt=0.0, le=1.0)  # final sparsity reached here
+    frequency: Int = Field(5, ge=1, le=1_000_000)  # steps between mask updates
+    learning_rate: Float = Field(1e-3, gt=0.0, le=10.0)
+
+    @model_validator(mode="after")
+    def _sparsity_grows(self):
+        if self.final_sparsity < self.initial_sparsity:
+            raise Rule(f"{{p}}final_sparsity: {self.final_sparsity} < initial_sparsity "
+                       f"{self.initial_sparsity}; final must be >= initial")
+        if self.end_fraction <= self.begin_fraction:
+            raise Rule(f"{{p}}end_fraction: must be > begin_fraction ({self.begin_fraction})")
+        return self
+
+
+@section
+class QuantizeConfig:
+    representative_samples: Int = Field(200, ge=1, le=10_000_000)
+    qat: Bool = False
+    qat_epochs: Int = Field(2, ge=1, le=1000)
+    qat_learning_rate: Float = Field(1e-4, gt=0.0, le=1.0)
+    accuracy_budget: Float = Field(0.01, ge=0.0, le=1.0)  # points lost vs Keras, as a fraction
+    # The edge variant: the smallest file within the budget, or the fastest (p50).
+    edge_pick: Literal["smallest", "fastest"] = "smallest"
+    required: list[Text] = _copies("int8")  # variants whose failure fails the stage
+    latency_runs: Int = Field(200, ge=1, le=1_000_000)
+    latency_warmup: Int = Field(20, ge=0, le=1_000_000)
+    threads: Int = Field(1, ge=1, le=256)
+
+    @field_validator("required")
+    @classmethod
+    def _known_variants(cls, required):
+        bad = sorted(set(required) - set(TFLITE_VARIANTS))
+        if bad:
+            raise Rule(f"{{path}}: {bad[0]!r} is not a variant; "
+                       f"use some of {', '.join(TFLITE_VARIANTS)}")
+        return required
+
+    @model_validator(mode="after")
+    def _qat_variant_needs_qat(self):
+        if QAT_INT8 in self.required and not self.qat:
+            raise Rule(f"{{p}}required: lists {QAT_INT8} but {{p}}qat is false; "
+                       f"set {{p}}qat: true or remove {QAT_INT8}")
+        return self
+
+
+@section
+class ExportConfig:
+    model_name: Text = "digits"
+    onnx_opset: Int = Field(17, ge=9, le=23)
+    atol: Float = Field(1e-4, ge=0.0, le=1.0)
+    latency_runs: Int = Field(200, ge=1, le=1_000_000)
+
+
+@section
+class GateConfig:
+    min_accuracy: Float = Field(0.95, ge=0.0, le=1.0)
+    max_regression: Float = Field(0.005, ge=0.0, le=1.0)
+    max_size_bytes: Int = Field(5_000_000, ge=1)
+    max_latency_ms: Float = Field(20.0, gt=0.0)
+    require_parity: Bool = True
+
+
+@section
+class PromoteConfig:
+    registered_model: Text = "digits-classifier"
+    gate: GateConfig = Field(default_factory=GateConfig)
+    fail_pipeline: Bool = False
+
+
+# -------------------------------------------------------------------- shared
+
+@section
+class TrackingConfig:
+    enabled: Bool = True
+    experiment: Text = "tfmlops"
+    # Used only when MLFLOW_TRACKING_URI is unset; relative sqlite paths are
+    # resolved against the repository root (never a `dvc exp --temp` copy).
+    uri: Text = "sqlite:///mlflow.db"
+    connect_timeout_s: Float = Field(5.0, ge=0.1, le=600.0)
+    retries: Int = Field(3, ge=0, le=20)
+
+
+@section
+class ProfilingConfig:
+    enabled: Bool = True
+    start_step: Int = Field(5, ge=1, le=1_000_000)  # skip warm-up and tracing steps
+    steps: Int = Field(3, ge=1, le=1000)
+
+
+@section
+class PathsConfig:
+    """Every path the pipeline reads or writes; dvc.yaml reads these too (${paths.*})."""
+
+    builtin: Text = "data/builtin"  # materialize: the built-in dataset as class folders
+    prepared: Text = "data/prepared"  # prepare: TFRecords, manifest.json, stats.json
+    tuner: Text = "data/tuner"  # tune: keras-tuner state, kept between runs
+    tuned: Text = "models/tuned"  # tune: best_hparams.yaml
+    train: Text = "models/train"  # train: model.keras
+    backup: Text = "models/train_backup"  # train: BackupAndRestore state, kept on a kill
+    pruned: Text = "models/pruned"  # prune: the pruned tf_keras model
+    tflite: Text = "models/tflite"  # quantize: every .tflite variant
+    export: Text = "models/export"  # export: SavedModel, ONNX, edge TFLite
+    reports: Text = "reports"  # metrics and plots of every stage
+    profiles: Text = "reports/profiles"  # TensorFlow Profiler traces, per stage
+
+
+@section
+class Config:
+    seed: Int = Field(42, ge=0, le=2**31 - 1)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    tune: TuneConfig = Field(default_factory=TuneConfig)
+    prune: PruneConfig = Field(default_factory=PruneConfig)
+    quantize: QuantizeConfig = Field(default_factory=QuantizeConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    promote: PromoteConfig = Field(default_factory=PromoteConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self, *sections: str) -> str:
+        """A short hash of the resolved config (or of some sections)."""
+        d = self.to_dict()
+        if sections:
+            d = {s: d[s] for s in sections}
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

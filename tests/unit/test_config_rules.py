@@ -1,0 +1,123 @@
+"""Each section's own rules (its validators) and the one-line message of each
+kind of pydantic error; the name lists the other modules read."""
+
+import dataclasses
+
+import pytest
+
+from tfmlops.compress import frontier
+from tfmlops.compress.variants import TFLITE_VARIANTS
+from tfmlops.config import (
+    HP_NAMES,
+    SEARCHED_PARAMS,
+    BlockSpec,
+    Config,
+    ConfigError,
+    SearchSpace,
+    config_from_dict,
+)
+from tfmlops.config.messages import field_info
+from tfmlops.model import search_space
+
+
+@pytest.mark.parametrize("raw, message", [
+    # SplitConfig: val + test leave a train split
+    ({"data": {"split": {"val": 0.5, "test": 0.45}}},
+     "data.split.val + data.split.test = 0.95; keep it below 0.9"),
+    # DataConfig: channels as written (Literal alone takes true and 1.0)
+    ({"data": {"channels": True}}, "data.channels: True is not accepted; use one of 1, 3"),
+    ({"data": {"channels": 1.0}}, "data.channels: 1.0 is not accepted; use one of 1, 3"),
+    # ModelSpec: a body
+    ({"model": {"blocks": []}}, "model.blocks: empty; give at least one block or a backbone"),
+    # ScheduleConfig: piecewise steps
+    ({"train": {"schedule": {"factors": [1.0]}}},
+     "train.schedule.factors: needs len(boundaries)+1 = 3 values, got 1"),
+    ({"train": {"schedule": {"boundaries": [0.8, 0.5]}}},
+     "train.schedule.boundaries: [0.8, 0.5] must be increasing fractions in (0, 1)"),
+    # IntRange / FloatRange: ordered, bounded below
+    ({"tune": {"space": {"blocks": {"min": 3, "max": 2}}}},
+     "tune.space.blocks: min 3 > max 2; give min <= max"),
+    ({"tune": {"space": {"blocks": {"min": 0, "max": 2}}}},
+     "tune.space.blocks.min: 0 is out of range; accepted: [1, inf]"),
+    # SearchSpace: each value once; each range within the key it sets
+    ({"tune": {"space": {"optimizer": ["adam", "adam"]}}},
+     "tune.space.optimizer: 'adam' is listed twice; list each value once"),
+    ({"tune": {"space": {"learning_rate": {"min": 0.0, "max": 0.1}}}},
+     "tune.space.learning_rate: [0.0, 0.1] is outside (0.0, 10.0]; narrow the range"),
+    ({"tune": {"space": {"dropout": {"min": 0.1, "max": 0.95}}}},
+     "tune.space.dropout: [0.1, 0.95] is outside [0.0, 0.9]; narrow the range"),
+    ({"tune": {"space": {"filters": [8192]}}},
+     "tune.space.filters[0]: 8192 is out of range; accepted: [1, 4096]"),
+    # PruneConfig: sparsity grows, the schedule ends after it begins
+    ({"prune": {"initial_sparsity": 0.5, "final_sparsity": 0.2}},
+     "prune.final_sparsity: 0.2 < initial_sparsity 0.5; final must be >= initial"),
+    ({"prune": {"begin_fraction": 0.6}}, "prune.end_fraction: must be > begin_fraction (0.6)"),
+])
+def test_each_section_rule_names_its_keys(raw, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"model": {"blocks": [{"kernel": 3}]}},
+     "model.blocks[0].kernel: unknown key; accepted keys here: filters, kernel_size, separable"),
+    ({"train": {"epochs": 0, "epoch": 3}}, "train.epoch: unknown key"),  # unknown keys first
+    ({1: 2}, "1: unknown key"),
+    ({"data": 5}, "data: expected a mapping, got 5"),
+    ({"model": {"blocks": "x"}}, "model.blocks: expected a list, got 'x'"),
+    ({"paths": {"reports": ""}}, "paths.reports: expected a non-empty string, got ''"),
+    ({"model": {"backbone_weights": 3}}, "model.backbone_weights: expected a non-empty string"),
+    ({"seed": 1.5}, "seed: expected an integer, got 1.5"),
+    ({"seed": True}, "seed: expected an integer, got True"),
+    ({"train": {"optimizer": {"learning_rate": "0.1"}}},
+     "train.optimizer.learning_rate: expected a number, got '0.1'"),
+    ({"train": {"optimizer": {"learning_rate": float("inf")}}},
+     "train.optimizer.learning_rate: expected a finite number, got inf"),
+    ({"promote": {"gate": {"max_size_bytes": 0}}},
+     "promote.gate.max_size_bytes: 0 is out of range; accepted: [1, inf]"),
+    ({"model": {"bn_momentum": 1.0}}, "model.bn_momentum: 1.0 is out of range; accepted: [0.0, 1.0)"),
+    ({"tune": {"space": {"schedule": ["cosine"]}}}, "tune.space.schedule: 'cosine' is not accepted; "
+                                                    "use some of 'constant', "),
+    ({"tune": {"space": {"head_units": []}}},
+     "tune.space.head_units: empty choice list; give at least one value"),
+])
+def test_each_kind_of_pydantic_error_is_one_line(raw, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_values_are_taken_as_written():
+    cfg = config_from_dict({"train": {"optimizer": {"learning_rate": 1}}})
+    assert type(cfg.train.optimizer.learning_rate) is float
+    with pytest.raises(ConfigError, match="true or false"):
+        config_from_dict({"pipeline": {"cache": "yes"}})
+
+
+def test_replace_revalidates_and_positional_construction_works():
+    cfg = Config()
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        dataclasses.replace(cfg.train, epochs=0)
+    assert BlockSpec(8, 3, True) == BlockSpec(filters=8, kernel_size=3, separable=True)
+    assert dataclasses.replace(cfg, seed=1).model is cfg.model
+
+
+def test_searched_names_are_the_search_space_fields_and_set_real_keys():
+    assert HP_NAMES == tuple(f.name for f in dataclasses.fields(SearchSpace))
+    assert search_space.HP_NAMES is HP_NAMES
+    assert set(search_space.PARAMS_KEYS) == set(HP_NAMES)
+    for key in SEARCHED_PARAMS.values():
+        assert field_info(Config, key.split(".")) is not None, key
+    assert search_space.MAX_FILTERS == 4096
+
+
+def test_variant_names_are_one_list():
+    assert set(frontier.variants("pruned")) | {"qat_int8"} == set(TFLITE_VARIANTS)
+    assert frontier.QAT_VARIANT == "pruned_qat_int8"
+
+
+def test_blocks_too_wide_to_double_are_not_the_searched_shape():
+    cfg = config_from_dict({"model": {"blocks": [{"filters": 4096}, {"filters": 4096}]}})
+    values, why = search_space.baseline(cfg)
+    assert values is None and why.startswith("model.blocks do not double") and "\n" not in why
