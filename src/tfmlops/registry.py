@@ -1,6 +1,6 @@
 """The MLflow model registry: register exported versions, read them, move aliases safely.
 
-With tracking.py, the only module that calls MLflow. Aliases, never the
+With the tracking package, the only code that calls MLflow. Aliases, never the
 deprecated stages: `production`, `previous` (what production replaced, the
 rollback target) and `candidate` (refused by the gate).
 
@@ -10,13 +10,15 @@ store's unique name constraint: a second creator gets RESOURCE_ALREADY_EXISTS)
 and deleted at the end. The holder re-reads the lock before moving aliases; a
 lock whose holder died (same host, pid gone) or whose lease ran out is broken.
 
-Calls are retried with a bounded backoff like tracking.py's; a registry that
+Calls are retried by the tracking package's one retry helper (bounded backoff,
+with jitter here so competing promotions do not retry in step); a registry that
 stays away raises TrackingUnavailable (a promotion is never queued for later).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import socket
@@ -29,6 +31,9 @@ from typing import Any
 from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError, TrackingUnavailable
+from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, error_code, first_line
+
+log = logging.getLogger(__name__)
 
 PRODUCTION, PREVIOUS, CANDIDATE = "production", "previous", "candidate"
 LOCK_SUFFIX = ".promotion-lock"
@@ -141,8 +146,7 @@ class Registry:
                     f"another promotion of {self.name} holds the lock ({who}) after {wait_s:.0f} s "
                     f"of waiting; if none is running, delete the registered model {lock}")
             if not waited:
-                print(f"promote: waiting for another promotion of {self.name} to finish",
-                      flush=True)
+                log.info("promote: waiting for another promotion of %s to finish", self.name)
                 waited = True
             time.sleep(0.2 + random.random() * 0.3)
 
@@ -170,31 +174,28 @@ class Registry:
         # Re-read just before deleting: another waiter may have broken it and retaken it.
         now = self._lock_tags(lock)
         if now is not None and now.get("tfmlops.lock.holder") == seen.get("tfmlops.lock.holder"):
-            print(f"promote: breaking the abandoned promotion lock of {self.name} "
-                  f"({seen.get('tfmlops.lock.holder')})")
+            log.warning("promote: breaking the abandoned promotion lock of %s (%s)",
+                        self.name, seen.get("tfmlops.lock.holder"))
             with contextlib.suppress(_Missing):
                 self._call(lambda c: c.delete_registered_model(lock), "break the lock")
 
     # -- machinery
     def _call(self, fn, what: str):
         attempts = self.cfg.tracking.retries + 1
-        for attempt in range(attempts):
-            try:
-                return fn(self.client)
-            except Exception as exc:  # noqa: BLE001 - classified below
-                code = getattr(exc, "error_code", None)
-                if code == "RESOURCE_DOES_NOT_EXIST":
-                    raise _Missing(str(exc)) from None
-                if code == "RESOURCE_ALREADY_EXISTS":
-                    raise _Exists(str(exc)) from None
-                if code in _PERMANENT:
-                    raise
-                last = exc
-                if attempt + 1 < attempts:
-                    time.sleep(min(0.5 * 2**attempt, 8.0) * (0.5 + random.random()))
-        raise TrackingUnavailable(
-            f"model registry at {self.uri} failed to {what} after {attempts} attempts "
-            f"({str(last).splitlines()[0][:160]}); check the store, then run again")
+        try:
+            return call_with_retry(lambda: fn(self.client), attempts, final_codes=_PERMANENT,
+                                   jitter=True)
+        except RetriesExhausted as exc:
+            raise TrackingUnavailable(
+                f"model registry at {self.uri} failed to {what} after {attempts} attempts "
+                f"({first_line(exc.last, 160)}); check the store, then run again") from None
+        except Exception as exc:  # noqa: BLE001 - a final code: the store answered
+            code = error_code(exc)
+            if code == "RESOURCE_DOES_NOT_EXIST":
+                raise _Missing(str(exc)) from None
+            if code == "RESOURCE_ALREADY_EXISTS":
+                raise _Exists(str(exc)) from None
+            raise
 
 
 class _Missing(Exception):
@@ -258,7 +259,7 @@ def log_serving_model(run: tracking.StageRun, folder: Path, runtime_file: str,
 
 def save_keras_flavor(model, path: Path, example) -> None:
     """The plain MLflow Keras flavor of `model` in a folder (the serving benchmark's baseline)."""
-    mlflow = tracking._import_mlflow()
+    mlflow = tracking.import_mlflow()
     from mlflow.models import infer_signature
 
     signature = infer_signature(example, model.predict(example, verbose=0))

@@ -1,0 +1,39 @@
+"""Every MLflow call of the project goes through this package.
+
+A stage says what to record; the package knows where (uri.py: the tracking URI,
+the repo's SQLite store unless MLFLOW_TRACKING_URI names a shared server, the
+chief-only rule), the run (run.py: naming, tags, params, nested runs, tuner
+workers attaching), lineage (lineage.py: git, data version, `mlflow_run.json`
+next to each stage's outputs so the chain survives DVC's cache), and what to do
+when the server goes away: retry with a bounded backoff (retry.py), then queue
+the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
+failure never destroys a stage's outputs.
+
+This file only re-exports the names callers use. Importing it imports no MLflow:
+`tfmlops --help` must not pay for it.
+"""
+
+from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.lineage import RUN_FILE, data_version, git_state, read_run_file
+from tfmlops.tracking.ops import REPLAYABLE
+from tfmlops.tracking.outbox import OUTBOX_DIR, sync
+from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run
+from tfmlops.tracking.uri import (
+    artifact_location,
+    ensure_reachable,
+    import_mlflow,
+    is_chief,
+    preflight,
+    repo_root,
+    tracking_uri,
+    use_uri,
+)
+
+_import_mlflow = import_mlflow  # the old private name, still used by tests/infra/concurrent_writer.py
+
+__all__ = [
+    "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
+    "attach_run", "data_version", "ensure_reachable", "git_state", "import_mlflow", "is_chief",
+    "pinned_requirements", "preflight", "read_run_file", "repo_root", "stage_run", "sync",
+    "tracking_uri", "use_uri",
+]

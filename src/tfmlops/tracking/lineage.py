@@ -1,0 +1,84 @@
+"""Lineage: what a run was made from, recorded so the chain survives DVC's cache.
+
+Owns the git state (commit, dirty), the data version (hash of the prepared
+manifest), the lineage tags a stage's run carries (including its upstream stages'
+run ids), and `mlflow_run.json`, the file each stage writes next to its outputs
+naming its run. No MLflow here: only files and git.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tfmlops.config import Config
+from tfmlops.tracking.uri import repo_root
+
+RUN_FILE = "mlflow_run.json"
+
+
+def git_state(root: Path) -> tuple[str, bool]:
+    """(HEAD commit, whether tracked files differ from it); ("unknown", False) without git."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root, capture_output=True, text=True, timeout=10,
+            ).stdout.strip()
+        )
+        return commit or "unknown", dirty
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+
+
+def data_version(cfg: Config) -> str:
+    """The first 16 hex digits of the prepared manifest's sha256, or "none"."""
+    manifest = Path(cfg.paths.prepared) / "manifest.json"
+    if not manifest.is_file():
+        return "none"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
+def read_run_file(folder: str | Path) -> dict[str, Any]:
+    """The `mlflow_run.json` in `folder`, or {} if it is missing or unreadable."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None) -> None:
+    """Write `mlflow_run.json` atomically (a reader never sees half a file)."""
+    data = {"stage": stage, "run_id": run_id, "tracking_uri": uri}
+    tmp = out_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(out_dir / RUN_FILE)
+
+
+def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:
+    """The tags a stage's run opens with: stage, params hash, data, git, upstream runs."""
+    commit, dirty = git_state(repo_root())
+    tags = {
+        "tfmlops.stage": stage,
+        "tfmlops.params_hash": cfg.digest(),
+        "tfmlops.data_version": data_version(cfg),
+        "mlflow.source.git.commit": commit,
+        "tfmlops.git_dirty": str(dirty).lower(),
+    }
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    for name, folder in (upstream or {}).items():
+        up = read_run_file(folder)
+        if up.get("run_id"):
+            tags[f"tfmlops.upstream.{name}"] = up["run_id"]
+    return tags

@@ -1,0 +1,62 @@
+"""The calls a run sends, as (op, JSON payload) pairs, and how each reaches MLflow.
+
+One vocabulary for both paths: `StageRun` sends an op live, and the outbox
+stores the same op as a JSON line that `tfmlops sync` sends later through the
+same `apply`. Figures and models are not ops: their callers queue a file
+(an `artifact` op) instead.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+# Ops `tfmlops sync` can replay from a JSON line (arbitrary `run.call(fn)` callables cannot be).
+REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end"}
+
+
+def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
+    """Send one op of run `run_id` through an MlflowClient."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    if op == "params":
+        client.log_batch(run_id, params=[Param(k, v) for k, v in payload.items()])
+    elif op == "metrics":
+        stamp = payload.get("timestamp") or now_ms()
+        step = payload.get("step") or 0
+        metrics = [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]
+        client.log_batch(run_id, metrics=metrics)
+    elif op == "tags":
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in payload.items()])
+    elif op == "artifact":
+        path = Path(payload["path"])
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), payload.get("artifact_path") or path.name)
+        elif path.exists():
+            client.log_artifact(run_id, str(path), payload.get("artifact_path"))
+    elif op == "dict":
+        client.log_dict(run_id, payload["data"], payload["name"])
+    elif op == "dataset":
+        _log_dataset(client, run_id, **payload)
+    elif op == "end":
+        client.set_terminated(run_id, payload["status"])
+    else:
+        raise ValueError(f"unknown outbox op {op}")
+
+
+def now_ms() -> int:
+    """Now, in MLflow's unit (epoch milliseconds): stamped when measured, not when sent."""
+    return int(time.time() * 1000)
+
+
+def _log_dataset(client, run_id: str, name: str, source: str, digest: str, context: str) -> None:
+    warnings.filterwarnings("ignore", message="The specified dataset source")
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    ds = MetaDataset(resolve_dataset_source(source), name=name, digest=digest)
+    tag = InputTag(key="mlflow.data.context", value=context)
+    client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(), [tag])])

@@ -1,0 +1,66 @@
+"""The one retry loop of the project: bounded exponential backoff around a store call.
+
+Used by the tracking runs (a call that stays failed goes to the outbox) and by the
+model registry (a call that stays failed raises TrackingUnavailable). MLflow's own
+HTTP retries cannot replace it: they cover only REST stores (not the SQLite store's
+"database is locked"), they know nothing of the outbox, and by default they back off
+for minutes. `uri.import_mlflow` bounds them to one retry so this loop decides.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Collection
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class RetriesExhausted(Exception):
+    """Every attempt failed; `last` is the final error."""
+
+    def __init__(self, attempts: int, last: Exception):
+        super().__init__(f"failed after {attempts} attempts: {first_line(last)}")
+        self.attempts = attempts
+        self.last = last
+
+
+def call_with_retry(fn: Callable[[], T], attempts: int, *, final_codes: Collection[str] = (),
+                    jitter: bool = False) -> T:
+    """`fn()`, tried up to `attempts` times with `backoff_s` between tries.
+
+    An error whose MLflow `error_code` is in `final_codes` (the store answered and
+    refused: trying again would be refused too) is raised at once. After the last
+    failed attempt, RetriesExhausted is raised. `jitter` spreads the sleeps of
+    processes that failed together (competing promotions), so they do not retry in step.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    last: Exception | None = None
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - classified here, raised below
+            if error_code(exc) in final_codes:
+                raise
+            last = exc
+            if attempt + 1 < attempts:
+                pause = backoff_s(attempt)
+                time.sleep(pause * (0.5 + random.random()) if jitter else pause)
+    raise RetriesExhausted(attempts, last)
+
+
+def backoff_s(attempt: int) -> float:
+    """0.5, 1, 2, 4, 8, 8, ... seconds: bounded, so an outage costs a known time."""
+    return min(0.5 * 2**attempt, 8.0)
+
+
+def error_code(exc: BaseException) -> str | None:
+    """The MLflow error code (`RESOURCE_DOES_NOT_EXIST`...) of an MlflowException, else None."""
+    return getattr(exc, "error_code", None)
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message (MLflow's can run to pages), cut to `limit`."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

@@ -1,0 +1,365 @@
+"""A stage's MLflow run: open it, record into it safely, close it.
+
+Owns `StageRun` (every call retried, then queued in the outbox: a logging failure
+never destroys a stage's outputs), `_NullRun` (tracking off, or not the chief),
+`stage_run` (the context manager every stage opens: tags, params, lineage file)
+and `attach_run` (a tuner worker records into the run its chief opened).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tfmlops.config import Config, flatten
+from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.lineage import run_tags, write_run_file
+from tfmlops.tracking.ops import apply, now_ms
+from tfmlops.tracking.outbox import Outbox, outbox_path
+from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
+from tfmlops.tracking.uri import (
+    artifact_location,
+    client,
+    ensure_reachable,
+    import_mlflow,
+    is_chief,
+    tracking_uri,
+    use_uri,
+)
+
+log = logging.getLogger(__name__)
+
+# Error codes of a store that answered and refused: a replay would be refused too,
+# so these are reported and dropped instead of sending the stage offline.
+_REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
+            "INVALID_STATE"}
+
+
+class StageRun:
+    """One MLflow run. Every method is safe: failures are retried, then queued."""
+
+    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None):
+        self.cfg = cfg
+        self.stage = stage
+        self.run_id = run_id
+        self._outbox = outbox
+        self._offline = False
+        self.errors: list[str] = []
+        self.queued = 0  # calls of this run written to the outbox
+
+    @property
+    def active(self) -> bool:
+        return self.run_id is not None
+
+    # -- what stages call
+    def log_params(self, params: dict[str, Any]) -> None:
+        flat = {k: _param_value(v) for k, v in flatten(params).items()}
+        items = sorted(flat.items())
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self._do("params", dict(items[i : i + 100]))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        clean = {k: float(v) for k, v in flatten(metrics).items() if _is_number(v)}
+        if clean:
+            # The time of the measurement, also when the outbox replays it later.
+            self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._do("tags", {k: str(v) for k, v in tags.items()})
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            self._do("artifact", {"path": str(Path(path).resolve()), "artifact_path": artifact_path})
+
+    def log_dict(self, data: Any, name: str) -> None:
+        self._do("dict", {"data": data, "name": name})
+
+    def log_figure(self, figure, name: str) -> None:
+        sent = self._call(lambda c: c.log_figure(self.run_id, figure, name), "figure", {"name": name})
+        if self.active and not sent and self._outbox is not None:
+            file = self._outbox.files_folder() / Path(name).name
+            figure.savefig(file)
+            self._write_outbox("artifact", {"path": str(file), "artifact_path": _parent(name)})
+
+    def log_dataset(self, name: str, source: str, digest: str, context: str) -> None:
+        self._do("dataset", {"name": name, "source": source, "digest": digest, "context": context})
+
+    def log_keras_model(self, model, saved_path: str | Path, **kwargs) -> None:
+        """Log (and optionally register) a Keras model; on failure queue its saved file."""
+
+        # Declared, not inferred: MLflow's inference reloads the model in a fresh
+        # Python (~15 s of TensorFlow import) on every log.
+        kwargs.setdefault("pip_requirements", pinned_requirements(
+            "mlflow", "tensorflow", "keras", "numpy"))
+
+        def go(_client):
+            mlflow = import_mlflow()
+            with _resumed(mlflow, self.run_id):
+                mlflow.tensorflow.log_model(model, name="model", **kwargs)
+
+        ok = self._call(go, "model", {"path": str(Path(saved_path).resolve())})
+        if self.active and not ok:
+            self._queue("artifact", {"path": str(Path(saved_path).resolve()), "artifact_path": "model_file"})
+
+    def call(self, fn, what: str) -> bool:
+        """Run `fn(mlflow)` inside this run (for flavour-specific logging)."""
+        mlflow = import_mlflow()
+
+        def go(_client):
+            with _resumed(mlflow, self.run_id):
+                fn(mlflow)
+
+        return self._call(go, what, {})
+
+    @contextlib.contextmanager
+    def child(self, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
+        """A nested run (`mlflow.parentRunId`), e.g. one keras-tuner trial."""
+        child = self.start_child(name, tags)
+        status = "FINISHED"
+        try:
+            yield child
+        except BaseException:
+            status = "FAILED"
+            raise
+        finally:
+            child.end(status)
+
+    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
+        """A nested run the caller ends with `end(status)`.
+
+        For code driven by hooks rather than a `with` block, such as keras-tuner's
+        on_trial_begin/on_trial_end, where a failed trial is not an exception.
+        """
+        # The parent's outbox: one queue file, whose entries each name their run.
+        child = StageRun(self.cfg, self.stage, None, self._outbox)
+        if self.active and not self._offline:
+            try:
+                mlflow_client = client()
+                run = mlflow_client.create_run(
+                    self._experiment_id(),
+                    run_name=name,
+                    tags={"mlflow.parentRunId": self.run_id, "tfmlops.stage": self.stage,
+                          **{k: str(v) for k, v in (tags or {}).items()}},
+                )
+                child.run_id = run.info.run_id
+            except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
+                self._note(f"child run {name}: {exc}")
+        return child
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.active:
+            self._do("end", {"status": status})
+
+    # -- machinery
+    def _experiment_id(self) -> str:
+        return client().get_run(self.run_id).info.experiment_id
+
+    def _do(self, op: str, payload: dict[str, Any]) -> None:
+        self._call(lambda c: apply(c, self.run_id, op, payload), op, payload)
+
+    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        """Send one call: retried with a bounded backoff, then queued in the outbox.
+
+        After one call has exhausted its retries the stage is offline: every later
+        call goes straight to the outbox, so an outage costs its retries once.
+        """
+        if not self.active:
+            return False
+        if self._offline:
+            self._queue(op, payload)
+            return False
+        try:
+            call_with_retry(lambda: fn(client()), self.cfg.tracking.retries + 1,
+                            final_codes=_REFUSED)
+            return True
+        except RetriesExhausted as exc:
+            self._offline = True
+            self._note(f"{op} failed after {exc.attempts} attempts ({first_line(exc.last)}); this "
+                       "and later calls go to the outbox for `tfmlops sync`")
+            self._queue(op, payload)
+            return False
+        except Exception as exc:  # noqa: BLE001 - only a refusal (_REFUSED) gets here
+            self._note(f"{op} refused by the store, not queued: {first_line(exc)}")
+            return False
+
+    def _queue(self, op: str, payload: dict[str, Any]) -> None:
+        if self._outbox is None or op in ("figure", "model"):
+            return  # their callers queue a file instead
+        problem = self._outbox.queue(self.run_id, op, payload)
+        if problem:
+            self.errors.append(problem)
+        else:
+            self.queued += 1
+
+    def _write_outbox(self, op: str, payload: dict[str, Any]) -> None:
+        self._outbox.write(self.run_id, op, payload)
+        self.queued += 1
+
+    def _note(self, msg: str) -> None:
+        self.errors.append(msg)
+        log.warning("tfmlops: MLflow logging problem (%s): %s", self.stage, msg)
+
+
+class _NullRun(StageRun):
+    """Tracking off (params) or not the chief: the same interface, no calls."""
+
+    def __init__(self, cfg: Config, stage: str):
+        super().__init__(cfg, stage, None, None)
+
+
+@contextlib.contextmanager
+def _resumed(mlflow, run_id: str):
+    active = mlflow.active_run()
+    if active is not None and active.info.run_id == run_id:
+        yield
+        return
+    with mlflow.start_run(run_id=run_id):
+        yield
+
+
+def pinned_requirements(*names: str) -> list[str]:
+    """`name==installed version` for each installed distribution (a model's pip deps)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in names:
+        with contextlib.suppress(PackageNotFoundError):
+            out.append(f"{name}=={version(name)}")
+    return out
+
+
+def _parent(name: str) -> str | None:
+    parent = str(Path(name).parent)
+    return None if parent == "." else parent
+
+
+def _param_value(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    return text[:6000]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+# ---------------------------------------------------------------- entry
+
+@contextlib.contextmanager
+def stage_run(
+    cfg: Config,
+    stage: str,
+    out_dir: str | Path,
+    upstream: dict[str, str | Path] | None = None,
+    params: dict[str, Any] | None = None,
+) -> Iterator[StageRun]:
+    """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
+
+    `upstream` maps stage names to the output folders this stage reads; their
+    run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
+    part of the resolved config this stage uses (default: all of it).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not cfg.tracking.enabled or not is_chief():
+        run = _NullRun(cfg, stage)
+        write_run_file(out_dir, stage, None, None)
+        yield run
+        return
+
+    uri = tracking_uri(cfg)
+    mlflow, run_id = _open_run(cfg, stage, uri, upstream)
+    outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
+    run = StageRun(cfg, stage, run_id, outbox)
+    write_run_file(out_dir, stage, run_id, uri)
+    run.log_params(params if params is not None else cfg.to_dict())
+    status = "FINISHED"
+    try:
+        yield run
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        run.end(status)
+        with contextlib.suppress(Exception):
+            mlflow.end_run(status)
+        if run.queued:
+            log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
+                        stage, run.queued, outbox.path, uri)
+
+
+def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None):
+    """(mlflow, run id) of a new active run of `stage`; TrackingUnavailable if it cannot open."""
+    ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+    mlflow = use_uri(uri)
+    try:
+        experiment_id = _experiment_id(mlflow, cfg.tracking.experiment, uri)
+        tags = run_tags(cfg, stage, upstream)
+        # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
+        # start_run would resume: every stage of `-e main` would share one run.
+        # Each stage opens its own run instead, nested under the launcher's.
+        launcher = os.environ.pop("MLFLOW_RUN_ID", None)
+        if launcher:
+            tags["mlflow.parentRunId"] = launcher
+        active = mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags)
+    except TrackingUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start
+        raise TrackingUnavailable(
+            f"MLflow tracking at {uri} failed to open a run ({first_line(exc, 160)}); "
+            "check the server or set tracking.enabled: false"
+        ) from None
+    return mlflow, active.info.run_id
+
+
+def _experiment_id(mlflow, name: str, uri: str) -> str:
+    mlflow_client = mlflow.MlflowClient()
+    exp = mlflow_client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return mlflow_client.create_experiment(name, artifact_location=artifact_location(uri))
+        except Exception:  # noqa: BLE001 - another process created it first
+            exp = mlflow_client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    return exp.experiment_id
+
+
+def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.0) -> StageRun:
+    """The open run of `stage` carrying `tags`, started by another process.
+
+    For the workers of a distributed search: the chief opens the stage's run
+    and each worker nests its trials under it, so they appear once, under one
+    parent. The caller records into the run but never ends it. Tracking off,
+    or no such run within `wait_s` seconds: a run that records nothing.
+    """
+    if not cfg.tracking.enabled:
+        return _NullRun(cfg, stage)
+    uri = tracking_uri(cfg)
+    ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+    mlflow_client = use_uri(uri).MlflowClient()
+    query = " and ".join([f"tags.`tfmlops.stage` = '{stage}'", "attributes.status = 'RUNNING'",
+                          *(f"tags.`{k}` = '{v}'" for k, v in tags.items())])
+    give_up = time.monotonic() + wait_s
+    while True:
+        exp = mlflow_client.get_experiment_by_name(cfg.tracking.experiment)
+        runs = [] if exp is None else mlflow_client.search_runs(
+            [exp.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            run_id = runs[0].info.run_id
+            # One queue file per worker process: workers never append to the same file.
+            outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}-{os.getpid()}"))
+            return StageRun(cfg, stage, run_id, outbox)
+        if time.monotonic() >= give_up:
+            log.warning("tfmlops: no open MLflow run of %s with %s after %.0f s; "
+                        "this process records nothing", stage, tags, wait_s)
+            return _NullRun(cfg, stage)
+        time.sleep(min(2.0, max(give_up - time.monotonic(), 0.1)))

@@ -1,0 +1,142 @@
+"""Where runs are recorded, and whether this process records at all.
+
+Owns the project root (also from inside a `dvc exp run --temp` copy), the tracking
+URI (MLFLOW_TRACKING_URI or params' tracking.uri), where a local store keeps its
+artifacts, the chief-only rule of multi-worker training, the reachability check
+that fails a stage in seconds, and `use_uri`: the one place that points MLflow at a
+store (and serialises the creation of a fresh SQLite store).
+
+MLflow is imported lazily: `tfmlops --help` must not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tfmlops.config import Config
+from tfmlops.errors import TrackingUnavailable
+
+_EXPS_TMP = os.sep + os.path.join(".dvc", "tmp", "exps") + os.sep
+SQLITE = "sqlite:///"
+
+_uri_set_here: str | None = None
+
+
+def repo_root(start: str | Path | None = None) -> Path:
+    """The project root, also from inside a `dvc exp run --temp/--queue` copy.
+
+    DVC runs temporary and queued experiments in `<repo>/.dvc/tmp/exps/<tmp>/`;
+    their runs must land in the real repo's store, not in the throwaway copy.
+    """
+    here = Path(start or os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+    text = str(here) + os.sep
+    if _EXPS_TMP in text:
+        return Path(text.split(_EXPS_TMP, 1)[0])
+    for p in (here, *here.parents):
+        if (p / "dvc.yaml").exists() or (p / ".dvc").is_dir():
+            return p
+    return here
+
+
+def tracking_uri(cfg: Config) -> str:
+    """MLFLOW_TRACKING_URI (a shared server) wins over params' tracking.uri."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    # mlflow.set_tracking_uri exports the variable itself: ignore our own echo.
+    uri = env if env and env != _uri_set_here else cfg.tracking.uri
+    if uri.startswith(SQLITE) and not uri.startswith("sqlite:////"):
+        uri = SQLITE + str(repo_root() / uri[len(SQLITE):])
+    elif "://" not in uri:  # a plain folder (file store)
+        uri = str(repo_root() / uri)
+    return uri
+
+
+def artifact_location(uri: str) -> str | None:
+    """Artifacts of a local store sit beside its database file (never in a temp copy)."""
+    if uri.startswith(SQLITE):
+        return (Path(uri[len(SQLITE):]).parent / "mlartifacts").as_uri()
+    return None  # a server decides (`mlflow server --artifacts-destination`)
+
+
+def is_chief() -> bool:
+    """Under TF_CONFIG only the chief (or worker 0 when there is no chief) records."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return True
+    tf_config = json.loads(raw)
+    task = tf_config.get("task", {})
+    cluster = tf_config.get("cluster", {})
+    kind, index = task.get("type", "worker"), int(task.get("index", 0))
+    if "chief" in cluster:
+        return kind == "chief"
+    return kind == "worker" and index == 0
+
+
+def ensure_reachable(uri: str, timeout_s: float) -> None:
+    """Fail within seconds, before any expensive work, if the store is away."""
+    if uri.startswith(("http://", "https://")):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                if resp.status >= 500:
+                    raise OSError(f"HTTP {resp.status}")
+        except (OSError, urllib.error.URLError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TrackingUnavailable(
+                f"MLflow tracking server {uri} is unreachable ({reason}); start it, fix "
+                "MLFLOW_TRACKING_URI, or set tracking.enabled: false in params.yaml"
+            ) from None
+    elif uri.startswith(SQLITE):
+        folder = Path(uri[len(SQLITE):]).parent
+        if not folder.is_dir():
+            raise TrackingUnavailable(
+                f"MLflow store {uri}: folder {folder} does not exist; create it or fix the URI"
+            )
+
+
+def preflight(cfg: Config) -> None:
+    """Fail now, in seconds, if the store this stage will record to is away.
+
+    For a stage to call first, before it reads or validates data or imports
+    TensorFlow; `stage_run` checks again when it opens the run.
+    """
+    if cfg.tracking.enabled and is_chief():
+        ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
+
+
+def use_uri(uri: str):
+    """Point MLflow at `uri` (the only place that does) and return the module."""
+    global _uri_set_here
+    mlflow = import_mlflow()
+    mlflow.set_tracking_uri(uri)
+    _uri_set_here = uri
+    db = Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
+    if db is not None and db.parent.is_dir():
+        from filelock import FileLock
+
+        # The first process to touch a fresh SQLite store creates it by running the
+        # schema migrations; processes racing on that crash ("Online migration
+        # expected to match one row"). One at a time; the store is then cached.
+        with FileLock(f"{db}-lock"):
+            mlflow.MlflowClient()
+    return mlflow
+
+
+def import_mlflow():
+    """The mlflow module, with its own HTTP retries bounded (see retry.py)."""
+    # MLflow's default is 7 retries and minutes of backoff: bounded here so our
+    # retry/outbox logic decides; a user's explicit setting still wins.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    import mlflow
+
+    return mlflow
+
+
+def client():
+    """An MlflowClient of the store `use_uri` chose."""
+    return import_mlflow().MlflowClient()
