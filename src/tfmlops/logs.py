@@ -49,6 +49,9 @@ def setup(verbosity: int = NORMAL) -> None:
     logger.setLevel(LEVELS[max(QUIET, min(VERBOSE, verbosity))])
     # The CLI owns the process: a root handler added by some library must not print twice.
     logger.propagate = False
+    if verbosity <= QUIET:
+        # MLflow configures its own logger when imported (after this), from this variable.
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if verbosity >= VERBOSE:
         return
     # oneDNN notices (INFO) and "failed call to cuInit ... (303)" (an ERROR record) on GPU-less

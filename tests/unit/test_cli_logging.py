@@ -16,7 +16,8 @@ TF_NOISE = ("oneDNN", "cuInit", "rebuild TensorFlow with the appropriate compile
 
 def cli_env() -> dict[str, str]:
     """The user's environment, without the TF_CPP_MIN_LOG_LEVEL the test session exports."""
-    return {k: v for k, v in child_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return {k: v for k, v in child_env().items()
+            if k not in ("TF_CPP_MIN_LOG_LEVEL", "MLFLOW_LOGGING_LEVEL")}
 
 
 @pytest.fixture
@@ -62,10 +63,10 @@ def test_quiet_and_verbose_together_are_refused(workdir):
     assert proc.returncode == 2 and "not allowed with" in proc.stderr
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ([], "3"), (["-q"], "3"), (["-v"], None),
+@pytest.mark.parametrize("flags, expected, mlflow_level", [
+    ([], "3", None), (["-q"], "3", "WARNING"), (["-v"], None, None),
 ])
-def test_tensorflow_log_level_is_set_unless_verbose(flags, expected):
+def test_tensorflow_log_level_is_set_unless_verbose(flags, expected, mlflow_level):
     """Checked in a fresh interpreter: setup() edits os.environ and global loggers."""
     code = (
         "import logging, os, sys\n"
@@ -73,12 +74,12 @@ def test_tensorflow_log_level_is_set_unless_verbose(flags, expected):
         "from tfmlops.cli import build_parser\n"
         f"logs.setup(build_parser().parse_args({flags!r} + ['check']).verbosity)\n"
         "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), logging.getLogger('absl').level,\n"
-        "      logging.getLogger('tfmlops').level)\n"
+        "      logging.getLogger('tfmlops').level, os.environ.get('MLFLOW_LOGGING_LEVEL'))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
                           text=True, timeout=60, check=True)
-    level, absl, ours = proc.stdout.split()
-    assert level == str(expected)
+    level, absl, ours, mlflow = proc.stdout.split()
+    assert level == str(expected) and mlflow == str(mlflow_level)
     assert int(absl) == (0 if flags == ["-v"] else 40)  # NOTSET: absl left alone under -v
     assert int(ours) == {"-q": 30, "-v": 10}.get(flags[0] if flags else "", 20)
 
@@ -104,8 +105,10 @@ def test_a_library_user_sees_the_messages_once_they_configure_logging(workdir, c
 
 @pytest.mark.timeout(300)
 def test_stages_print_one_line_each_and_no_tensorflow_noise(workdir):
-    """materialize's one line on stderr, its JSON on stdout; prepare (which loads
-    TensorFlow) without the oneDNN and cuInit notices."""
+    """materialize's one line on stderr (none under -q), its JSON on stdout; prepare
+    (which loads TensorFlow) without the oneDNN and cuInit notices."""
+    quiet = tfmlops("-q", "materialize", cwd=workdir)
+    assert quiet.stderr == "" and json.loads(quiet.stdout)["images"] == 1797
     proc = tfmlops("materialize", cwd=workdir)
     (line,) = proc.stderr.splitlines()
     assert line.startswith("materialize: 1797 digits images in 10 classes -> ")
