@@ -2,7 +2,8 @@
 
 TensorFlow and MLflow are imported only inside the stage that needs them, so
 `--help` answers at once. A user error (bad params, bad data, tracking away)
-prints one line and exits 2.
+prints one line and exits 2. Messages go to stderr through the `tfmlops`
+logger (`-q`, `-v`); stdout carries only the command's JSON result.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 
+from tfmlops import logs
 from tfmlops.errors import UserError
+
+log = logging.getLogger(__name__)
 
 STAGES = {
     "materialize": "write the built-in dataset (digits or synthetic) as class folders",
@@ -36,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Stages normally run through `dvc repro`; each can also run alone.",
     )
     parser.add_argument("--params", default="params.yaml", help="params file (default: %(default)s)")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_const", dest="verbosity",
+                      const=logs.QUIET, default=logs.NORMAL,
+                      help="warnings and errors only")
+    loud.add_argument("-v", "--verbose", action="store_const", dest="verbosity",
+                      const=logs.VERBOSE,
+                      help="debug messages, and TensorFlow's own logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text in STAGES.items():
         p = sub.add_parser(name, help=text, description=text)
@@ -55,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide CUDA probing noise on CPUs
+    logs.setup(args.verbosity)  # before any stage imports TensorFlow
     if args.command in LEGACY_KERAS_STAGES:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
     try:
@@ -63,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_config(args.params)
         if args.command == "check":
-            print(f"{args.params}: ok")
+            log.info("%s: ok", args.params)
             return 0
         if args.command == "sync":
             from tfmlops.tracking import sync
@@ -76,9 +88,12 @@ def main(argv: list[str] | None = None) -> int:
                 kwargs = {"rollback": args.rollback, "version": args.version, "force": args.force}
             result = module.run(cfg, **kwargs)
     except UserError as exc:
-        print(f"tfmlops {args.command}: error: {exc}", file=sys.stderr)
+        log.error("tfmlops %s: error: %s", args.command, exc)
         return exc.exit_code
     if isinstance(result, dict) and result.get("exit_code"):
         return int(result["exit_code"])
-    print(json.dumps(result, default=str, sort_keys=True) if result is not None else "")
+    # The result is the command's output, not a log record: on stdout whatever
+    # -q/-v say, so `tfmlops train | jq` and tests parse its last line.
+    out = json.dumps(result, default=str, sort_keys=True) if result is not None else ""
+    sys.stdout.write(out + "\n")
     return 0

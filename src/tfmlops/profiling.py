@@ -7,11 +7,14 @@ and its profile plugin read; the stage's run logs the folder as artifacts.
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from tfmlops.config import Config
+
+log = logging.getLogger(__name__)
 
 
 def profile_dir(cfg: Config, stage: str) -> Path:
@@ -44,11 +47,13 @@ def trace(cfg: Config, stage: str) -> Iterator[Path | None]:
     import tensorflow as tf
 
     folder = fresh_profile_dir(cfg, stage)
+    log.debug("%s: profiling into %s", stage, folder)
     tf.profiler.experimental.start(str(folder))
     try:
         yield folder
     finally:
         tf.profiler.experimental.stop()
+        log.debug("%s: profile written: %d trace file(s)", stage, len(trace_files(folder)))
 
 
 def trace_files(folder: str | Path) -> list[Path]:

@@ -150,7 +150,7 @@ def test_mlflow_run_entry_point(tmp_path):
                            "--env-manager", "local", "--experiment-name", "tfmlops"],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "params.yaml: ok" in proc.stdout
+    assert "params.yaml: ok" in proc.stderr  # the CLI's messages go to stderr
     assert "succeeded" in proc.stderr
 
 

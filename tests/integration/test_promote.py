@@ -108,7 +108,7 @@ def test_refusal_exits_0_unless_the_pipeline_must_fail(store, tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     proc = run_cli("promote", cwd=tmp_path)
-    assert f"refused version {worse}" in proc.stdout and "short by" in proc.stdout
+    assert f"refused version {worse}" in proc.stderr and "short by" in proc.stderr
     assert registry.aliases() == {"candidate": worse}
 
     params["promote"]["fail_pipeline"] = True

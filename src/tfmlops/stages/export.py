@@ -17,6 +17,7 @@ Reports: `reports/export.json` (metrics) and `reports/export_formats.csv`
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,8 @@ from tfmlops import registry, tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
+
+log = logging.getLogger(__name__)
 
 STAGE = "export"
 REGISTERED_FILE = "registered.json"
@@ -83,7 +86,7 @@ def run(cfg: Config) -> dict:
         write_json(reports / "export.json", metrics)
         run.log_artifact(reports / FORMATS_CSV, "reports")
         swap_in(out, cfg.paths.export)
-    _print_table(rows, serving, registered)
+    log.info("%s", format_table(rows, serving, registered))
     return metrics
 
 
@@ -146,7 +149,8 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
 
     name = cfg.promote.registered_model
     if not run.active:
-        print("export: tracking is off: the model is not registered (promote needs the registry)")
+        log.warning("export: tracking is off: the model is not registered "
+                    "(promote needs the registry)")
         return {"name": name, "version": None, "run_id": None, "model_uri": None}
     run.log_artifact(out / "model_card.md")
     for fmt in ("saved_model", "model.onnx", "model.tflite"):
@@ -158,7 +162,7 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
                         "; fix the tracking store and run export again")
     version = registry.Registry(cfg, name).register(
         uri, version_tags(rows, parities, serving, lineage), card)
-    print(f"export: registered {name} version {version}")
+    log.info("export: registered %s version %s", name, version)
     return {"name": name, "version": version, "run_id": run.run_id, "model_uri": uri}
 
 
@@ -223,8 +227,10 @@ def _rel_to(root: Path, path: str) -> str:
     return str(p)
 
 
-def _print_table(rows, serving, registered) -> None:
-    print(f"{'format':<20}{'accuracy':>10}{'bytes':>12}{'p50 ms':>10}")
-    for r in rows:
-        print(f"{r['format']:<20}{r['accuracy']:>10.4f}{r['bytes']:>12,}{r['p50_ms']:>10.3f}")
-    print(f"export: serving {serving['runtime']}; registered version {registered['version']}")
+def format_table(rows, serving, registered) -> str:
+    """One message: the summary line, then every format's row under a header (aligned)."""
+    lines = [f"export: serving {serving['runtime']}; registered version {registered['version']}",
+             f"  {'format':<20}{'accuracy':>10}{'bytes':>12}{'p50 ms':>10}"]
+    lines += [f"  {r['format']:<20}{r['accuracy']:>10.4f}{r['bytes']:>12,}{r['p50_ms']:>10.3f}"
+              for r in rows]
+    return "\n".join(lines)

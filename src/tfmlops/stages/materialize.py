@@ -6,12 +6,16 @@ The built-in data goes through exactly the path a user's own images take:
 
 from __future__ import annotations
 
+import logging
+
 from tfmlops.config import Config
 from tfmlops.data.builtin import materialize
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict[str, int]:
     counts = materialize(cfg)
-    print(f"materialize: {counts['images']} {cfg.data.builtin} images in {counts['classes']} "
-          f"classes -> {cfg.paths.builtin}")
+    log.info("materialize: %d %s images in %d classes -> %s", counts["images"], cfg.data.builtin,
+             counts["classes"], cfg.paths.builtin)
     return counts

@@ -18,6 +18,7 @@ run (decision.json) and to the candidate version's tags.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from tfmlops import tracking
 from tfmlops.config import Config, GateConfig
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.files import write_json
+
+log = logging.getLogger(__name__)
 
 STAGE = "promote"
 REGISTERED_FILE = "registered.json"  # written by export
@@ -159,7 +162,7 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
         run.log_metrics({"promoted": int(decision["promoted"]),
                          **{f"gate.{c['name']}": c["value"] for c in decision["checks"]}})
     write_json(Path(cfg.paths.reports) / "promote.json", decision)
-    print(f"promote: {decision['summary']}")
+    log.info("promote: %s", decision["summary"])
     if decision["outcome"] == "refused" and cfg.promote.fail_pipeline:
         raise DataError(f"{decision['summary']} (promote.fail_pipeline is true)")
     return {"outcome": decision["outcome"], "promoted": decision["promoted"],

@@ -17,6 +17,7 @@ sizes) and `reports/prune_sparsity.csv` (one row per weighted layer).
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from dataclasses import asdict
@@ -29,6 +30,8 @@ from tfmlops.compress.schedule import pruning_steps
 from tfmlops.config import Config
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json
 from tfmlops.model.artifacts import MODEL_FILE
+
+log = logging.getLogger(__name__)
 
 STAGE = "prune"
 BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statistics
@@ -58,9 +61,9 @@ def run(cfg: Config) -> dict:
         run.log_artifact(sparsity_csv, "reports")
         run.log_artifact(final / MODEL_FILE, "model")
     write_json(Path(cfg.paths.reports) / "prune.json", metrics)
-    print(f"prune: sparsity {metrics['sparsity']:.3f} (target {cfg.prune.final_sparsity}), "
-          f"test accuracy {metrics['test_accuracy']:.4f} (trained "
-          f"{metrics['trained_test_accuracy']:.4f}), gzip {metrics['gzip_ratio']:.2f}x smaller")
+    log.info("prune: sparsity %.3f (target %s), test accuracy %.4f (trained %.4f), "
+             "gzip %.2fx smaller", metrics["sparsity"], cfg.prune.final_sparsity,
+             metrics["test_accuracy"], metrics["trained_test_accuracy"], metrics["gzip_ratio"])
     return metrics
 
 

@@ -22,6 +22,7 @@ Outputs: `paths.tflite/<source>_<variant>.tflite`, `edge.json`,
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json
 from tfmlops.model.artifacts import trained_model_path
+
+log = logging.getLogger(__name__)
 
 STAGE = "quantize"
 
@@ -74,8 +77,8 @@ def run(cfg: Config) -> dict:
         if cfg.quantize.qat and profiling.trace_files(profiling.profile_dir(cfg, STAGE)):
             run.log_artifact(profiling.profile_dir(cfg, STAGE), "profile")  # QAT fine-tune
     write_json(Path(cfg.paths.reports) / "quantize.json", metrics)
-    print(f"quantize: {len(rows)} variants; edge {edge['variant']} ({edge['bytes']} bytes, "
-          f"accuracy {edge['accuracy']:.4f} vs Keras {edge['reference_accuracy']:.4f})")
+    log.info("quantize: %d variants; edge %s (%s bytes, accuracy %.4f vs Keras %.4f)", len(rows),
+             edge["variant"], edge["bytes"], edge["accuracy"], edge["reference_accuracy"])
     return metrics
 
 
