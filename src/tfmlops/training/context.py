@@ -52,13 +52,13 @@ class TrainContext:
     run: Any = None  # tracking.StageRun, once open
 
 
-def backup_fingerprint(merged: Config, **extra) -> dict:
+def backup_fingerprint(merged: Config) -> dict:
     """What a backup was made with; a backup with another fingerprint is not resumed."""
     # pipeline.autotune changes speed, not batches: a backup made either way resumes
     same = dataclasses.replace(merged, pipeline=dataclasses.replace(merged.pipeline,
                                                                     autotune=False))
     return {"params": same.digest("seed", "data", "pipeline", "model", "train"),
-            "data": tracking.data_version(merged), **extra}
+            "data": tracking.data_version(merged)}
 
 
 def worker_folders(cfg: Config, merged: Config, chief: bool, scratch: list[Path]) -> Folders:
