@@ -56,7 +56,7 @@ def throughput(epochs: int = 6) -> dict:
     import keras
 
     from tfmlops.data import pipeline
-    from tfmlops.stages.train import compiled_model
+    from tfmlops.training.fit import compiled_model
 
     cfg, _ = prepared_digits()
     prepared = pipeline.load_prepared(cfg)

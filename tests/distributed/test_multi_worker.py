@@ -124,7 +124,7 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
 
 @pytest.mark.timeout(360)
 def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tmp_path):
-    from tfmlops.model.multi_worker import finished_epochs
+    from tfmlops.training.multi_worker import finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, tracking={"enabled": False})

@@ -153,7 +153,7 @@ def test_two_runs_with_the_same_params_give_bit_identical_weights(
 
 
 def test_classification_report_counts_per_class():
-    from tfmlops.stages.train import classification_report
+    from tfmlops.training.evaluate import classification_report
 
     report = classification_report([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], ["a", "b", "c"])
     assert report["confusion_matrix"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]

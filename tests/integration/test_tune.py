@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from conftest import mlflow_client, run_cli, stage_runs, tiny_params
-from tfmlops.model import final_round, hparams, search_space
+from tfmlops.model import hparams, search_space
+from tfmlops.tuning import final_round
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
 TINY_SPACE = {

@@ -107,7 +107,7 @@ def test_architectures_that_cannot_be_built_fail_up_front(space, image_size, key
 
 def oracle_for(cfg: Config, folder) -> object:
     """tune's oracle for `cfg`, its space declared, its state kept in `folder`."""
-    from tfmlops.stages.tune import make_oracle
+    from tfmlops.tuning.oracles import make_oracle
 
     oracle = make_oracle(cfg)
     oracle._set_project_dir(str(folder.parent), folder.name)
@@ -141,7 +141,7 @@ def test_same_seed_same_trials(tmp_path, tuner):
 
 
 def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
-    from tfmlops.stages.tune import search_key
+    from tfmlops.tuning.search import search_key
 
     cfg = Config()
 

@@ -8,8 +8,8 @@ import pytest
 
 from tfmlops.config import config_from_dict
 from tfmlops.model import search_space
-from tfmlops.model.final_round import FinalEntry, finalists, pick_winner
-from tfmlops.stages.tune import TrialRecord
+from tfmlops.tuning.final_round import FinalEntry, finalists, pick_winner
+from tfmlops.tuning.records import TrialRecord
 
 CFG = config_from_dict({"tune": {"space": {"batch_size": [32, 64]}}})
 

@@ -9,7 +9,7 @@ from the shared builder, so after training the chief rebuilds it in Keras 3,
 copies the weights and saves `paths.train/model.keras` exactly as the
 single-worker path does: every later stage is unchanged.
 
-What differs from stages/train.py, and why:
+What differs from the single-worker path (training/fit.py), and why:
 - every worker passes the same `paths.backup` to tf_keras' BackupAndRestore
   and ModelCheckpoint; the chief writes there (`chief/` TF checkpoints,
   `best.weights.h5`), each other worker writes to its own
@@ -23,11 +23,12 @@ What differs from stages/train.py, and why:
   chief evaluates, predicts and saves with the Keras 3 twin;
 - `train.optimizer.name: lamb` is refused (tf_keras has no Lamb) and
   `train.jit_compile: auto` means tf_keras' default (no XLA).
-The reports, plots, metrics and MLflow logging are train.py's own helpers.
+The reports, plots, metrics and MLflow logging are training/reports.py's, as on one worker.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -38,8 +39,20 @@ from pathlib import Path
 from tfmlops import profiling, tracking
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError
-from tfmlops.files import staging_dir, swap_in, write_csv, write_json
-from tfmlops.model.artifacts import MODEL_FILE, write_resolved
+from tfmlops.files import staging_dir, write_json
+from tfmlops.model.artifacts import MODEL_FILE
+from tfmlops.training import reports
+from tfmlops.training.context import STAGE, Folders, TrainContext
+from tfmlops.training.fit import (
+    best_val_loss,
+    checked_global_batch,
+    compiled_model,
+    datasets,
+    loss_scaling,
+    op_determinism,
+)
+
+log = logging.getLogger(__name__)
 
 CHIEF_CHECKPOINTS = "chief"  # tf_keras' BackupAndRestore keeps the chief's state here
 EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"  # 0-based index of the last epoch
@@ -58,18 +71,17 @@ def run(cfg: Config, merged: Config, changes: list, prepared, started: float) ->
     import tensorflow as tf
 
     from tfmlops.model import strategy as dist
-    from tfmlops.stages import train as stage
 
     # Before any other TensorFlow op: collective ops are configured at startup.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     placement = dist.describe(strategy, "multi_worker")
-    global_batch = stage.checked_global_batch(merged, placement, prepared)
-    chief = tracking.is_chief()
-    scratch = None if chief else Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))
+    ctx = TrainContext(cfg, merged, changes, prepared, strategy, placement,
+                       checked_global_batch(merged, placement, prepared),
+                       chief=tracking.is_chief(), started=started)
+    scratch = None if ctx.chief else Path(tempfile.mkdtemp(prefix="tfmlops-train-worker-"))
     try:
-        with stage.op_determinism(merged.pipeline.deterministic):
-            return _train(cfg, merged, changes, prepared, strategy, placement, global_batch,
-                          scratch, started)
+        with op_determinism(merged.pipeline.deterministic):
+            return _train(ctx, scratch)
     finally:
         if scratch is not None:  # a non-chief worker's history, outputs and traces
             shutil.rmtree(scratch, ignore_errors=True)
@@ -88,73 +100,55 @@ def finished_epochs(backup_dir: str | Path) -> int:
         return 0
 
 
-def _train(cfg, merged, changes, prepared, strategy, placement, global_batch, scratch,
-           started) -> dict:
+def _folders(ctx: TrainContext, scratch: Path | None) -> Folders:
+    """Every worker passes paths.backup to tf_keras (it redirects non-chief writes);
+    history, outputs and traces of a non-chief worker go to its scratch folder."""
+    backup_dir = Path(ctx.cfg.paths.backup)
+    if scratch is None:
+        _adopt_backup(backup_dir, ctx.merged)
+        return Folders(staging_dir(ctx.cfg.paths.train), backup_dir,
+                       profiling.fresh_profile_dir(ctx.cfg, STAGE), backup_dir)
+    out_dir, history_dir, profile_dir = (scratch / n for n in ("out", "history", "tb"))
+    out_dir.mkdir(parents=True)
+    history_dir.mkdir()
+    return Folders(out_dir, backup_dir, profile_dir, history_dir)
+
+
+def _train(ctx: TrainContext, scratch: Path | None) -> dict:
     import keras
     import tf_keras
 
     from tfmlops.model import callbacks as cb
     from tfmlops.model import precision
-    from tfmlops.stages import train as stage
 
+    merged, placement = ctx.merged, ctx.placement
     tf_keras.utils.set_random_seed(merged.seed)
-    policy = precision.resolve_precision(merged.train.precision, precision.gpu_capabilities())
-    backup_dir = Path(cfg.paths.backup)  # every worker: tf_keras redirects non-chief writes
-    if scratch is None:
-        _adopt_backup(backup_dir, merged)
-        out_dir, history_dir = staging_dir(cfg.paths.train), backup_dir
-        profile_dir = profiling.fresh_profile_dir(cfg, stage.STAGE)
-    else:
-        out_dir, history_dir, profile_dir = (scratch / n for n in ("out", "history", "tb"))
-        out_dir.mkdir(parents=True)
-        history_dir.mkdir()
-    done = finished_epochs(backup_dir)
-    rows = [r for r in cb.history_rows(history_dir) if r["epoch"] <= done]
-    task = f"{strategy.cluster_resolver.task_type}:{strategy.cluster_resolver.task_id}"
-    if done and scratch is None:
-        print(f"train: resuming after epoch {done} of {merged.train.epochs} from the backup in "
-              f"{cfg.paths.backup}")
+    ctx.policy = precision.resolve_precision(merged.train.precision, precision.gpu_capabilities())
+    ctx.folders = _folders(ctx, scratch)
+    ctx.done = finished_epochs(ctx.folders.backup)
+    ctx.rows = [r for r in cb.history_rows(ctx.folders.history) if r["epoch"] <= ctx.done]
+    resolver = ctx.strategy.cluster_resolver
+    task = f"{resolver.task_type}:{resolver.task_id}"
+    if ctx.done and scratch is None:
+        log.info(f"train: resuming after epoch {ctx.done} of {merged.train.epochs} from the "
+                 f"backup in {ctx.cfg.paths.backup}")
 
-    upstream = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned}
-    with tracking.stage_run(cfg, stage.STAGE, out_dir, upstream=upstream,
-                            params=stage._params(merged)) as run:
-        stage._log_setup(run, merged, changes, placement, global_batch, policy, done)
-        for row in rows:  # the killed run's epochs, so this run holds the whole curve
-            run.log_metrics(cb.metrics_of(row), step=row["epoch"])
-        with precision.global_policy(policy, tf_keras):
-            model, recorder, fit_seconds = _fit(cfg, merged, prepared, strategy, policy,
-                                                global_batch, backup_dir, history_dir,
-                                                profile_dir, run, rows, task)
+    with reports.open_run(ctx):
+        with precision.global_policy(ctx.policy, tf_keras):
+            model, recorder, fit_seconds = _fit(ctx, task)
             # Reading SyncOnRead variables (BatchNorm statistics) all-reduces: every worker.
             weights = model.get_weights()
         if scratch is not None:  # no collective op is left: the chief finishes alone
             return {"task": task, "epochs_run_now": len(recorder.rows)}
 
-        with precision.global_policy(policy, keras):
-            model = _keras3_twin(weights, merged, prepared, backup_dir / cb.BEST_WEIGHTS,
-                                 math.ceil(prepared.counts["train"] / global_batch))
-        test, x_test, y_test, predicted = stage.evaluate_test(model, merged, prepared, global_batch)
-        model.save(out_dir / MODEL_FILE)
-        write_resolved(merged, out_dir)
-        write_json(out_dir / "tune_merge.json", changes)
-        # The model is now in paths.train: nothing after this line can lose it.
-        final = swap_in(out_dir, cfg.paths.train)
-
-        report = stage.classification_report(y_test, predicted, prepared.classes)
-        write_json(final / "classification_report.json", report)
-        metrics = stage._metrics(recorder.rows, test, report, placement, global_batch, done,
-                                 wall_seconds=time.perf_counter() - started,
-                                 fit_seconds=fit_seconds,
-                                 profile=profiling.trace_summary(profile_dir))
-        reports = Path(cfg.paths.reports)
-        write_csv(reports / "train_history.csv", recorder.rows, cb.HISTORY_COLUMNS)
-        write_json(reports / "train.json", metrics)
-        cb.clear(backup_dir)
-        stage._plot(final, recorder.rows, report, prepared.classes)
-        stage._log_results(run, model, metrics, final, reports, profile_dir, x_test[:2])
-    print(f"train: test accuracy {metrics['test_accuracy']:.4f} after {metrics['epochs_run']} "
-          f"epochs on {placement['workers']} workers ({metrics['wall_seconds']:.0f} s, "
-          f"{metrics['images_per_s']:.0f} images/s) -> {final / MODEL_FILE}")
+        with precision.global_policy(ctx.policy, keras):
+            model = _keras3_twin(weights, merged, ctx.prepared, ctx.folders.backup / cb.BEST_WEIGHTS,
+                                 math.ceil(ctx.prepared.counts["train"] / ctx.global_batch))
+        evaluation = reports.evaluate_and_save(ctx, model)
+        metrics, final = reports.finish(ctx, model, evaluation, recorder.rows, fit_seconds)
+    log.info(f"train: test accuracy {metrics['test_accuracy']:.4f} after {metrics['epochs_run']} "
+             f"epochs on {placement['workers']} workers ({metrics['wall_seconds']:.0f} s, "
+             f"{metrics['images_per_s']:.0f} images/s) -> {final / MODEL_FILE}")
     return metrics
 
 
@@ -168,41 +162,34 @@ def _adopt_backup(backup_dir: Path, merged: Config) -> None:
     if had_backup and cb.matches(backup_dir, fingerprint):
         return
     if had_backup:
-        print(f"train: discarded the backup in {backup_dir}: made with other params or data")
+        log.info(f"train: discarded the backup in {backup_dir}: made with other params or data")
     cb.clear(backup_dir)
     write_json(backup_dir / cb.FINGERPRINT_FILE, fingerprint)
 
 
-def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, history_dir,
-         profile_dir, run, rows, task):
+def _fit(ctx: TrainContext, task: str):
     """Build and compile with tf_keras in the strategy's scope, then fit; (model, recorder, s)."""
     import tf_keras
 
-    from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
-    from tfmlops.stages.train import compiled_model, datasets
 
+    merged, prepared, folders = ctx.merged, ctx.prepared, ctx.folders
     # the same batches, build and compile as single-machine train, in tf_keras
-    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, global_batch)
+    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, ctx.global_batch)
     shard_policy = _shard_policy(train_ds)
-    print(f"train: {task} of {_cluster_tasks()} workers, {strategy.num_replicas_in_sync} "
-          f"replicas, global batch {global_batch}, auto-shard {shard_policy}")
+    log.info(f"train: {task} of {_cluster_tasks()} workers, {ctx.strategy.num_replicas_in_sync} "
+             f"replicas, global batch {ctx.global_batch}, auto-shard {shard_policy}")
 
-    with strategy.scope():
-        model = compiled_model(merged, prepared, tf_keras,
-                                steps_per_epoch * merged.train.epochs)
-    scaled = precision.uses_loss_scaling(model, tf_keras)
-    if policy == "mixed_float16" and not scaled:
-        raise RuntimeError("mixed_float16 without a LossScaleOptimizer: float16 gradients "
-                           "would underflow")
-    run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
-                                 "loss_scaling": scaled, "auto_shard_policy": shard_policy}})
+    with ctx.strategy.scope():
+        model = compiled_model(merged, prepared, tf_keras, steps_per_epoch * merged.train.epochs)
+    scaled = loss_scaling(model, ctx.policy, tf_keras)
+    ctx.run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
+                                     "loss_scaling": scaled, "auto_shard_policy": shard_policy}})
 
-    recorder = _tf_keras_recorder(history_dir, prepared.counts["train"], run, rows)
-    val_losses = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
-    callbacks = _callbacks(merged, backup_dir, profile_dir, recorder,
-                           profiling.keras_profile_batch(cfg, steps_per_epoch),
-                           min(val_losses) if val_losses else None)
+    recorder = _tf_keras_recorder(folders.history, prepared.counts["train"], ctx.run, ctx.rows)
+    callbacks = _callbacks(merged, folders.backup, folders.profile, recorder,
+                           profiling.keras_profile_batch(ctx.cfg, steps_per_epoch),
+                           best_val_loss(ctx.rows))
     started = time.perf_counter()
     model.fit(train_ds, validation_data=val_ds, epochs=merged.train.epochs,
               callbacks=callbacks, verbose=keras_verbose() if tracking.is_chief() else 0,
@@ -212,7 +199,7 @@ def _fit(cfg, merged, prepared, strategy, policy, global_batch, backup_dir, hist
 
 def _callbacks(merged, backup_dir: Path, profile_dir: Path, recorder, profile_batch,
                best_so_far) -> list:
-    """train.py's callback list and order, in tf_keras (see model/callbacks.py)."""
+    """The single-worker callback list and order, in tf_keras (see model/callbacks.py)."""
     import tf_keras
 
     from tfmlops.model import callbacks as cb
@@ -285,13 +272,12 @@ def _keras3_twin(weights: list, merged: Config, prepared, best_weights: Path,
     import tf_keras
 
     from tfmlops.model.builder import build_model
-    from tfmlops.stages import train as stage
 
     local = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes)
     local.set_weights(weights)
     if best_weights.is_file():  # the final model is the epoch with the lowest val_loss
         local.load_weights(best_weights)
-    twin = stage.compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+    twin = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
     twin.set_weights(local.get_weights())
     # Built (zero slots), so loading the saved file finds the optimizer variables it expects.
     twin.optimizer.build(twin.trainable_variables)

@@ -11,17 +11,18 @@ nested MLflow run `final-<name>`.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.model import hparams, search_space
+from tfmlops.tuning.records import TrialRecord, last_line
 
-if TYPE_CHECKING:
-    from tfmlops.stages.tune import TrialRecord
+log = logging.getLogger(__name__)
 
 FILE = "final_round.csv"  # beside best_hparams.yaml
 COLUMNS = ("candidate", "trial", "score", "val_loss", "epochs", "best_epoch", "seconds", "error")
@@ -64,8 +65,8 @@ def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
                    t.trial_id)
         for t in finalists(cfg, trials, best, n)
     ]
-    print(f"tune: final round: {', '.join(e.name for e in entries)} at train's "
-          f"{cfg.train.epochs} epochs")
+    log.info(f"tune: final round: {', '.join(e.name for e in entries)} at train's "
+             f"{cfg.train.epochs} epochs")
     for entry in entries:
         child = parent.start_child(f"final-{entry.name}", tags={
             "tfmlops.tune.round": "final", "tfmlops.tune.candidate": entry.name})
@@ -80,7 +81,7 @@ def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
             entry.val_loss = float(history["val_loss"][kept])
             entry.epochs, entry.best_epoch = len(history["val_loss"]), kept
         except Exception as exc:  # noqa: BLE001 - a finalist that fails is recorded, not fatal
-            entry.error = _last_line(f"{type(exc).__name__}: {exc}")
+            entry.error = last_line(f"{type(exc).__name__}: {exc}")
         entry.seconds = round(time.perf_counter() - started, 2)
         if entry.error is None and math.isfinite(entry.score):
             child.log_metrics({"score": entry.score, "best_epoch": entry.best_epoch,
@@ -100,15 +101,15 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
     from tfmlops.model import callbacks as cb
     from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
-    from tfmlops.stages import train
+    from tfmlops.training import fit
 
     t = merged.train
     policy = precision.resolve_precision(t.precision, precision.gpu_capabilities())
-    with train.op_determinism(merged.pipeline.deterministic):
+    with fit.op_determinism(merged.pipeline.deterministic):
         keras.utils.set_random_seed(merged.seed)
         with precision.global_policy(policy, keras):
-            train_ds, val_ds, steps = train.datasets(merged, prepared, t.batch_size)
-            model = train.compiled_model(merged, prepared, keras, steps * t.epochs)
+            train_ds, val_ds, steps = fit.datasets(merged, prepared, t.batch_size)
+            model = fit.compiled_model(merged, prepared, keras, steps * t.epochs)
             if max_params and model.count_params() > max_params:  # as the search fails it
                 raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
                                  f"than tune.max_model_params {max_params}")
@@ -191,7 +192,3 @@ def _log_epochs(keras, child: tracking.StageRun):
 
     return LogEpochs()
 
-
-def _last_line(message: str) -> str:
-    lines = [line for line in str(message).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else "")[:500]

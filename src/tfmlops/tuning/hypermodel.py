@@ -1,0 +1,102 @@
+"""The keras-tuner hypermodel: a trial's model from the shared builder, trained on the
+project's tf.data pipeline. Imports Keras and keras-tuner: import this module lazily."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from pathlib import Path
+
+import keras
+import keras_tuner as kt
+
+from tfmlops import profiling
+from tfmlops.config import Config
+from tfmlops.data import pipeline
+from tfmlops.model import search_space
+from tfmlops.model.builder import build_model
+from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
+
+STAGE = "tune"  # the profile folder's name
+
+
+class StopAtDeadline(keras.callbacks.Callback):
+    """Ends a trial at the first epoch end past the search's wall-clock budget."""
+
+    def __init__(self, deadline: float):
+        super().__init__()
+        self.deadline = deadline
+
+    def on_epoch_end(self, epoch, logs=None):
+        if time.monotonic() > self.deadline:
+            self.model.stop_training = True
+
+
+class TrialModel(kt.HyperModel):
+    """Builds a trial's model from its values with the shared builder; trains it
+    on the project's pipeline with the trial's batch size, optimizer and schedule."""
+
+    def __init__(self, cfg: Config, prepared, deadline: float):
+        super().__init__(name="tfmlops")
+        self.cfg, self.prepared, self.deadline = cfg, prepared, deadline
+        self._datasets: dict[int, tuple] = {}
+        self.profiled_dir: Path | None = None
+
+    def declare_hyperparameters(self, hp):
+        search_space.declare(hp, self.cfg.tune.space)
+
+    def build(self, hp):
+        trial_cfg = search_space.config_from_values(
+            self.cfg, search_space.declare(hp, self.cfg.tune.space))
+        keras.utils.set_random_seed(self.cfg.seed)  # same values, same initial weights
+        return build_model(trial_cfg.model, keras, self.prepared.input_shape,
+                           self.prepared.num_classes)
+
+    def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), verbose=2,
+            **kwargs):
+        trial_cfg = search_space.config_from_values(
+            self.cfg, search_space.declare(hp, self.cfg.tune.space))
+        t = trial_cfg.train
+        train_ds, val_ds = self._data(t.batch_size)
+        steps = math.ceil(self.prepared.counts["train"] / t.batch_size)
+        # The schedule spans the epochs this fit runs (a hyperband round that
+        # continues an earlier trial starts a fresh optimizer too).
+        lr = make_schedule(t.schedule, t.optimizer.learning_rate,
+                           steps * max(epochs - initial_epoch, 1), keras)
+        model.compile(optimizer=make_optimizer(t.optimizer, lr, keras),
+                      loss=make_loss(t.loss, self.prepared.num_classes, keras),
+                      metrics=["accuracy"])
+        extra = self._callbacks(steps)
+        with warnings.catch_warnings():
+            # tf.data of unknown length: Keras warns at the end of each first epoch
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            return model.fit(train_ds, validation_data=val_ds, epochs=epochs,
+                             initial_epoch=initial_epoch,
+                             callbacks=[*callbacks, *extra],
+                             verbose=verbose, shuffle=False)  # the pipeline shuffles
+
+    def _callbacks(self, steps: int) -> list:
+        """NaN and deadline stops, early stopping, and a profile of the first trial run."""
+        extra = [keras.callbacks.TerminateOnNaN(), StopAtDeadline(self.deadline)]
+        objective = self.cfg.tune.objective
+        patience = self.cfg.tune.early_stopping_patience
+        if patience:
+            extra.append(keras.callbacks.EarlyStopping(
+                monitor=objective, patience=patience,
+                mode="max" if "accuracy" in objective else "min"))
+        if self.cfg.profiling.enabled and self.profiled_dir is None:
+            self.profiled_dir = profiling.fresh_profile_dir(self.cfg, STAGE)
+            extra.append(keras.callbacks.TensorBoard(
+                log_dir=str(self.profiled_dir), write_graph=False, histogram_freq=0,
+                profile_batch=profiling.keras_profile_batch(self.cfg, steps)))
+        return extra
+
+    def _data(self, batch_size: int):
+        if batch_size not in self._datasets:
+            self._datasets[batch_size] = (
+                pipeline.dataset(self.cfg, self.prepared, "train", batch_size=batch_size,
+                                 training=True),
+                pipeline.dataset(self.cfg, self.prepared, "val", batch_size=batch_size),
+            )
+        return self._datasets[batch_size]

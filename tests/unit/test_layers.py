@@ -1,0 +1,150 @@
+"""Layers, one direction: stages/ sits on top; nothing below it imports it, and no
+tfmlops modules import each other in a cycle.
+
+The import graph is read from the source with `ast` (nothing is imported), and
+counts every import statement: module level, inside functions, under
+TYPE_CHECKING. A package's `__init__.py` is its own node (`tfmlops.training`).
+cli.py reaches the stages by `importlib` on purpose: that is the one entry.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tfmlops
+
+SRC = Path(tfmlops.__file__).parent
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """{dotted name: file} of every module of the package at `root`."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """`name` itself if it is a module, else its longest known prefix (`pkg.mod.func`)."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in known:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _imported(node: ast.AST, module: str, is_package: bool, root_name: str) -> list[str]:
+    """Dotted names an import statement loads (`from a import b`: `a.b`, then `a`)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:  # relative: from the module's package, `level` steps up
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        base = ".".join(package[:len(package) - node.level + 1])
+        source = f"{base}.{node.module}" if node.module else base
+    else:
+        source = node.module or ""
+    if source.split(".")[0] != root_name:
+        return []
+    return [f"{source}.{alias.name}" for alias in node.names]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, for the package at `root`."""
+    known = module_names(root)
+    graph = {}
+    for module, path in known.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            for name in _imported(node, module, path.name == "__init__.py", root.name):
+                target = _resolve(name, known)
+                if target is not None and target != module:
+                    targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def upward_imports(graph: dict[str, set[str]], root_name: str = "tfmlops") -> list[str]:
+    """`a -> b` for each module outside stages/ (and the CLI) that imports stages/."""
+    stages = f"{root_name}.stages"
+    entries = {f"{root_name}.cli", f"{root_name}.__main__"}
+
+    def inside(m: str) -> bool:
+        return m == stages or m.startswith(stages + ".")
+
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if inside(b) and not inside(a) and a not in entries)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected component of more than one module."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_nothing_below_the_stages_imports_them():
+    assert upward_imports(import_graph(SRC)) == []
+
+
+def test_no_import_cycles_among_tfmlops_modules():
+    assert cycles(import_graph(SRC)) == []
+
+
+def test_the_graph_sees_function_level_and_relative_imports():
+    graph = import_graph(SRC)
+    assert len(graph) > 40
+    # imported inside `run`, so `tfmlops --help` stays light
+    assert "tfmlops.tuning.tuner" in graph["tfmlops.stages.tune"]
+    assert "tfmlops.training.multi_worker" in graph["tfmlops.stages.train"]
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):
+    """A package built to break both rules: the checks name each violation."""
+    pkg = tmp_path / "tfmlops"
+    for folder in ("", "stages", "core"):
+        (pkg / folder).mkdir(exist_ok=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "stages" / "train.py").write_text("from tfmlops.core import fit\n")
+    (pkg / "core" / "fit.py").write_text(
+        "def f():\n    from tfmlops.stages.train import run\n")  # upward, inside a function
+    (pkg / "core" / "a.py").write_text("from . import b\n")  # relative, a <-> b
+    (pkg / "core" / "b.py").write_text("import tfmlops.core.a\n")
+    (pkg / "cli.py").write_text("from tfmlops.stages import train\n")  # the allowed entry
+    graph = import_graph(pkg)
+    assert upward_imports(graph) == ["tfmlops.core.fit -> tfmlops.stages.train"]
+    assert sorted(map(tuple, cycles(graph))) == [
+        ("tfmlops.core.a", "tfmlops.core.b"),
+        ("tfmlops.core.fit", "tfmlops.stages.train"),
+    ]
