@@ -124,7 +124,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
 
 @pytest.mark.timeout(300)
 def test_two_runs_with_the_same_params_give_bit_identical_weights(
-        digits_workdir, make_cfg, prepared_digits, tmp_path, capsys):
+        digits_workdir, make_cfg, prepared_digits, tmp_path, caplog):
     from tfmlops.model.artifacts import load_keras3, trained_model_path
     from tfmlops.stages import train
 
@@ -141,8 +141,9 @@ def test_two_runs_with_the_same_params_give_bit_identical_weights(
     (stale / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
     (stale / "fingerprint.json").write_text('{"params": "other", "data": "other"}')
 
+    caplog.set_level("INFO", logger="tfmlops")
     train.run(first)
-    assert "discarded the backup" in capsys.readouterr().out
+    assert "discarded the backup" in caplog.text
     train.run(second)
 
     a = load_keras3(trained_model_path(first)).get_weights()
@@ -236,7 +237,7 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_backup(digits_workdir, tmp
     assert not (Path(cfg.paths.reports) / "train.json").exists()
 
     resumed = run_cli("train", cwd=tmp_path)
-    assert f"resuming after epoch {killed_after} of {epochs}" in resumed.stdout
+    assert f"resuming after epoch {killed_after} of {epochs}" in resumed.stderr
     assert [int(r["epoch"]) for r in history(cfg)] == list(range(1, epochs + 1))
     metrics = report(cfg)
     assert metrics["resumed_after_epoch"] == killed_after

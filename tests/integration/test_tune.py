@@ -109,12 +109,13 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_first_trial_is_the_params_own_settings_once(digits_workdir, make_cfg, capsys):
+def test_the_first_trial_is_the_params_own_settings_once(digits_workdir, make_cfg, caplog):
     """Trial 0 runs the params' own settings (the baseline), tagged in MLflow and
     marked in the CSV; a resumed search does not run it again."""
     from tfmlops.stages import tune
 
     space = {**TINY_SPACE, "batch_size": [32, 64]}  # holds the tiny params' batch size
+    caplog.set_level("INFO", logger="tfmlops")
     cfg = digits_workdir(**tune_params(max_trials=2, space=space))
     base = search_space.values_from_config(cfg)
     tune.run(cfg)
@@ -134,7 +135,7 @@ def test_the_first_trial_is_the_params_own_settings_once(digits_workdir, make_cf
     same_as_base = [r["trial"] for r in rows
                     if {k: yaml.safe_load(r[k]) for k in base} == base]
     assert same_as_base == ["0"]
-    out = capsys.readouterr().out
+    out = caplog.text
     assert out.count("trial 0 is the baseline") == 1 and "no baseline" not in out
 
 

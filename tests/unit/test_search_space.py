@@ -232,7 +232,8 @@ def test_baseline_names_the_key_outside_the_space(params, key):
 
 
 @pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
-def test_the_first_trial_is_the_params_own_settings(tmp_path, tuner, capsys):
+def test_the_first_trial_is_the_params_own_settings(tmp_path, tuner, caplog):
+    caplog.set_level("INFO", logger="tfmlops")
     cfg = with_tuner(Config(), tuner)
     base = search_space.values_from_config(cfg)
     oracle = oracle_for(cfg, tmp_path / "s")
@@ -243,19 +244,20 @@ def test_the_first_trial_is_the_params_own_settings(tmp_path, tuner, capsys):
     assert not search_space.is_baseline(second.trial_id, second.hyperparameters.values, base)
     if tuner == "hyperband":  # the first round of the first bracket
         assert first.hyperparameters.values["tuner/round"] == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "baseline" in line]
+    lines = [m for m in caplog.messages if "baseline" in m]
     assert lines == ["tune: trial 0 is the baseline: the params' own settings"]
 
 
 @pytest.mark.parametrize("tuner", ["random", "hyperband"])
-def test_a_value_outside_the_space_skips_the_baseline_with_one_line(tmp_path, tuner, capsys):
+def test_a_value_outside_the_space_skips_the_baseline_with_one_line(tmp_path, tuner, caplog):
+    caplog.set_level("INFO", logger="tfmlops")
     cfg = with_tuner(config_from_dict({"train": {"batch_size": 128}}), tuner)
     oracle = oracle_for(cfg, tmp_path / "s")
     trials = [oracle.create_trial(f"t{i}") for i in range(2)]
     inside = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=64))
     assert all(searched(t.hyperparameters.values) != search_space.values_from_config(inside)
                for t in trials)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "baseline" in line]
+    lines = [m for m in caplog.messages if "baseline" in m]
     assert lines == ["tune: no baseline trial: train.batch_size 128 is outside "
                      "tune.space.batch_size [32, 64]"]
 
