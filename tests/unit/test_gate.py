@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tfmlops.config import GateConfig
+from tfmlops.gate import VersionMetrics, evaluate_gate
 from tfmlops.serving.parity import compare
-from tfmlops.stages.promote import VersionMetrics, evaluate_gate
 
 GATE = GateConfig(min_accuracy=0.9, max_regression=0.01, max_size_bytes=1000,
                   max_latency_ms=5.0, require_parity=True)
