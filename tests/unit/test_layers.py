@@ -148,3 +148,27 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):
         ("tfmlops.core.a", "tfmlops.core.b"),
         ("tfmlops.core.fit", "tfmlops.stages.train"),
     ]
+
+
+def long_functions(root: Path, limit: int) -> list[str]:
+    """`module:function (lines)` of every function longer than `limit` lines."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(root)}:{node.name} ({lines})")
+    return found
+
+
+def test_functions_and_stage_modules_stay_small():
+    assert long_functions(SRC, 80) == []
+    big = {p.name: n for p in (SRC / "stages").glob("*.py")
+           if (n := len(p.read_text().splitlines())) > 250}
+    assert big == {}, "stages/ stays thin: move the work into the cores below it"
+
+
+def test_long_functions_names_a_long_one(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * 81)
+    assert long_functions(tmp_path, 80) == ["m.py:f (82)"]
