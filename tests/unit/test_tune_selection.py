@@ -14,19 +14,37 @@ from tfmlops.tuning.records import TrialRecord
 CFG = config_from_dict({"tune": {"space": {"batch_size": [32, 64]}}})
 
 
-def entry(name, score, val_loss, error=None):
-    return FinalEntry(name, CFG, score=score, val_loss=val_loss, error=error)
+def entry(name, score, val_loss, error=None, val_examples=400):
+    return FinalEntry(name, CFG, score=score, val_loss=val_loss, error=error,
+                      val_examples=val_examples)
 
 
-def test_a_challenger_must_beat_the_params_settings_not_tie_them():
-    params = entry("params", 0.99, 0.05)
+def test_a_challenger_must_beat_the_params_settings_beyond_one_validation_image():
+    params = entry("params", 0.99, 0.05)  # 396 of 400 right
     assert pick_winner(CFG, [params, entry("trial-3", 0.99, 0.05)]) is params
     # the same accuracy with a lower val_loss is a tie on the objective: no change
     assert pick_winner(CFG, [params, entry("trial-3", 0.99, 0.01)]) is params
     assert pick_winner(CFG, [params, entry("trial-4", 0.98, 0.01)]) is params
-    better, same_lower_loss = entry("trial-5", 0.995, 0.09), entry("trial-6", 0.995, 0.02)
+    # one image more right (397/400) is within the noise, even with a lower val_loss
+    assert pick_winner(CFG, [params, entry("trial-5", 0.9925, 0.01)]) is params
+    # two images more right, but a worse val_loss: no evidence either
+    assert pick_winner(CFG, [params, entry("trial-6", 0.995, 0.09)]) is params
+    # two images more right and not worse on val_loss: a real gain
+    better, same_lower_loss = entry("trial-7", 0.995, 0.05), entry("trial-8", 0.995, 0.02)
     assert pick_winner(CFG, [params, better]) is better
     assert pick_winner(CFG, [params, better, same_lower_loss]) is same_lower_loss
+
+
+def test_the_noise_margin_is_one_image_of_the_validation_split():
+    # 0.9964 vs 0.9929 on 281 images is one image: the case a fresh clone got wrong
+    params = entry("params", 279 / 281, 0.030, val_examples=281)
+    one_more = entry("trial-1", 280 / 281, 0.028, val_examples=281)
+    assert pick_winner(CFG, [params, one_more]) is params
+    small_split = [entry("params", 0.90, 0.3, val_examples=20),
+                   entry("trial-2", 0.95, 0.3, val_examples=20)]  # one of 20
+    assert pick_winner(CFG, small_split) is small_split[0]
+    two_of_20 = entry("trial-3", 1.0, 0.2, val_examples=20)
+    assert pick_winner(CFG, [small_split[0], two_of_20]) is two_of_20
 
 
 def test_a_loss_objective_wants_lower():

@@ -41,6 +41,7 @@ class FinalEntry:
     best_epoch: int | None = None
     seconds: float | None = None
     error: str | None = None
+    val_examples: int | None = None  # how many validation images the score counts
 
 
 def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
@@ -60,9 +61,10 @@ def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
     from tfmlops.data import pipeline
 
     prepared = pipeline.load_prepared(cfg)
-    entries = [FinalEntry("params", cfg)] + [
+    n_val = prepared.counts["val"]
+    entries = [FinalEntry("params", cfg, val_examples=n_val)] + [
         FinalEntry(f"trial-{t.trial_id}", search_space.config_from_values(cfg, t.values),
-                   t.trial_id)
+                   t.trial_id, val_examples=n_val)
         for t in finalists(cfg, trials, best, n)
     ]
     log.info(f"tune: final round: {', '.join(e.name for e in entries)} at train's "
@@ -142,11 +144,15 @@ def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
 
 
 def pick_winner(cfg: Config, entries: list[FinalEntry]) -> FinalEntry:
-    """The params' own settings unless a challenger beats them on the objective.
+    """The params' own settings unless a challenger beats them by more than the noise.
 
-    A tie keeps the params' settings: a small validation split moves in coarse
-    steps (one image of 281 is 0.36 points), so an equal score is no evidence
-    for a change. Between challengers, a tie goes to the lower val_loss.
+    A validation split moves accuracy in steps of one image (one of 281 is 0.36
+    points), and a fresh clone's search once won by exactly one image and then
+    scored lower on test. So a challenger replaces the params' settings only when
+    it is better on the objective by more than one validation image's worth (an
+    accuracy-like objective: at least two images more right) AND not worse on
+    val_loss. A loss objective is continuous: lower, and not worse on val_loss.
+    Between challengers, a tie on the objective goes to the lower val_loss.
     """
     sign = 1 if "accuracy" in cfg.tune.objective else -1
     scored = [e for e in entries if e.error is None and e.score is not None
@@ -158,9 +164,19 @@ def pick_winner(cfg: Config, entries: list[FinalEntry]) -> FinalEntry:
     best = max(challengers, key=lambda e: (sign * e.score, -e.val_loss), default=None)
     if champion is None:
         return best
-    if best is not None and sign * best.score > sign * champion.score:
+    if best is not None and beats_beyond_noise(best, champion, sign):
         return best
     return champion
+
+
+def beats_beyond_noise(challenger: FinalEntry, champion: FinalEntry, sign: int) -> bool:
+    """`challenger` is better than `champion` by more than one validation example."""
+    if challenger.val_loss > champion.val_loss:
+        return False
+    gain = sign * (challenger.score - champion.score)
+    if sign < 0 or not challenger.val_examples:  # a loss, or no count: any gain
+        return gain > 0
+    return round(gain * challenger.val_examples) >= 2  # whole images, not float noise
 
 
 def rows(entries: list[FinalEntry]) -> list[dict[str, Any]]:
