@@ -82,7 +82,13 @@ class AugmentConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     shuffle_buffer: int = _f(2048, **_rng(1, 10_000_000))
-    cache: bool = True
+    # Where the decoded split is kept after the first epoch. auto: memory when
+    # the train split's decoded float32 images fit cache_budget_mb, else a file
+    # under paths.cache; memory | disk | off force one. The old true/false
+    # still mean memory/off (YAML reads a bare `off` as false too).
+    cache: Literal["auto", "memory", "disk", "off"] = _f(
+        "auto", legacy={True: "memory", False: "off"})
+    cache_budget_mb: int = _f(1024, **_rng(0, 10_000_000))
     deterministic: bool = True
     # tf.data's autotuner records every element; once the cache serves the
     # epochs that cost halves steady-state throughput on 2 cores, so parallel
@@ -296,6 +302,7 @@ class PathsConfig:
 
     builtin: str = "data/builtin"  # materialize: the built-in dataset as class folders
     prepared: str = "data/prepared"  # prepare: TFRecords, manifest.json, stats.json
+    cache: str = "data/cache"  # train input: pipeline.cache's disk files, one folder per data
     tuner: str = "data/tuner"  # tune: keras-tuner state, kept between runs
     tuned: str = "models/tuned"  # tune: best_hparams.yaml
     train: str = "models/train"  # train: model.keras
@@ -402,7 +409,10 @@ def from_dict(cls, data: Any, path: str = ""):
         if name not in data:
             continue
         key = f"{path}.{name}" if path else name
-        value = _coerce(hints[name], data[name], key)
+        raw = data[name]
+        if isinstance(raw, bool) and "legacy" in f.metadata:  # an old bool spelling
+            raw = f.metadata["legacy"][raw]
+        value = _coerce(hints[name], raw, key)
         _check_range(f, value, key)
         kwargs[name] = value
     obj = cls(**kwargs)
