@@ -149,3 +149,27 @@ def test_the_served_model_carries_the_stored_size(tmp_path):
     full = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3, MEAN, STD)
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, full)
     assert json.loads((tmp_path / "serving.json").read_text())["stored_size"] is None
+
+
+def png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("stored_size", [None, 48])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_the_savedmodels_in_graph_decoding_reduces_as_prepare_does(stored_size, channels):
+    """TensorFlow Serving's path: JPEG draft scale + antialiased reduction in the graph,
+    within one grey level of PIL's (exact without a stored size)."""
+    import tensorflow as tf
+
+    from tfmlops.serving.signatures import decode_like_prepare
+
+    decode = tf.function(lambda b: decode_like_prepare(b, channels, stored_size))
+    for data in (jpeg(photo(640, 480, seed=5)), jpeg(photo(210, 500, seed=6)),
+                 png(photo(300, 200, seed=7)), jpeg(photo(40, 30, seed=8))):
+        graph = decode(tf.constant(data)).numpy().astype(int)
+        pil = decode_image(data, channels, stored_size).astype(int)
+        assert graph.shape == pil.shape
+        assert np.abs(graph - pil).max() <= (0 if stored_size is None else 1)

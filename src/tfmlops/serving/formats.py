@@ -77,7 +77,7 @@ def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs
 
     saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
-                       prepared.mean, prepared.std)
+                       prepared.mean, prepared.std, prepared.stored_size)
     reloaded = reload_check(saved, x, encoded, keras_probs, prepared.classes, cfg.export.atol)
     onnx_path = out / "model.onnx"
     to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
