@@ -102,3 +102,96 @@ def test_autotune_param_reaches_tf_data_and_changes_no_batch(prepared_digits, pr
     for (x, y), (ax, ay) in zip(batches(False), batches(True), strict=True):
         np.testing.assert_array_equal(y, ay)
         np.testing.assert_array_equal(x, ax)
+
+
+def _with_cache(cfg, tmp_path, mode, budget_mb=None):
+    """cfg with pipeline.cache = mode and its disk files under tmp_path (the session's
+    prepared folder stays read-only)."""
+    pipe = dataclasses.replace(cfg.pipeline, cache=mode,
+                               cache_budget_mb=cfg.pipeline.cache_budget_mb
+                               if budget_mb is None else budget_mb)
+    paths = dataclasses.replace(cfg.paths, cache=str(tmp_path / "cache"))
+    return dataclasses.replace(cfg, pipeline=pipe, paths=paths)
+
+
+def _two_epochs(cfg, prepared, training=True):
+    ds = pipeline.dataset(cfg, prepared, "train", batch_size=64, training=training)
+    return [(x.numpy(), y.numpy()) for _ in range(2) for x, y in ds]
+
+
+def _assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+
+
+def test_cache_auto_picks_memory_within_budget_and_disk_over_it(prepared_digits, prepared,
+                                                                tmp_path):
+    roomy = _with_cache(prepared_digits, tmp_path, "auto")
+    assert pipeline.cache_choice(roomy, prepared)["mode"] == "memory"
+    tiny = _with_cache(prepared_digits, tmp_path, "auto", budget_mb=0)
+    choice = pipeline.cache_choice(tiny, prepared)
+    # 16x16x1 float32 per train image
+    assert choice["estimate_mb"] == round(prepared.counts["train"] * 1024 / 2**20, 1)
+    assert choice["mode"] == "disk" and Path(choice["folder"]).parent == tmp_path / "cache"
+
+    memory = _two_epochs(_with_cache(prepared_digits, tmp_path, "memory"), prepared)
+    disk = _two_epochs(tiny, prepared)
+    assert sorted(p.name for p in Path(choice["folder"]).iterdir()) == [
+        ".lock", "train-normalized.data-00000-of-00001", "train-normalized.index"]
+    _assert_same_batches(memory, disk)
+    _assert_same_batches(memory, _two_epochs(tiny, prepared))  # read back from the file
+    _assert_same_batches(memory, _two_epochs(_with_cache(prepared_digits, tmp_path, "off"),
+                                             prepared))
+
+
+def test_disk_cache_key_follows_the_data_and_params(prepared_digits, prepared, tmp_path):
+    cfg = _with_cache(prepared_digits, tmp_path, "disk")
+    folder = pipeline.cache_folder(cfg, prepared)
+    assert pipeline.cache_folder(cfg, prepared) == folder
+    other_stats = dataclasses.replace(prepared, mean=[0.5])
+    assert pipeline.cache_folder(cfg, other_stats) != folder
+
+
+KILLED_RUN = """
+import os, signal, sys
+from tfmlops.config import load_config
+from tfmlops.data import pipeline
+cfg = load_config(sys.argv[1], overrides={"pipeline.cache": "disk", "paths.cache": sys.argv[2]})
+prepared = pipeline.load_prepared(cfg)
+for i, _ in enumerate(pipeline.dataset(cfg, prepared, "train", batch_size=16)):
+    if i == 3:  # mid-epoch: tf.data's lockfile and unfinished data are on disk
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_runs_partial_disk_cache_does_not_break_the_next_run(prepared_digits, prepared,
+                                                                      tmp_path):
+    import subprocess
+    import sys
+
+    cfg = _with_cache(prepared_digits, tmp_path, "disk")
+    params = Path(prepared_digits.paths.prepared).parent.parent / "params.yaml"
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(params), cfg.paths.cache],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    folder = pipeline.cache_folder(cfg, prepared)
+    left = sorted(p.name for p in folder.iterdir())
+    assert any(name.endswith(".lockfile") for name in left), left
+    assert not any(name.endswith(".index") for name in left), left
+
+    memory = _two_epochs(_with_cache(prepared_digits, tmp_path, "memory"), prepared, False)
+    _assert_same_batches(memory, _two_epochs(cfg, prepared, training=False))
+    assert not any(p.name.endswith(".lockfile") for p in folder.iterdir())
+
+
+def test_cache_param_still_accepts_the_old_booleans():
+    from tfmlops.config import config_from_dict
+    from tfmlops.errors import ConfigError
+
+    assert config_from_dict({"pipeline": {"cache": True}}).pipeline.cache == "memory"
+    assert config_from_dict({"pipeline": {"cache": False}}).pipeline.cache == "off"
+    assert config_from_dict({}).pipeline.cache == "auto"
+    with pytest.raises(ConfigError, match="pipeline.cache: 'ram' is not accepted"):
+        config_from_dict({"pipeline": {"cache": "ram"}})

@@ -44,6 +44,19 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def png_header(width: int, height: int) -> bytes:
+    """A PNG header claiming width x height pixels, with none: a decompression bomb's."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
 def test_real_test_images_as_base64_match_the_offline_model(server, exported_digits,
                                                             exported_offline):
     off = exported_offline
@@ -79,6 +92,19 @@ def test_a_colour_jpeg_of_another_size_matches_the_savedmodel(server, exported_d
     assert served["label"] == offline["label"].numpy()[0].decode()
 
 
+def test_a_phones_mpo_is_accepted_as_its_first_picture(server, exported_offline):
+    from PIL import Image
+
+    digit = Image.open(io.BytesIO(exported_offline["encoded"][5])).convert("RGB")
+    mpo, first = io.BytesIO(), io.BytesIO()
+    digit.save(mpo, "MPO", save_all=True, append_images=[digit.rotate(90)], quality=90)
+    digit.save(first, "JPEG", quality=90)
+    answers = [invoke(server, {"dataframe_records": [{"image": b64(b.getvalue())}]})
+               for b in (mpo, first)]
+    assert [a.status_code for a in answers] == [200, 200], answers[0].text
+    assert answers[0].json() == answers[1].json()
+
+
 def test_a_float_array_matches_the_offline_model(server, exported_digits, exported_offline):
     off = exported_offline
     answer = invoke(server, {"dataframe_records": [{"pixels": off["x"][i].ravel().tolist()}
@@ -94,6 +120,7 @@ def test_a_float_array_matches_the_offline_model(server, exported_digits, export
     ({"dataframe_records": [{"pixels": [0.5] * 17}]}, "holds 17 values (shape 17); the model "
                                                       "takes 256 = 16x16x1"),
     ({"dataframe_records": [{"other": 1}]}, "no rows"),
+    ({"dataframe_records": [{"image": b64(png_header(30_000, 30_000))}]}, "decompression bomb"),
     (b"", "valid JSON"),
     (b"{not json", "valid JSON"),
 ])
@@ -106,5 +133,7 @@ def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, expor
         answer = invoke(server, payload)
     assert 400 <= answer.status_code < 500, answer.text
     assert words in answer.json()["message"]
+    if words == "decompression bomb":  # refused on its header: the reason, no traceback
+        assert "Traceback" not in answer.text and "stack_trace" not in answer.json()
     good = invoke(server, {"dataframe_records": [{"image": b64(exported_offline["encoded"][0])}]})
     assert good.status_code == 200

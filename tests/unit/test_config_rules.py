@@ -92,7 +92,7 @@ def test_values_are_taken_as_written():
     cfg = config_from_dict({"train": {"optimizer": {"learning_rate": 1}}})
     assert type(cfg.train.optimizer.learning_rate) is float
     with pytest.raises(ConfigError, match="true or false"):
-        config_from_dict({"pipeline": {"cache": "yes"}})
+        config_from_dict({"pipeline": {"deterministic": "yes"}})
 
 
 def test_replace_revalidates_and_positional_construction_works():

@@ -5,11 +5,22 @@ files -> parallel interleave -> parse/decode/resize/normalize (parallel map)
 Normalization uses the train split's per-channel mean and std from
 `stats.json`; `preprocess` is the same function the exported serving
 signature runs in-graph, so training and serving see identical inputs.
+
+The cache (`pipeline.cache`) keeps the decoded split after the first epoch:
+in memory, or in a file under `paths.cache/<key>/` whose key hashes the
+prepared data and everything that changes the cached tensors, so a stale file
+is never read; `auto` picks memory when the train split fits
+`pipeline.cache_budget_mb`. `cache_choice` says what was picked and why.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import logging
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +29,11 @@ import tensorflow as tf
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 
+log = logging.getLogger(__name__)
+
 AUTOTUNE = tf.data.AUTOTUNE
+# Part of the disk cache's key: bump it when `dataset`'s parse changes the cached tensors.
+CACHE_FORMAT = 1
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),
@@ -36,6 +51,7 @@ class Prepared:
     channels: int
     mean: list[float]
     std: list[float]
+    stored_size: int | None = None  # prepare's stored short side (None: full size)
 
     @property
     def num_classes(self) -> int:
@@ -70,6 +86,7 @@ def load_prepared(cfg: Config) -> Prepared:
         channels=manifest["channels"],
         mean=stats["mean"],
         std=stats["std"],
+        stored_size=manifest.get("stored_size"),
     )
 
 
@@ -100,8 +117,13 @@ def dataset(
     normalize: bool = True,
     drop_remainder: bool = False,
     shard_policy: str = "DATA",
+    cache: str | None = None,
 ) -> tf.data.Dataset:
-    """A batched dataset of (image, label) for one split."""
+    """A batched dataset of (image, label) for one split.
+
+    `cache` (memory | disk | off) overrides `pipeline.cache` for this dataset,
+    e.g. off for a single pass.
+    """
     files = shard_files(prepared.folder, split)
     if not files:
         raise DataError(f"no {split} TFRecords in {prepared.folder}; run `dvc repro prepare`")
@@ -125,8 +147,7 @@ def dataset(
         deterministic=True,
     )
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE)
-    if p.cache:
-        ds = ds.cache()
+    ds = _cached(ds, cfg, prepared, split, normalize, cache)
     if training:
         ds = ds.shuffle(p.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
         if p.augment.enabled:
@@ -146,6 +167,97 @@ def dataset(
         tf.data.experimental.AutoShardPolicy, shard_policy
     )
     return ds.with_options(options)
+
+
+# ------------------------------------------------------------------ caching
+
+_HELD: dict[str, int] = {}  # cache folder -> descriptor of its lock, held for the process's life
+_LOGGED: set[tuple[str, str]] = set()
+
+
+def cache_choice(cfg: Config, prepared: Prepared) -> dict:
+    """What `pipeline.cache` resolves to for this data: {mode, requested, estimate_mb,
+    budget_mb, folder}. The estimate is the train split's decoded float32 images."""
+    p = cfg.pipeline
+    estimate = prepared.counts["train"] * prepared.image_size ** 2 * prepared.channels * 4
+    mode = p.cache
+    if mode == "auto":
+        mode = "memory" if estimate <= p.cache_budget_mb * 2 ** 20 else "disk"
+    return {"mode": mode, "requested": p.cache, "estimate_mb": round(estimate / 2 ** 20, 1),
+            "budget_mb": p.cache_budget_mb,
+            "folder": str(cache_folder(cfg, prepared)) if mode == "disk" else None}
+
+
+def cache_folder(cfg: Config, prepared: Prepared) -> Path:
+    """paths.cache/<key>: the key hashes the prepared data (its manifest) and what the
+    cached tensors depend on, so a file of other data or other params is never read."""
+    manifest = (prepared.folder / "manifest.json").read_bytes()
+    identity = json.dumps({"format": CACHE_FORMAT, "size": prepared.image_size,
+                           "channels": prepared.channels, "mean": prepared.mean,
+                           "std": prepared.std}, sort_keys=True).encode()
+    key = hashlib.sha256(hashlib.sha256(manifest).digest() + identity).hexdigest()[:16]
+    return Path(cfg.paths.cache) / key
+
+
+def _cached(ds, cfg: Config, prepared: Prepared, split: str, normalize: bool, override):
+    choice = cache_choice(cfg, prepared)
+    mode = override or choice["mode"]
+    if (str(prepared.folder), mode) not in _LOGGED:
+        _LOGGED.add((str(prepared.folder), mode))
+        where = f" in {choice['folder']}" if mode == "disk" and choice["folder"] else ""
+        log.info("input cache: %s%s (pipeline.cache %s; train split %.1f MB decoded, "
+                 "budget %d MB)", mode, where, choice["requested"], choice["estimate_mb"],
+                 choice["budget_mb"])
+    if mode == "memory":
+        return ds.cache()
+    if mode == "disk":
+        folder = Path(choice["folder"] or cache_folder(cfg, prepared))
+        prefix = folder / f"{split}-{'normalized' if normalize else 'raw'}"
+        if _claim(folder) or prefix.with_suffix(".index").is_file():
+            return ds.cache(str(prefix))
+        log.warning("input cache: %s is being written by another process; this one reads "
+                    "%s uncached", folder, split)
+    return ds
+
+
+def _claim(folder: Path) -> bool:
+    """Hold `folder`'s lock for this process; False if another live process holds it.
+
+    The first claim removes what a killed run left (tf.data's `*.lockfile` and
+    unfinished data, which would otherwise fail the next run) and other data's
+    stale cache folders nobody holds: only finished files (with an `.index`) are kept.
+    """
+    key = str(folder.resolve())
+    if key in _HELD:
+        return True
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = _try_lock(folder)
+    if fd is None:
+        return False
+    _HELD[key] = fd
+    for f in folder.iterdir():
+        if f.name != ".lock" and not (folder / f"{f.name.split('.')[0]}.index").is_file():
+            log.info("input cache: removing %s, left unfinished by an earlier run", f)
+            f.unlink(missing_ok=True)
+    for other in folder.parent.iterdir():
+        if other.is_dir() and other != folder and str(other.resolve()) not in _HELD:
+            other_fd = _try_lock(other)
+            if other_fd is not None:
+                log.info("input cache: removing %s, made from other data or params", other)
+                shutil.rmtree(other, ignore_errors=True)
+                os.close(other_fd)
+    return True
+
+
+def _try_lock(folder: Path) -> int | None:
+    # flock: released by the kernel when the process dies, however it dies.
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def augmenter(cfg: Config):

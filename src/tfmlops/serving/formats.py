@@ -77,7 +77,7 @@ def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs
 
     saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
-                       prepared.mean, prepared.std)
+                       prepared.mean, prepared.std, prepared.stored_size)
     reloaded = reload_check(saved, x, encoded, keras_probs, prepared.classes, cfg.export.atol)
     onnx_path = out / "model.onnx"
     to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
@@ -208,7 +208,8 @@ def write_serving_config(out: Path, serving: dict, prepared) -> None:
     write_json(out / CONFIG_FILE, {
         "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,
         "image_size": prepared.image_size, "channels": prepared.channels,
-        "mean": prepared.mean, "std": prepared.std, "threads": LATENCY_THREADS})
+        "mean": prepared.mean, "std": prepared.std, "stored_size": prepared.stored_size,
+        "threads": LATENCY_THREADS})
 
 
 def check_served(cfg, out: Path, serving: dict, encoded, y, keras_probs, parities) -> dict:
@@ -222,11 +223,9 @@ def check_served(cfg, out: Path, serving: dict, encoded, y, keras_probs, paritie
     from tfmlops.runtimes import accuracy, latency_ms
     from tfmlops.serving.parity import compare
     from tfmlops.serving.predictor import CONFIG_FILE, Predictor
-    from tfmlops.serving.preprocess import decode_image, normalize
 
     predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
-    x = np.stack([normalize(decode_image(b, predictor.channels), predictor.image_size,
-                            predictor.mean, predictor.std) for b in encoded])
+    x = np.stack([predictor.image_input(b) for b in encoded])
     probs = predictor.probabilities(x)
     p = compare("served_image_bytes", keras_probs, probs, cfg.export.atol)
     parities.append(p)

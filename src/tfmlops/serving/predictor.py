@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmlops.serving.preprocess import RequestError, decode_base64, decode_image, normalize
+from tfmlops.serving.preprocess import RequestError, decode_base64, image_input
 
 MAX_ROWS = 1024
 CONFIG_FILE = "serving.json"
@@ -38,6 +38,8 @@ class Predictor:
         self.image_size = int(config["image_size"])
         self.channels = int(config["channels"])
         self.mean, self.std = config["mean"], config["std"]
+        # prepare's stored short side: a request image is reduced the same way (None: not)
+        self.stored_size = config.get("stored_size")
         threads = int(config.get("threads", 1))
         self.model = (TFLiteModel(str(model_path), threads) if runtime == "tflite"
                       else OnnxModel(str(model_path), threads))
@@ -56,6 +58,11 @@ class Predictor:
         with self._lock:
             return self.model.predict(x.astype(np.float32, copy=False))
 
+    def image_input(self, data: bytes) -> np.ndarray:
+        """Encoded image bytes -> this model's float input, as training saw such an image."""
+        return image_input(data, self.channels, self.image_size, self.mean, self.std,
+                           self.stored_size)
+
     def inputs(self, rows: list[dict]) -> np.ndarray:
         """Request rows -> float32 [N, H, W, C]; raises RequestError naming the bad row."""
         if not rows:
@@ -70,8 +77,7 @@ class Predictor:
             if image is not None and pixels is not None:
                 raise RequestError("has both 'image' and 'pixels'; send one of them")
             if image is not None:
-                raw = decode_image(decode_base64(image), self.channels)
-                return normalize(raw, self.image_size, self.mean, self.std)
+                return self.image_input(decode_base64(image))
             if pixels is not None:
                 return self._pixels(pixels)
             raise RequestError(f"has neither 'image' nor 'pixels'; {REQUEST_HELP}")

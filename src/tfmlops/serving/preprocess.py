@@ -2,9 +2,11 @@
 
 The served model runs ONNX Runtime or LiteRT, so it cannot run the SavedModel's
 in-graph preprocessing. This module reproduces the training path instead:
-PIL decodes the image and converts its channels with the very function
-`prepare` used (`data.images._to_channels`: transparency onto white, then
-PIL's grayscale), then TensorFlow's bilinear resize (half-pixel centres, no
+the image is decoded by the very function `prepare` decodes every image with
+(`data.decode.load_image`: decompression-bomb headers refused, JPEG/MPO,
+EXIF orientation, 16-bit scaled to 8 bits, transparency onto white, then
+reduced to prepare's stored short side when the model was trained on reduced
+images), then TensorFlow's bilinear resize (half-pixel centres, no
 antialiasing) is done in NumPy, then the train split's mean and std.
 `RequestError` carries the one-line reason a request is refused (HTTP 400).
 """
@@ -13,15 +15,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
-import warnings
 
 import numpy as np
 
-from tfmlops.data.images import _to_channels
+from tfmlops.data.decode import ImageRejected, load_image
 
-FORMATS = {"PNG", "JPEG", "GIF", "BMP"}  # what the SavedModel's decode_image reads too
-MAX_PIXELS = 4096 * 4096  # refuse decompression bombs before decoding them
+MAX_PIXELS = 4096 * 4096  # a request's image budget, checked on the header before decoding
 
 
 class RequestError(ValueError):
@@ -38,32 +37,29 @@ def decode_base64(text: object) -> bytes:
             from None
 
 
-def decode_image(data: bytes, channels: int) -> np.ndarray:
-    """Encoded PNG/JPEG/GIF/BMP bytes -> uint8 [H, W, channels], as `prepare` converts them."""
-    from PIL import Image, UnidentifiedImageError
+def decode_image(data: bytes, channels: int, stored_size: int | None = None) -> np.ndarray:
+    """Encoded PNG/JPEG/MPO/GIF/BMP bytes -> uint8 [H, W, channels], as `prepare` stores them.
 
+    `stored_size` is prepare's stored short side (None: full size), from the
+    served model's `serving.json`.
+    """
     if not data:
         raise RequestError("'image' is empty; send base64-encoded PNG or JPEG bytes")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                if img.format not in FORMATS:
-                    raise RequestError(f"unsupported image format {img.format}; send PNG or JPEG")
-                if img.width * img.height > MAX_PIXELS:
-                    raise RequestError(f"image of {img.width}x{img.height} pixels is too large "
-                                       f"(at most {MAX_PIXELS} pixels)")
-                img.load()
-                img = _to_channels(img, channels)
-    except UnidentifiedImageError:
-        raise RequestError("'image' is not an image: the bytes are not PNG, JPEG, GIF or BMP")\
-            from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
-        if isinstance(exc, RequestError):
-            raise
-        raise RequestError(f"'image' is a corrupt or truncated image ({str(exc)[:80]})") from None
+        img = load_image(data, channels, short_side=stored_size, max_pixels=MAX_PIXELS)
+    except ImageRejected as exc:
+        if str(exc) == "not an image":
+            raise RequestError("'image' is not an image: the bytes are not PNG, JPEG, GIF "
+                               "or BMP") from None
+        raise RequestError(f"'image' refused: {exc}") from None
     array = np.asarray(img, dtype=np.uint8)
     return array[..., None] if array.ndim == 2 else array
+
+
+def image_input(data: bytes, channels: int, image_size: int, mean, std,
+                stored_size: int | None = None) -> np.ndarray:
+    """Encoded image bytes -> the float32 [size, size, C] model input the training path gives."""
+    return normalize(decode_image(data, channels, stored_size), image_size, mean, std)
 
 
 def resize_bilinear(image: np.ndarray, size: int) -> np.ndarray:

@@ -4,7 +4,10 @@ Two signatures over the same Keras 3 model:
 - `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/GIF/BMP
   strings of any size, grayscale or colour. Decoding, the channel conversion
   `prepare` applies (transparency onto white, PIL's integer grayscale formula),
-  resizing and normalization all run in the graph.
+  the reduction to prepare's stored short side (JPEG draft scale, antialiased
+  resize: within one grey level of PIL's), resizing and normalization all run
+  in the graph. EXIF orientation is not read here (the served MLflow model
+  applies it, as prepare does): send upright images to TensorFlow Serving.
 - `serve_preprocessed`: an already preprocessed float32 [N, H, W, C] tensor.
 Both return `probabilities` [N, K], `label_index` [N] and `label` [N] (class name).
 
@@ -25,14 +28,61 @@ BYTES_SIGNATURE = "serve_image_bytes"
 FLOAT_SIGNATURE = "serve_preprocessed"
 
 
-def decode_like_prepare(encoded: tf.Tensor, channels: int) -> tf.Tensor:
-    """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it."""
+def decode_like_prepare(encoded: tf.Tensor, channels: int,
+                        stored_size: int | None = None) -> tf.Tensor:
+    """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it.
+
+    With `stored_size` (prepare's stored short side) the image is reduced as
+    `data.decode.load_image` reduces it: a JPEG decodes at 1/2, 1/4 or 1/8 scale
+    as PIL's draft picks it, then an antialiased bilinear resize (PIL's reducing
+    filter; within one grey level of it). EXIF orientation is not read in the graph.
+    """
+    if stored_size is None:
+        image = tf.cond(
+            tf.io.is_jpeg(encoded),
+            # PIL decodes JPEG with the accurate integer DCT; TensorFlow's default is the fast one.
+            lambda: tf.io.decode_jpeg(encoded, channels=0, dct_method="INTEGER_ACCURATE"),
+            lambda: tf.io.decode_image(encoded, channels=0, expand_animations=False),
+        )
+        return _convert_like_pil(image, channels)
     image = tf.cond(
         tf.io.is_jpeg(encoded),
-        # PIL decodes JPEG with the accurate integer DCT; TensorFlow's default is the fast one.
-        lambda: tf.io.decode_jpeg(encoded, channels=0, dct_method="INTEGER_ACCURATE"),
-        lambda: tf.io.decode_image(encoded, channels=0, expand_animations=False),
+        lambda: _draft_jpeg(encoded, channels, stored_size),
+        lambda: _convert_like_pil(
+            tf.io.decode_image(encoded, channels=0, expand_animations=False), channels),
     )
+    return reduce_like_prepare(image, stored_size)
+
+
+def _draft_jpeg(encoded: tf.Tensor, channels: int, short_side: int) -> tf.Tensor:
+    # PIL's JPEG draft: the largest of 8, 4, 2, 1 that keeps both sides >= short_side, and
+    # libjpeg's own grayscale output when one channel is asked for.
+    shape = tf.io.extract_jpeg_shape(encoded)
+    scale = tf.minimum(shape[0] // short_side, shape[1] // short_side)
+    index = tf.add_n([tf.cast(scale >= r, tf.int32) for r in (2, 4, 8)])
+    return tf.switch_case(index, [
+        lambda r=r: tf.io.decode_jpeg(encoded, channels=channels, ratio=r,
+                                      dct_method="INTEGER_ACCURATE")
+        for r in (1, 2, 4, 8)])
+
+
+def reduce_like_prepare(image: tf.Tensor, short_side: int) -> tf.Tensor:
+    """uint8 [H, W, C] -> its short side at `short_side` when larger (`decode.reduced_size`)."""
+    h, w = tf.shape(image)[0], tf.shape(image)[1]
+    short = tf.minimum(h, w)
+
+    def reduce():
+        scale = short_side / tf.cast(short, tf.float64)
+        # tf.round rounds half to even, as Python's round() in reduced_size does.
+        size = [tf.maximum(short_side, tf.cast(tf.round(tf.cast(n, tf.float64) * scale),
+                                               tf.int32)) for n in (h, w)]
+        x = tf.image.resize(tf.cast(image, tf.float32), tf.stack(size), antialias=True)
+        return tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
+
+    return tf.cond(short > short_side, reduce, lambda: image)
+
+
+def _convert_like_pil(image: tf.Tensor, channels: int) -> tf.Tensor:
     image = tf.cast(image, tf.int32)
     n = tf.shape(image)[-1]
     color = tf.cond(n < 3, lambda: tf.tile(image[..., :1], [1, 1, 3]), lambda: image[..., :3])
@@ -49,7 +99,8 @@ def decode_like_prepare(encoded: tf.Tensor, channels: int) -> tf.Tensor:
     return tf.cast(color, tf.uint8)
 
 
-def serving_functions(model, classes: list[str], image_size: int, channels: int, mean, std):
+def serving_functions(model, classes: list[str], image_size: int, channels: int, mean, std,
+                      stored_size: int | None = None):
     """The two serving functions (plain Python; `export_saved_model` traces them)."""
     names = tf.constant(classes)
 
@@ -63,7 +114,8 @@ def serving_functions(model, classes: list[str], image_size: int, channels: int,
 
     def serve_image_bytes(image_bytes):
         x = tf.map_fn(
-            lambda b: preprocess(decode_like_prepare(b, channels), image_size, mean, std),
+            lambda b: preprocess(decode_like_prepare(b, channels, stored_size), image_size,
+                                 mean, std),
             image_bytes,
             fn_output_signature=tf.TensorSpec((image_size, image_size, channels), tf.float32),
         )
@@ -72,11 +124,13 @@ def serving_functions(model, classes: list[str], image_size: int, channels: int,
     return serve_image_bytes, serve_preprocessed
 
 
-def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std) -> None:
+def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
+                       stored_size: int | None = None) -> None:
     """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too."""
     import keras
 
-    serve_bytes, serve_floats = serving_functions(model, classes, image_size, channels, mean, std)
+    serve_bytes, serve_floats = serving_functions(model, classes, image_size, channels, mean, std,
+                                                  stored_size)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[

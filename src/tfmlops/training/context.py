@@ -7,7 +7,8 @@ down the call chain.
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,10 +55,12 @@ class TrainContext:
 
 def backup_fingerprint(merged: Config) -> dict:
     """What a backup was made with; a backup with another fingerprint is not resumed."""
-    # pipeline.autotune changes speed, not batches: a backup made either way resumes
-    same = dataclasses.replace(merged, pipeline=dataclasses.replace(merged.pipeline,
-                                                                    autotune=False))
-    return {"params": same.digest("seed", "data", "pipeline", "model", "train"),
+    # the pipeline's speed settings (autotune, cache) change speed, not batches: a backup
+    # made either way resumes
+    blob = json.dumps({"params": merged.digest("seed", "data", "model", "train"),
+                       "pipeline": merged.pipeline.without_speed_settings()},
+                      sort_keys=True, default=str)
+    return {"params": hashlib.sha256(blob.encode()).hexdigest()[:16],
             "data": tracking.data_version(merged)}
 
 

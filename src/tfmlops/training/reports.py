@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tfmlops import profiling, tracking
 from tfmlops.config import Config
+from tfmlops.data import pipeline
 from tfmlops.files import swap_in, write_csv, write_json
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 from tfmlops.training.context import STAGE, TrainContext
@@ -53,6 +54,7 @@ def _log_setup(ctx: TrainContext) -> None:
             "per_replica_batch_size": merged.train.batch_size,
             "global_batch_size": ctx.global_batch,
             "jit_compile_requested": merged.train.jit_compile,
+            "input_cache": pipeline.cache_choice(merged, ctx.prepared)["mode"],
         },
         # The tune merge as params: key -> "params.yaml value -> used value (source)".
         "tune_merge": {c["key"]: f"{c['params']} -> {c['used']} ({c['source']})"

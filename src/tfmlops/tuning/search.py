@@ -24,9 +24,9 @@ def search_key(cfg: Config) -> str:
             if k not in ("enabled", "max_trials", "budget_minutes", "final_candidates")}
     blob = {
         "seed": cfg.seed, "tune": tune, "fixed": hparams.tuned_tree(probe),
-        # pipeline.autotune changes speed, not batches: not part of the key
         "loss": d["train"]["loss"],
-        "pipeline": {k: v for k, v in d["pipeline"].items() if k != "autotune"},
+        # the pipeline's speed settings (autotune, cache) change speed, not batches
+        "pipeline": cfg.pipeline.without_speed_settings(),
         "data": tracking.data_version(cfg),
     }
     text = json.dumps(blob, sort_keys=True, default=str)

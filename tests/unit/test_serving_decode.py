@@ -1,0 +1,175 @@
+"""Serving decodes a request image as `prepare` decodes a photo (data/decode.py).
+
+A phone's photo (EXIF orientation, MPO, 16-bit PNG, a decompression-bomb
+header) gives the served model the input the training path gives it, or a
+one-line RequestError: the served model turns that into a 400 with the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tfmlops.data.decode import load_image
+from tfmlops.serving.preprocess import RequestError, decode_image, image_input
+
+MEAN, STD = [0.45, 0.5, 0.55], [0.22, 0.25, 0.2]
+
+
+def photo(width=300, height=200, seed=0) -> Image.Image:
+    """A textured colour image (gradients + noise): resizing and JPEG both matter."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
+    noisy = base + rng.normal(0, 25, base.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8), "RGB")
+
+
+def jpeg(img: Image.Image, orientation: int | None = None) -> bytes:
+    buf = io.BytesIO()
+    if orientation is None:
+        img.save(buf, "JPEG", quality=90)
+    else:
+        exif = Image.Exif()
+        exif[0x0112] = orientation  # Orientation
+        img.save(buf, "JPEG", quality=90, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def train_input(data: bytes, channels: int, size: int, stored_size: int | None):
+    """prepare's decoding (load_image, stored as PNG) + the tf.data pipeline's record
+    decoding and preprocessing: what training feeds the model."""
+    import tensorflow as tf
+
+    from tfmlops.data import pipeline
+
+    buf = io.BytesIO()
+    load_image(data, channels, short_side=stored_size).save(buf, "PNG")
+    record = tf.train.Example(features=tf.train.Features(feature={
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[buf.getvalue()])),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[0])),
+    })).SerializeToString()
+    image, _ = pipeline.decode(tf.constant(record), channels)
+    return pipeline.preprocess(image, size, MEAN[:channels], STD[:channels]).numpy()
+
+
+def test_exif_orientation_is_applied_in_serving():
+    img = photo()
+    upright = decode_image(jpeg(img), 3)
+    # Orientation 6: the stored pixels are to be turned 90 degrees clockwise for display.
+    turned = decode_image(jpeg(img, orientation=6), 3)
+    assert upright.shape == (200, 300, 3) and turned.shape == (300, 200, 3)
+    np.testing.assert_array_equal(turned, np.rot90(upright, k=-1))
+
+
+@pytest.mark.parametrize("stored_size", [None, 48])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_rotated_jpeg_gives_the_same_model_input_in_training_and_serving(stored_size,
+                                                                           channels):
+    data = jpeg(photo(seed=1), orientation=6)
+    trained = train_input(data, channels, 32, stored_size)
+    served = image_input(data, channels, 32, MEAN[:channels], STD[:channels], stored_size)
+    assert served.shape == trained.shape == (32, 32, channels)
+    np.testing.assert_allclose(served, trained, atol=1e-5)
+    # Not the unrotated image's input: orientation reached both paths.
+    flat = image_input(jpeg(photo(seed=1)), channels, 32, MEAN[:channels], STD[:channels],
+                       stored_size)
+    assert np.abs(flat - served).mean() > 0.1
+
+
+def test_the_stored_size_reduces_a_request_before_the_final_resize():
+    data = jpeg(photo(640, 480, seed=2))
+    reduced = decode_image(data, 3, stored_size=48)
+    assert reduced.shape == (48, 64, 3)
+    full = image_input(data, 3, 32, MEAN, STD)
+    small = image_input(data, 3, 32, MEAN, STD, stored_size=48)
+    assert not np.allclose(full, small)  # the reduction matters: it must match training's
+
+
+def test_a_16_bit_png_is_scaled_not_clipped():
+    ramp = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (8, 1))
+    buf = io.BytesIO()
+    Image.fromarray(ramp).save(buf, "PNG")
+    assert Image.open(io.BytesIO(buf.getvalue())).mode.startswith("I")
+    for channels in (1, 3):
+        out = decode_image(buf.getvalue(), channels)
+        assert out.shape == (8, 64, channels)
+        expected = np.round(ramp.astype(np.float64) * 255 / 65535)
+        np.testing.assert_allclose(out[..., 0], expected, atol=1)
+        assert out.min() == 0 and out.max() == 255 and len(np.unique(out)) == 64
+
+
+def test_an_mpo_is_accepted_and_its_first_picture_used():
+    first, second = photo(seed=3), photo(seed=4).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    buf = io.BytesIO()
+    first.save(buf, "MPO", save_all=True, append_images=[second], quality=90)
+    assert Image.open(io.BytesIO(buf.getvalue())).format == "MPO"
+    served = decode_image(buf.getvalue(), 3)
+    np.testing.assert_array_equal(served, decode_image(jpeg(first), 3))
+    trained = train_input(buf.getvalue(), 3, 32, 48)
+    np.testing.assert_allclose(image_input(buf.getvalue(), 3, 32, MEAN, STD, 48), trained,
+                               atol=1e-5)
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A ~60-byte PNG that claims width x height pixels (8-bit gray) and holds none."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("side", [10_000, 30_000])  # above PIL's limit (warning) and twice it
+def test_a_decompression_bomb_header_is_a_one_line_request_error(side):
+    with pytest.raises(RequestError) as caught:
+        decode_image(png_header(side, side), 3)
+    message = str(caught.value)
+    assert "decompression bomb" in message and "\n" not in message
+    # Raised `from None`: the reason alone, no chained PIL traceback behind it.
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_the_served_model_carries_the_stored_size(tmp_path):
+    from tfmlops.data.pipeline import Prepared
+    from tfmlops.serving.formats import write_serving_config
+
+    prepared = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3,
+                        MEAN, STD, stored_size=48)
+    write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
+    config = json.loads((tmp_path / "serving.json").read_text())
+    assert config["stored_size"] == 48 and config["image_size"] == 32
+    full = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3, MEAN, STD)
+    write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, full)
+    assert json.loads((tmp_path / "serving.json").read_text())["stored_size"] is None
+
+
+def png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("stored_size", [None, 48])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_the_savedmodels_in_graph_decoding_reduces_as_prepare_does(stored_size, channels):
+    """TensorFlow Serving's path: JPEG draft scale + antialiased reduction in the graph,
+    within one grey level of PIL's (exact without a stored size)."""
+    import tensorflow as tf
+
+    from tfmlops.serving.signatures import decode_like_prepare
+
+    decode = tf.function(lambda b: decode_like_prepare(b, channels, stored_size))
+    for data in (jpeg(photo(640, 480, seed=5)), jpeg(photo(210, 500, seed=6)),
+                 png(photo(300, 200, seed=7)), jpeg(photo(40, 30, seed=8))):
+        graph = decode(tf.constant(data)).numpy().astype(int)
+        pil = decode_image(data, channels, stored_size).astype(int)
+        assert graph.shape == pil.shape
+        assert np.abs(graph - pil).max() <= (0 if stored_size is None else 1)
