@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The tfmlops logger tree's INFO lines (progress, summaries) on stderr, once.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # hide CUDA probing noise on CPUs
     if args.command in LEGACY_KERAS_STAGES:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported

@@ -57,6 +57,18 @@ class SplitConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """How `prepare` stores each image: at a bounded size, in a chosen encoding."""
+
+    # The stored short side in pixels (aspect kept, never enlarged); 0: data.image_size,
+    # what training reads. A margin above it keeps detail for zoom augmentation.
+    short_side: int = _f(0, **_rng(0, 8192))
+    # auto: JPEG for JPEG/MPO sources (photos), PNG for the others (small, lossless).
+    encoding: Literal["auto", "jpeg", "png"] = "auto"
+    jpeg_quality: int = _f(90, **_rng(50, 100))
+
+
+@dataclass(frozen=True)
 class DataConfig:
     # The class-per-folder images prepare reads. The default is where the
     # `materialize` stage writes the built-in dataset; point it at your own.
@@ -68,6 +80,8 @@ class DataConfig:
     max_bad_fraction: float = _f(0.05, **_rng(0.0, 1.0))
     shards: int = _f(2, **_rng(1, 1024))
     synthetic: SyntheticConfig = _f(SyntheticConfig())
+    workers: int = _f(0, **_rng(0, 1024))  # prepare's decoding processes; 0: every core
+    store: StoreConfig = _f(StoreConfig())
 
 
 @dataclass(frozen=True)
@@ -296,6 +310,7 @@ class PathsConfig:
 
     builtin: str = "data/builtin"  # materialize: the built-in dataset as class folders
     prepared: str = "data/prepared"  # prepare: TFRecords, manifest.json, stats.json
+    prepare_cache: str = "data/prepare_cache"  # prepare: per-image results by content hash
     tuner: str = "data/tuner"  # tune: keras-tuner state, kept between runs
     tuned: str = "models/tuned"  # tune: best_hparams.yaml
     train: str = "models/train"  # train: model.keras
@@ -484,6 +499,12 @@ def _check_invariants(obj, path: str) -> None:
             raise ConfigError(f"{path}: min must be >= 0, got {obj.min}")
     elif isinstance(obj, SearchSpace):
         _check_space(obj, path)
+    elif isinstance(obj, DataConfig):
+        if 0 < obj.store.short_side < obj.image_size:
+            raise ConfigError(
+                f"{p}store.short_side: {obj.store.short_side} is below {p}image_size "
+                f"{obj.image_size}; give 0 (= image_size) or at least {obj.image_size}"
+            )
     elif isinstance(obj, SplitConfig):
         if obj.val + obj.test >= 0.9:
             raise ConfigError(f"{p}val + {p}test = {obj.val + obj.test}; keep it below 0.9")
