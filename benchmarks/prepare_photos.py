@@ -117,6 +117,7 @@ def timed_prepare(params: Path) -> dict:
 
 
 def configure(workdir: Path, image_dir: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
     _, work = scratch_config(workdir, data={"image_dir": str(image_dir), "image_size": SIZE,
                                             "channels": 3})
     return work / "params.yaml"

@@ -15,6 +15,7 @@ Entries are written to a temporary name and renamed: a kill leaves none half-wri
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -104,21 +105,30 @@ def channel_sums(encoded: bytes, size: int, channels: int, pixels: np.ndarray | 
             pixels = np.asarray(img)
     x = pixels.astype(np.float32)
     x = x.reshape(x.shape[0], x.shape[1], channels)
-    x = resize_bilinear(x, size) / np.float32(255.0)
-    flat = x.reshape(-1, channels).astype(np.float64)
-    return tuple(flat.sum(0).tolist()), tuple((flat * flat).sum(0).tolist()), size * size
+    flat = (resize_bilinear(x, size) / np.float32(255.0)).reshape(-1, channels)
+    sums = flat.sum(0, dtype=np.float64)
+    squares = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+    return tuple(sums.tolist()), tuple(squares.tolist()), size * size
 
 
 def resize_bilinear(image: np.ndarray, size: int) -> np.ndarray:
     """float32 [H, W, C] -> [size, size, C] as `tf.image.resize` (bilinear, half-pixel
-    centres, no antialiasing) computes it."""
-    y_lo, y_hi, y_lerp = _interpolation(image.shape[0], size)
-    x_lo, x_hi, x_lerp = _interpolation(image.shape[1], size)
-    x_lerp = x_lerp[None, :, None]
-    top, bottom = image[y_lo], image[y_hi]
-    top = top[:, x_lo] + (top[:, x_hi] - top[:, x_lo]) * x_lerp
-    bottom = bottom[:, x_lo] + (bottom[:, x_hi] - bottom[:, x_lo]) * x_lerp
-    return top + (bottom - top) * y_lerp[:, None, None]
+    centres, no antialiasing) computes it, as two small matrix products (a few times
+    faster than gathering rows and columns: it is most of a stored photo's statistics)."""
+    h, w, c = image.shape
+    rows = _resize_matrix(h, size) @ image.reshape(h, w * c)  # [size, W*C]
+    cols = _resize_matrix(w, size) @ rows.reshape(size, w, c).transpose(1, 0, 2).reshape(w, size * c)
+    return cols.reshape(size, size, c).transpose(1, 0, 2)
+
+
+@functools.lru_cache(maxsize=256)
+def _resize_matrix(in_size: int, out_size: int) -> np.ndarray:
+    lower, upper, lerp = _interpolation(in_size, out_size)
+    m = np.zeros((out_size, in_size), np.float32)
+    out = np.arange(out_size)
+    np.add.at(m, (out, lower), 1 - lerp)
+    np.add.at(m, (out, upper), lerp)
+    return m
 
 
 def _interpolation(in_size: int, out_size: int):
