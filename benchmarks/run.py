@@ -10,6 +10,9 @@
 5. tracking overhead of the train stage;
 6. scaling on the synthetic dataset at 1x/4x/16x.
 
+`prepare` on photo-size images (issue 12 rows 1-4) runs on its own, as it generates
+thousands of photos: benchmarks/prepare_photos.py -> reports/benchmarks_prepare.json.
+
 Writes reports/benchmarks.json (all results, the machine, the command) and prints
 a summary; BENCHMARKS.md quotes a run of it.
 """

@@ -49,3 +49,67 @@ def add_bad_files(root: Path) -> dict[str, str]:
         "1/readme.txt": "unsupported extension .txt",
         "2/cut.jpg": "corrupt or truncated",
     }
+
+
+def photo(rng: np.random.Generator, width: int, height: int, tone: float) -> Image.Image:
+    """A small photo-like RGB image: a gradient, a stripe texture and noise."""
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    x = np.stack([tone * 200 * xx / width, 255 * yy / height, 60 + 40 * np.sin(xx / 3)], -1)
+    x += rng.normal(0, 12, x.shape)
+    return Image.fromarray(np.clip(x, 0, 255).astype(np.uint8))
+
+
+def photo_folder(root: Path, per_class: int = 12, classes: int = 3, seed: int = 0) -> list[Path]:
+    """Class folders of small generated photos, 40-90 px: mostly JPEG, every fourth a PNG."""
+    rng = np.random.default_rng(seed)
+    written = []
+    for c in range(classes):
+        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            w, h = (int(v) for v in rng.integers(40, 91, 2))
+            img = photo(rng, w, h, tone=(c + 1) / classes)
+            path = root / f"c{c}" / f"p{i:03d}{'.png' if i % 4 == 3 else '.jpg'}"
+            img.save(path, quality=90) if path.suffix == ".jpg" else img.save(path)
+            written.append(path)
+    return written
+
+
+def exif_rotated_jpeg(path: Path, width: int = 60, height: int = 30) -> Image.Image:
+    """A JPEG stored `width` x `height` whose EXIF says: turn 90 degrees (orientation 6),
+    as phones write portrait photos. Returns the upright image it should become."""
+    from PIL import ImageOps
+
+    img = photo(np.random.default_rng(1), width, height, 0.5)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    img.save(path, format="JPEG", quality=95, exif=exif)
+    return ImageOps.exif_transpose(Image.open(path))
+
+
+def sixteen_bit_png(path: Path, width: int = 40, height: int = 30) -> np.ndarray:
+    """A 16-bit grayscale PNG spanning 0..65535; returns its 16-bit values."""
+    values = (np.linspace(0, 65535, width * height).reshape(height, width)).astype(np.uint16)
+    Image.fromarray(values).save(path, format="PNG")  # uint16 -> mode I;16
+    return values
+
+
+def mpo_jpeg(path: Path, width: int = 50, height: int = 40) -> None:
+    """A two-frame MPO (multi-picture JPEG, what many phones write) under a .jpg name."""
+    rng = np.random.default_rng(2)
+    first, second = photo(rng, width, height, 0.3), photo(rng, width, height, 0.9)
+    first.save(path, format="MPO", save_all=True, append_images=[second])
+
+
+def bomb_png(path: Path, side: int = 30000) -> None:
+    """A ~100-byte PNG whose header claims side x side pixels (a decompression bomb)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 16)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat)
+                     + chunk(b"IEND", b""))

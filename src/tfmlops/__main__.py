@@ -2,4 +2,5 @@ import sys
 
 from tfmlops.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # prepare's spawned workers import this module again
+    sys.exit(main())

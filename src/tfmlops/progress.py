@@ -1,4 +1,4 @@
-"""Progress that reads well in a terminal and stays short in a CI log."""
+"""Progress of long loops as log lines: done, rate, time left, every few seconds."""
 
 from __future__ import annotations
 
@@ -12,38 +12,46 @@ log = logging.getLogger(__name__)
 
 
 class Progress:
-    """A redrawn line on a TTY; otherwise an INFO message every `every` items and at the end."""
+    """One INFO line every `seconds` (and one at the end): items done of the total,
+    items/s since the start and, when the total is known, an estimated time left."""
 
-    def __init__(self, total: int | None, label: str, every: int = 500, stream=None):
-        self.total, self.label, self.every = total, label, every
-        self.stream = stream or sys.stderr
-        # The redraw bypasses logging (a handler cannot rewrite its last line), so `-q` stops it.
-        self.tty = self.stream.isatty() and not quieted()
+    def __init__(self, total: int | None, label: str, seconds: float = 5.0, logger=None,
+                 clock=time.perf_counter):
+        self.total, self.label, self.seconds = total, label, seconds
+        self.log = logger or log
+        self.clock = clock
         self.done = 0
-        self.start = time.perf_counter()
+        self.start = self.last = clock()
 
     def update(self, n: int = 1) -> None:
-        before = self.done
         self.done += n
-        if self.tty:
-            self._redraw("")
-        elif self.done // self.every > before // self.every or self.done == self.total:
-            log.info("%s", self._line())
+        now = self.clock()
+        if now - self.last >= self.seconds:
+            self.last = now
+            self.log.info(self.line(now))
 
     def close(self) -> None:
-        if self.tty:
-            self._redraw("\n")
-        elif self.done % self.every:
-            log.info("%s", self._line())
+        self.log.info(self.line(self.clock(), final=True))
 
-    def _line(self) -> str:
-        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+    def line(self, now: float, final: bool = False) -> str:
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.done / elapsed
         of = f"/{self.total}" if self.total else ""
-        return f"{self.label}: {self.done}{of} ({rate:,.0f}/s)"
+        text = f"{self.label}: {self.done}{of} ({rate:,.1f}/s"
+        if final:
+            return f"{text}, {elapsed:.1f} s)"
+        if self.total and rate > 0:
+            text += f", {_duration((self.total - self.done) / rate)} left"
+        return text + ")"
 
-    def _redraw(self, tail: str) -> None:
-        self.stream.write(f"\r{self._line()}{tail}")
-        self.stream.flush()
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def keras_verbose() -> int:

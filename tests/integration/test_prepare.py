@@ -3,10 +3,11 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import mlflow_client, stage_runs
-from images import mixed_folder
+from images import bomb_png, exif_rotated_jpeg, mixed_folder, mpo_jpeg, photo, photo_folder, sixteen_bit_png
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
 
@@ -67,3 +68,183 @@ def test_too_many_bad_files_fail_before_any_output(tmp_path, make_cfg):
         prepare.run(cfg)
     assert not Path(cfg.paths.prepared).exists()
     assert stage_runs(cfg, "prepare") == []
+
+
+# ------------------------------------------------- streaming, parallel, incremental
+
+OUTPUTS = ("manifest.json", "stats.json", "quarantine.json")
+
+
+def photo_cfg(make_cfg, tmp_path, folder, name="run", **data):
+    """Params for prepare on `folder`, with their own output and cache folders."""
+    work = tmp_path / name
+    work.mkdir(exist_ok=True)
+    return make_cfg(work, data={"image_dir": str(folder), "channels": 3,
+                                "split": {"val": 0.2, "test": 0.2}, **data},
+                    tracking={"enabled": False})
+
+
+def output_bytes(cfg) -> dict[str, bytes]:
+    """Every TFRecord shard and JSON output of a prepare run, by name."""
+    out = Path(cfg.paths.prepared)
+    names = sorted(p.name for p in out.glob("*.tfrecord")) + list(OUTPUTS)
+    return {n: (out / n).read_bytes() for n in names}
+
+
+def stored_images(cfg) -> dict[str, bytes]:
+    """sha256 -> the image bytes stored in the TFRecords."""
+    import tensorflow as tf
+
+    files = sorted(str(p) for p in Path(cfg.paths.prepared).glob("*.tfrecord"))
+    stored = {}
+    for record in tf.data.TFRecordDataset(files):
+        ex = tf.train.Example.FromString(record.numpy())
+        stored[ex.features.feature["sha256"].bytes_list.value[0].decode()] = \
+            ex.features.feature["image"].bytes_list.value[0]
+    return stored
+
+
+def test_parallel_and_serial_prepare_write_identical_output(tmp_path, make_cfg):
+    photo_folder(tmp_path / "photos", per_class=12)
+    serial = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "serial", workers=1)
+    parallel = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "parallel", workers=2)
+    prepare.run(serial)
+    metrics = prepare.run(parallel)
+    assert metrics["images_decoded"] == 36 and metrics["images_cached"] == 0
+    a, b = output_bytes(serial), output_bytes(parallel)
+    assert len([n for n in a if n.endswith(".tfrecord")]) == 6
+    assert a == b
+
+
+def test_stored_size_and_encoding_follow_the_params(tmp_path, make_cfg):
+    import io
+
+    from PIL import Image
+
+    from tfmlops.data import pipeline
+
+    photo_folder(tmp_path / "photos", per_class=8)
+    auto = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "auto")
+    metrics = prepare.run(auto)
+    manifest = json.loads((Path(auto.paths.prepared) / "manifest.json").read_text())
+    by_sha = {f["sha256"]: f["file"] for f in manifest["files"]}
+    for sha, data in stored_images(auto).items():
+        img = Image.open(io.BytesIO(data))
+        assert min(img.size) == 16  # short side at image_size, aspect kept
+        assert img.format == ("JPEG" if by_sha[sha].endswith(".jpg") else "PNG")
+    stored = manifest["stored"]
+    assert stored["short_side"] == 16 and stored["encoding"] == "auto"
+    assert stored["encodings"] == {"jpeg": 18, "png": 6} and stored["sizes"]["width"]["min"] >= 16
+    assert stored["bytes"] == metrics["stored_bytes"] < metrics["source_bytes"] / 4
+
+    png = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "png",
+                    store={"short_side": 24, "encoding": "png"})
+    prepare.run(png)
+    for data in stored_images(png).values():
+        img = Image.open(io.BytesIO(data))
+        assert img.format == "PNG" and min(img.size) == 24 and img.mode == "RGB"
+    jpeg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "jpeg",
+                     store={"encoding": "jpeg", "jpeg_quality": 60})
+    prepare.run(jpeg)
+    assert {Image.open(io.BytesIO(d)).format for d in stored_images(jpeg).values()} == {"JPEG"}
+    # the training pipeline reads what was stored, at the model's input size
+    for cfg in (auto, png, jpeg):
+        prepared = pipeline.load_prepared(cfg)
+        x, _ = next(iter(pipeline.dataset(cfg, prepared, "train", batch_size=4)))
+        assert x.shape == (4, 16, 16, 3)
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"store": {"encoding": "webp"}}, "data.store.encoding"),
+    ({"store": {"jpeg_quality": 101}}, "data.store.jpeg_quality"),
+    ({"store": {"short_side": 8}}, "data.store.short_side"),
+    ({"workers": -1}, "data.workers"),
+])
+def test_bad_store_params_exit_2_with_one_line(tmp_path, make_cfg, capsys, data, key):
+    from tfmlops.cli import main
+
+    make_cfg(tracking={"enabled": False})  # a valid params.yaml, then one bad value
+    import yaml
+
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    for name, value in data.items():
+        if isinstance(value, dict):
+            params["data"][name].update(value)
+        else:
+            params["data"][name] = value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["--params", str(tmp_path / "params.yaml"), "prepare"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err, err
+
+
+def test_incremental_prepare_equals_a_cold_one(tmp_path, make_cfg):
+    files = photo_folder(tmp_path / "photos", per_class=12)
+    warm = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "warm", workers=2)
+    first = prepare.run(warm)
+    assert (first["images_decoded"], first["images_cached"]) == (36, 0)
+    again = prepare.run(warm)
+    assert (again["images_decoded"], again["images_cached"]) == (0, 36)
+
+    # add two, remove one, change one; one more bad file too
+    rng = np.random.default_rng(5)
+    photo(rng, 70, 50, 0.2).save(tmp_path / "photos" / "c0" / "new1.jpg")
+    photo(rng, 50, 70, 0.8).save(tmp_path / "photos" / "c2" / "new2.png")
+    files[5].unlink()
+    photo(rng, 60, 60, 0.5).save(files[20], format="JPEG")
+    (tmp_path / "photos" / "c1" / "broken.jpg").write_bytes(b"\xff\xd8\xff" + b"\0" * 40)
+    metrics = prepare.run(warm)
+    assert (metrics["images_decoded"], metrics["images_cached"]) == (4, 34)
+
+    cold = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "cold", workers=1)
+    assert prepare.run(cold)["images_decoded"] == 38
+    warm_out, cold_out = output_bytes(warm), output_bytes(cold)
+    assert warm_out.keys() == cold_out.keys()
+    for name in warm_out:
+        assert warm_out[name] == cold_out[name] or name == "manifest.json", name
+    strip = lambda m: {k: v for k, v in json.loads(m).items() if k != "image_dir"}  # noqa: E731
+    assert strip(warm_out["manifest.json"]) == strip(cold_out["manifest.json"])
+    assert json.loads(warm_out["quarantine.json"])[0]["file"] == "c1/broken.jpg"
+    # a second unchanged run decodes nothing, and the cache holds one entry per file
+    assert prepare.run(warm)["images_decoded"] == 0
+
+
+def test_phone_photos_are_read_as_phones_write_them(tmp_path, make_cfg):
+    import io
+
+    from PIL import Image
+
+    root = tmp_path / "phone"
+    photo_folder(root, per_class=6, classes=2)
+    upright = exif_rotated_jpeg(root / "c0" / "portrait.jpg", 60, 30)
+    values = sixteen_bit_png(root / "c1" / "deep.png")
+    mpo_jpeg(root / "c1" / "phone.jpg")
+    bomb_png(root / "c0" / "bomb.png")
+    cfg = photo_cfg(make_cfg, tmp_path, root, max_bad_fraction=0.2,
+                    split={"val": 0.1, "test": 0.1}, store={"short_side": 20})
+    prepare.run(cfg)
+    (bad,) = json.loads((Path(cfg.paths.prepared) / "quarantine.json").read_text())
+    assert bad["file"] == "c0/bomb.png" and bad["reason"].startswith("decompression bomb")
+    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    sha = {f["file"]: f["sha256"] for f in manifest["files"]}
+    stored = stored_images(cfg)
+    portrait = Image.open(io.BytesIO(stored[sha["c0/portrait.jpg"]]))
+    assert upright.size == (30, 60) and portrait.size == (20, 40)  # turned upright, then reduced
+    deep = np.asarray(Image.open(io.BytesIO(stored[sha["c1/deep.png"]])).convert("L"), np.float64)
+    assert deep.max() >= 250 and deep.min() <= 5  # scaled to 8 bits, not clipped to white
+    assert abs(deep.mean() - values.mean() / 257) < 3
+    assert Image.open(io.BytesIO(stored[sha["c1/phone.jpg"]])).size == (25, 20)
+
+
+def test_a_failed_run_leaves_the_previous_output_and_no_staging(tmp_path, make_cfg):
+    photo_folder(tmp_path / "photos", per_class=6)
+    cfg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", max_bad_fraction=0.1)
+    prepare.run(cfg)
+    before = output_bytes(cfg)
+    for i in range(4):
+        (tmp_path / "photos" / "c0" / f"bad{i}.png").write_bytes(b"not an image")
+    with pytest.raises(DataError, match="unusable"):
+        prepare.run(cfg)
+    assert output_bytes(cfg) == before
+    assert [p.name for p in Path(cfg.paths.prepared).parent.iterdir()
+            if p.name.startswith(".")] == []

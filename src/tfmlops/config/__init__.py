@@ -43,6 +43,7 @@ from tfmlops.config.sections import (
     ScheduleConfig,
     SearchSpace,
     SplitConfig,
+    StoreConfig,
     SyntheticConfig,
     TrackingConfig,
     TrainConfig,
@@ -55,7 +56,7 @@ __all__ = [
     "AugmentConfig", "BlockSpec", "Config", "ConfigError", "DataConfig", "ExportConfig",
     "FloatRange", "GateConfig", "IntRange", "LossConfig", "ModelSpec", "OptimizerConfig",
     "PathsConfig", "PipelineConfig", "ProfilingConfig", "PromoteConfig", "PruneConfig",
-    "QuantizeConfig", "ScheduleConfig", "SearchSpace", "SplitConfig", "SyntheticConfig",
+    "QuantizeConfig", "ScheduleConfig", "SearchSpace", "SplitConfig", "StoreConfig", "SyntheticConfig",
     "TrackingConfig", "TrainConfig", "TuneConfig",
     "config_from_dict", "flatten", "load_config", "set_dotted",
 ]

@@ -76,6 +76,18 @@ class SplitConfig:
 
 
 @section
+class StoreConfig:
+    """How `prepare` stores each image: at a bounded size, in a chosen encoding."""
+
+    # The stored short side in pixels (aspect kept, never enlarged); 0: data.image_size,
+    # what training reads. A margin above it keeps detail for zoom augmentation.
+    short_side: Int = Field(0, ge=0, le=8192)
+    # auto: JPEG for JPEG/MPO sources (photos), PNG for the others (small, lossless).
+    encoding: Literal["auto", "jpeg", "png"] = "auto"
+    jpeg_quality: Int = Field(90, ge=50, le=100)
+
+
+@section
 class DataConfig:
     # The class-per-folder images prepare reads. The default is where the
     # `materialize` stage writes the built-in dataset; point it at your own.
@@ -87,6 +99,15 @@ class DataConfig:
     max_bad_fraction: Float = Field(0.05, ge=0.0, le=1.0)
     shards: Int = Field(2, ge=1, le=1024)
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    workers: Int = Field(0, ge=0, le=1024)  # prepare's decoding processes; 0: every core
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @model_validator(mode="after")
+    def _stores_at_least_what_training_reads(self):
+        if 0 < self.store.short_side < self.image_size:
+            raise Rule(f"{{p}}store.short_side: {self.store.short_side} is below {{p}}image_size "
+                       f"{self.image_size}; give 0 (= image_size) or at least {self.image_size}")
+        return self
 
     @field_validator("channels", mode="before")
     @classmethod
@@ -454,6 +475,7 @@ class PathsConfig:
     builtin: Text = "data/builtin"  # materialize: the built-in dataset as class folders
     prepared: Text = "data/prepared"  # prepare: TFRecords, manifest.json, stats.json
     cache: Text = "data/cache"  # train input: pipeline.cache's disk files, one folder per data
+    prepare_cache: Text = "data/prepare_cache"  # prepare: per-image results by content hash
     tuner: Text = "data/tuner"  # tune: keras-tuner state, kept between runs
     tuned: Text = "models/tuned"  # tune: best_hparams.yaml
     train: Text = "models/train"  # train: model.keras

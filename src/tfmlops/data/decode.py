@@ -69,7 +69,19 @@ def load_image(data: bytes, channels: int, short_side: int | None = None,
                max_pixels: int | None = None) -> Image.Image:
     """Encoded bytes -> a decoded 8-bit image in `channels`, upright, its short side
     reduced to `short_side` when larger (None keeps the full size)."""
+    return load_image_info(data, channels, short_side, max_pixels)[0]
+
+
+def load_image_info(data: bytes, channels: int, short_side: int | None = None,
+                    max_pixels: int | None = None) -> tuple[Image.Image, str, tuple[int, int]]:
+    """`load_image`, plus the source's format and its upright full size (width, height)."""
     img = open_image(data, max_pixels)
+    fmt, (width, height) = img.format, img.size
+    try:
+        if img.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn by 90
+            width, height = height, width
+    except (OSError, SyntaxError, ValueError):
+        pass  # an unreadable EXIF block: the pixels may still be fine
     try:
         if short_side is not None and img.format in ("JPEG", "MPO"):
             # Decode at 1/2, 1/4 or 1/8 scale while both sides stay >= short_side, so the
@@ -83,7 +95,7 @@ def load_image(data: bytes, channels: int, short_side: int | None = None,
     if short_side is not None and min(img.size) > short_side:
         img = img.resize(reduced_size(img.size, short_side), Image.Resampling.BILINEAR,
                          reducing_gap=None)
-    return img
+    return img, fmt, (width, height)
 
 
 def reduced_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:

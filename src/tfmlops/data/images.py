@@ -1,27 +1,28 @@
-"""Scan a class-per-folder image tree: keep good images, quarantine bad ones, split.
+"""A class-per-folder image tree: list its files, validate them, split them.
 
 Corrupt, truncated, zero-byte, non-image and unsupported files never crash
-the scan and are never dropped silently: each is listed with its reason.
+validation and are never dropped silently: each is listed with its reason.
 The split is a hash of each file's content and the seed, so it is stable
 when files are added or removed (a file never changes split because another
 one appeared) and identical images always share a split (no leakage).
+Decoding itself is `data.decode.load_image`, shared with serving.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
-
+from tfmlops.data.decode import ImageRejected, load_image, to_channels
 from tfmlops.errors import DataError
 
-SUPPORTED = {".png", ".jpg", ".jpeg", ".bmp", ".gif"}
+SUPPORTED = {".png", ".jpg", ".jpeg", ".mpo", ".bmp", ".gif"}
 SPLITS = ("train", "val", "test")
-MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+
+# The name serving/preprocess.py imports; the function lives in data/decode.py.
+_to_channels = to_channels
 
 
 @dataclass(frozen=True)
@@ -56,61 +57,70 @@ def list_classes(root: Path) -> list[str]:
     return classes
 
 
-def scan(
-    root: Path, channels: int, on_file=None
-) -> tuple[list[str], list[GoodImage], list[BadImage]]:
-    """Validate every file under `root/<class>/`; return classes, good and bad images."""
+def list_files(root: Path) -> tuple[list[str], list[tuple[Path, str]]]:
+    """Classes and every (file, class) under `root/<class>/`, in a fixed order."""
     classes = list_classes(root)
-    good: list[GoodImage] = []
-    bad: list[BadImage] = []
+    files: list[tuple[Path, str]] = []
     for cls in classes:
-        files = sorted(p for p in (root / cls).rglob("*") if p.is_file() and not p.name.startswith("."))
-        if not files:
+        found = sorted(p for p in (root / cls).rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not found:
             raise DataError(f"class folder {root / cls} is empty; add images or remove the folder")
-        for path in files:
-            result = check_image(path, cls, channels)
-            (good if isinstance(result, GoodImage) else bad).append(result)
-            if on_file is not None:
-                on_file()
-    empty = [c for c in classes if not any(g.label == c for g in good)]
+        files.extend((p, cls) for p in found)
+    return classes, files
+
+
+def unsupported(path: Path) -> str | None:
+    """The reason a file is refused by its name alone, if it is."""
+    if path.suffix.lower() not in SUPPORTED:
+        return f"unsupported extension {path.suffix or '(none)'}"
+    return None
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_empty_classes(root: Path, classes: list[str], good_labels: set[str]) -> None:
+    empty = [c for c in classes if c not in good_labels]
     if empty:
         raise DataError(
             f"class folder {root / empty[0]} has no readable image; fix or remove its files"
         )
+
+
+def scan(
+    root: Path, channels: int, on_file=None
+) -> tuple[list[str], list[GoodImage], list[BadImage]]:
+    """Validate every file under `root/<class>/` at full size, in memory (small folders;
+    `prepare` streams instead); return classes, good and bad images."""
+    classes, files = list_files(root)
+    good: list[GoodImage] = []
+    bad: list[BadImage] = []
+    for path, cls in files:
+        result = check_image(path, cls, channels)
+        (good if isinstance(result, GoodImage) else bad).append(result)
+        if on_file is not None:
+            on_file()
+    check_empty_classes(root, classes, {g.label for g in good})
     return classes, good, bad
 
 
 def check_image(path: Path, label: str, channels: int) -> GoodImage | BadImage:
-    if path.suffix.lower() not in SUPPORTED:
-        return BadImage(path, label, f"unsupported extension {path.suffix or '(none)'}")
+    reason = unsupported(path)
+    if reason:
+        return BadImage(path, label, reason)
     data = path.read_bytes()
-    if not data:
-        return BadImage(path, label, "zero-byte file")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as probe:
-                probe.verify()  # structure and checksums
-            with Image.open(io.BytesIO(data)) as img:
-                img.load()  # decodes every pixel: catches truncation
-                img = _to_channels(img, channels)
-    except UnidentifiedImageError:
-        if data.startswith(MAGIC):  # an image's header, then garbage or nothing
-            return BadImage(path, label, "corrupt or truncated: unreadable after the header")
-        return BadImage(path, label, "not an image")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
-        return BadImage(path, label, f"corrupt or truncated: {str(exc)[:120]}")
+        img = load_image(data, channels)
+    except ImageRejected as exc:
+        return BadImage(path, label, str(exc))
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return GoodImage(path, label, hashlib.sha256(data).hexdigest(), img.width, img.height, buf.getvalue())
-
-
-def _to_channels(img: Image.Image, channels: int) -> Image.Image:
-    if img.mode in ("RGBA", "LA", "P") or "transparency" in img.info:
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        img = Image.alpha_composite(white, rgba)  # transparent -> white, not black
-    return img.convert("L" if channels == 1 else "RGB")
 
 
 def assign_split(sha256: str, seed: int, val: float, test: float) -> str:

@@ -103,7 +103,8 @@ def preprocess(image_uint8: tf.Tensor, image_size: int, mean, std) -> tf.Tensor:
 
 def decode(record: tf.Tensor, channels: int) -> tuple[tf.Tensor, tf.Tensor]:
     ex = tf.io.parse_single_example(record, FEATURES)
-    image = tf.io.decode_png(ex["image"], channels=channels)
+    # prepare stores JPEG or PNG (manifest "stored"); decode_image reads either.
+    image = tf.io.decode_image(ex["image"], channels=channels, expand_animations=False)
     return image, ex["label"]
 
 

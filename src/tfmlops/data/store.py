@@ -1,0 +1,253 @@
+"""One image's work in `prepare`: decode, resize, re-encode, measure; and its cache.
+
+`store_image` runs in every worker of prepare's process pool (or in the main
+process): it reads one file, decodes it with `data.decode.load_image` (JPEG
+draft, EXIF orientation, 16-bit scaling, transparency onto white), keeps its
+short side at `StoreSpec.short_side`, encodes it as JPEG or PNG and measures
+the per-channel sums the train split's statistics need, at the model's input
+size as the tf.data pipeline resizes it. The result depends only on the file's
+bytes and the spec, never on the worker: any worker count gives the same output.
+
+`ImageCache` keeps each result under the file's content hash, in a folder per
+spec fingerprint, so an incremental `prepare` decodes only new or changed files.
+Entries are written to a temporary name and renamed: a kill leaves none half-written.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
+STORE_VERSION = 1
+JPEG_SOURCES = {"JPEG", "MPO"}
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Everything that decides the stored bytes and statistics of one image."""
+
+    channels: int
+    short_side: int  # the stored image's short side (never enlarged)
+    encoding: str  # auto | jpeg | png
+    jpeg_quality: int
+    image_size: int  # the model's input size, for the statistics
+
+    def fingerprint(self) -> str:
+        import PIL
+
+        blob = json.dumps({**asdict(self), "version": STORE_VERSION, "pillow": PIL.__version__},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The outcome for one file: `data` and its facts, or the reason it was refused."""
+
+    reason: str | None = None
+    data: bytes = b""
+    encoding: str = ""
+    source_size: tuple[int, int] = (0, 0)  # width, height as decoded (upright)
+    stored_size: tuple[int, int] = (0, 0)
+    sums: tuple[float, ...] = ()  # per channel, of pixels in [0, 1] at image_size
+    squares: tuple[float, ...] = ()
+    pixels: int = 0  # per channel
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def store_image(path: str, spec: StoreSpec) -> Stored:
+    """Read, decode, resize, encode and measure one file (a pool worker's job)."""
+    from tfmlops.data.decode import ImageRejected, load_image_info
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return Stored(reason=f"unreadable: {exc.strerror or exc}")
+    try:
+        img, fmt, source = load_image_info(data, spec.channels, spec.short_side)
+    except ImageRejected as exc:
+        return Stored(reason=str(exc))
+    encoding = spec.encoding
+    if encoding == "auto":
+        encoding = "jpeg" if fmt in JPEG_SOURCES else "png"
+    buf = io.BytesIO()
+    if encoding == "jpeg":
+        img.save(buf, format="JPEG", quality=spec.jpeg_quality)
+    else:
+        img.save(buf, format="PNG")
+    stored = buf.getvalue()
+    # PNG is lossless: its pixels are the image's; a JPEG is measured as decoded.
+    pixels_now = np.asarray(img) if encoding == "png" else None
+    sums, squares, pixels = channel_sums(stored, spec.image_size, spec.channels, pixels_now)
+    return Stored(None, stored, encoding, tuple(source), img.size, sums, squares, pixels)
+
+
+def channel_sums(encoded: bytes, size: int, channels: int, pixels: np.ndarray | None = None):
+    """Per-channel sum and sum of squares of the stored image as training reads it:
+    decoded, resized to size x size (TensorFlow's bilinear), scaled to [0, 1]."""
+    from PIL import Image
+
+    if pixels is None:
+        with Image.open(io.BytesIO(encoded)) as img:
+            pixels = np.asarray(img)
+    planes = _resized_planes(pixels.reshape(pixels.shape[0], pixels.shape[1], channels), size)
+    planes *= np.float32(1 / 255.0)
+    sums = planes.sum((1, 2), dtype=np.float64)
+    squares = np.einsum("cij,cij->c", planes, planes, dtype=np.float64)
+    return tuple(sums.tolist()), tuple(squares.tolist()), size * size
+
+
+def resize_bilinear(image: np.ndarray, size: int) -> np.ndarray:
+    """[H, W, C] -> float32 [size, size, C] as `tf.image.resize` (bilinear, half-pixel
+    centres, no antialiasing) computes it."""
+    return _resized_planes(image, size).transpose(1, 2, 0)
+
+
+def _resized_planes(image: np.ndarray, size: int) -> np.ndarray:
+    # [H, W, C] -> [C, size, size]: per channel, two small matrix products (several times
+    # faster than gathering rows and columns; most of a photo's statistics cost).
+    h, w, _ = image.shape
+    planes = np.ascontiguousarray(np.moveaxis(image, 2, 0), dtype=np.float32)
+    return _resize_matrix(h, size) @ planes @ _resize_matrix(w, size).T
+
+
+@functools.lru_cache(maxsize=256)
+def _resize_matrix(in_size: int, out_size: int) -> np.ndarray:
+    lower, upper, lerp = _interpolation(in_size, out_size)
+    m = np.zeros((out_size, in_size), np.float32)
+    out = np.arange(out_size)
+    np.add.at(m, (out, lower), 1 - lerp)
+    np.add.at(m, (out, upper), lerp)
+    return m
+
+
+def _interpolation(in_size: int, out_size: int):
+    # TensorFlow's half-pixel scaler (resize_bilinear_op.cc), in float32 like the kernel.
+    scale = np.float32(in_size / out_size)
+    src = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    floor = np.floor(src)
+    lower = np.maximum(floor, 0).astype(np.int64)
+    upper = np.minimum(np.ceil(src), in_size - 1).astype(np.int64)
+    return lower, upper, (src - floor).astype(np.float32)
+
+
+class ImageCache:
+    """Results by content hash, appended to segment files `<root>/<fingerprint>/NNNNNN.seg`.
+
+    One file per run, not one per image: thousands of small files cost more to
+    create than the images they hold cost to decode (digits). Each entry is
+    `<u32 header length><header JSON: sha256, length, crc32c, facts><data>`,
+    written by one call; an entry cut short by a kill (too short, or a CRC that
+    does not match) is ignored, so a half-written entry is never used. `compact`
+    rewrites the live entries into one segment once a run has succeeded.
+    """
+
+    def __init__(self, root: str | Path, spec: StoreSpec):
+        self.root = Path(root)
+        self.folder = self.root / spec.fingerprint()
+        self.index: dict[str, tuple[Path, int, dict]] = {}
+        self._readers: dict[Path, object] = {}
+        self._out = None
+        self._scan_all()
+
+    def _scan(self, seg: Path) -> None:
+        size = seg.stat().st_size
+        with seg.open("rb") as fh:
+            pos = 0
+            while pos + 4 <= size:
+                (n,) = struct.unpack("<I", fh.read(4))
+                try:
+                    head = json.loads(fh.read(n))
+                    length = int(head["length"])
+                except (ValueError, KeyError, TypeError):
+                    return  # a torn header: nothing after it is trusted
+                start = pos + 4 + n
+                if start + length > size:
+                    return
+                self.index[head["sha256"]] = (seg, start, head)
+                pos = start + length
+                fh.seek(pos)
+
+    def has(self, sha256: str) -> bool:
+        return sha256 in self.index
+
+    def get(self, sha256: str) -> Stored | None:
+        import google_crc32c
+
+        if sha256 not in self.index:
+            return None
+        seg, start, head = self.index[sha256]
+        fh = self._readers.get(seg) or self._readers.setdefault(seg, seg.open("rb"))
+        fh.seek(start)
+        data = fh.read(head["length"])
+        if len(data) != head["length"] or google_crc32c.value(data) != head["crc32c"]:
+            return None  # cut short or damaged: decode again
+        facts = {k: tuple(v) if isinstance(v, list) else v for k, v in head.items()
+                 if k not in ("sha256", "length", "crc32c")}
+        return Stored(data=data, **facts)
+
+    def put(self, sha256: str, stored: Stored) -> None:
+        import google_crc32c
+
+        if self._out is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            number = max((int(p.stem) for p in self.folder.glob("*.seg")), default=0) + 1
+            self._out = (self.folder / f"{number:06d}.seg").open("ab")
+        self._out.write(_entry(sha256, stored, google_crc32c.value(stored.data)))
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        for fh in self._readers.values():
+            fh.close()
+        self._readers.clear()
+
+    def compact(self, keep: set[str], max_segments: int = 4) -> None:
+        """After a successful run: drop other specs' folders and, once there are dead
+        entries (files gone from the dataset) or many segments, rewrite the entries of
+        `keep` into one segment."""
+        self.close()
+        if self.root.is_dir():
+            for other in self.root.iterdir():
+                if other != self.folder:
+                    shutil.rmtree(other, ignore_errors=True)
+        self.index = {}
+        self._scan_all()  # now with this run's segment
+        segments = sorted(self.folder.glob("*.seg"))
+        if len(segments) <= max_segments and set(self.index) <= keep:
+            return
+        tmp = self.folder / ".compact.tmp"
+        with tmp.open("wb") as out:
+            for sha in sorted(keep & set(self.index)):
+                stored = self.get(sha)
+                if stored is not None:
+                    out.write(_entry(sha, stored, self.index[sha][2]["crc32c"]))
+        self.close()
+        os.replace(tmp, self.folder / f"{int(segments[-1].stem) + 1:06d}.seg")
+        for seg in segments:
+            seg.unlink()
+
+    def _scan_all(self) -> None:
+        for seg in sorted(self.folder.glob("*.seg")) if self.folder.is_dir() else []:
+            self._scan(seg)
+
+
+def _entry(sha256: str, stored: Stored, crc: int) -> bytes:
+    head = {k: v for k, v in asdict(stored).items() if k != "data"}
+    head.update(sha256=sha256, length=len(stored.data), crc32c=crc)
+    blob = json.dumps(head).encode()
+    return struct.pack("<I", len(blob)) + blob + stored.data

@@ -1,0 +1,127 @@
+"""prepare's building blocks: TFRecord/Example bytes TensorFlow reads, the result
+cache's crash safety, one image's stored form, progress lines."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from images import exif_rotated_jpeg, photo
+from tfmlops.data.store import ImageCache, Stored, StoreSpec, resize_bilinear, store_image
+from tfmlops.data.tfrecords import ShardedWriter, encode_example
+from tfmlops.progress import Progress
+
+SPEC = StoreSpec(channels=3, short_side=16, encoding="auto", jpeg_quality=90, image_size=16)
+
+
+def test_records_are_read_by_tensorflow_as_written(tmp_path):
+    import tensorflow as tf
+
+    writer = ShardedWriter(tmp_path, "train", shards=3)
+    written = [{"image": bytes([i]) * (i * 50), "label": i - 1, "sha256": f"{i:064x}".encode()}
+               for i in range(5)]
+    for features in written:
+        writer.write(encode_example(features))
+    paths = writer.close()
+    assert [p.name for p in paths] == [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)]
+    read = []
+    for p in paths:
+        for record in tf.data.TFRecordDataset(str(p)):
+            f = tf.train.Example.FromString(record.numpy()).features.feature
+            read.append({"image": f["image"].bytes_list.value[0], "label": f["label"].int64_list.value[0],
+                         "sha256": f["sha256"].bytes_list.value[0]})
+    order = [0, 3, 1, 4, 2]  # round robin over the shards
+    assert read == [written[i] for i in order]
+
+
+def test_fewer_records_than_shards_makes_fewer_files(tmp_path):
+    writer = ShardedWriter(tmp_path, "test", shards=4)
+    writer.write(encode_example({"label": 1}))
+    writer.write(encode_example({"label": 2}))
+    assert [p.name for p in writer.close()] == ["test-00000-of-00002.tfrecord",
+                                                 "test-00001-of-00002.tfrecord"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test-00000-of-00002.tfrecord",
+                                                           "test-00001-of-00002.tfrecord"]
+
+
+def test_resize_matches_tensorflow():
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).uniform(0, 255, (23, 37, 3)).astype(np.float32)
+    for size in (8, 16, 50):
+        np.testing.assert_allclose(resize_bilinear(x, size),
+                                   tf.image.resize(x, (size, size)).numpy(), atol=1e-3)
+
+
+def test_stored_image_is_upright_reduced_and_encoded_by_source(tmp_path):
+    exif_rotated_jpeg(tmp_path / "r.jpg", 80, 40)
+    photo(np.random.default_rng(0), 50, 30, 0.5).save(tmp_path / "p.png")
+    jpeg, png = store_image(str(tmp_path / "r.jpg"), SPEC), store_image(str(tmp_path / "p.png"), SPEC)
+    assert jpeg.ok and jpeg.encoding == "jpeg" and jpeg.data[:3] == b"\xff\xd8\xff"
+    assert jpeg.source_size == (40, 80) and jpeg.stored_size == (16, 32)
+    assert png.encoding == "png" and png.stored_size == (27, 16) and png.pixels == 256
+    (tmp_path / "e.png").write_bytes(b"")
+    assert store_image(str(tmp_path / "e.png"), SPEC).reason == "zero-byte file"
+
+
+def test_cache_ignores_entries_cut_short_or_damaged(tmp_path):
+    cache = ImageCache(tmp_path, SPEC)
+    entries = {f"{i:064x}": Stored(data=bytes([i]) * 100, encoding="png", source_size=(i, i),
+                                   stored_size=(16, 16), sums=(1.0,), squares=(2.0,), pixels=256)
+               for i in range(3)}
+    for sha, stored in entries.items():
+        cache.put(sha, stored)
+    cache.put("f" * 64, Stored(reason="not an image"))
+    cache.close()
+    again = ImageCache(tmp_path, SPEC)
+    assert again.get(f"{1:064x}") == entries[f"{1:064x}"]
+    assert again.get("f" * 64).reason == "not an image"
+    again.close()
+
+    (seg,) = (tmp_path / again.folder.name).glob("*.seg")
+    blob = seg.read_bytes()
+    seg.write_bytes(blob[:-150])  # a kill in the middle of the last entries
+    cut = ImageCache(tmp_path, SPEC)
+    assert cut.has(f"{0:064x}") and not cut.has("f" * 64)
+    cut.close()
+    damaged = bytearray(blob)
+    damaged[blob.index(bytes([2]) * 100) + 10] ^= 0xFF  # flipped bits inside an entry's data
+    seg.write_bytes(bytes(damaged))
+    bad = ImageCache(tmp_path, SPEC)
+    assert bad.get(f"{2:064x}") is None and bad.get(f"{0:064x}") is not None
+    bad.close()
+
+
+def test_cache_compaction_keeps_only_live_entries_of_this_spec(tmp_path):
+    other = ImageCache(tmp_path, StoreSpec(1, 16, "png", 90, 16))
+    other.put("a" * 64, Stored(reason="x"))
+    other.close()
+    cache = ImageCache(tmp_path, SPEC)
+    for c in "bcd":
+        cache.put(c * 64, Stored(data=c.encode() * 10, encoding="png"))
+    cache.compact({"b" * 64, "c" * 64})
+    assert [p.name for p in tmp_path.iterdir()] == [cache.folder.name]
+    fresh = ImageCache(tmp_path, SPEC)
+    assert set(fresh.index) == {"b" * 64, "c" * 64} and fresh.get("c" * 64).data == b"c" * 10
+
+
+def test_progress_logs_done_rate_and_time_left(caplog):
+    now = [0.0]
+    progress = Progress(100, "prepare: images", seconds=5, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="tfmlops.progress"):
+        for _ in range(40):
+            now[0] += 0.25
+            progress.update()
+        progress.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "prepare: images: 20/100 (4.0/s, 20 s left)"
+    assert lines[1] == "prepare: images: 40/100 (4.0/s, 15 s left)"
+    assert lines[-1] == "prepare: images: 40/100 (4.0/s, 10.0 s)"
+    assert len(lines) == 3
+
+
+@pytest.mark.parametrize("seconds, text", [(42, "42 s"), (125, "2 min 05 s"), (7260, "2 h 01 min")])
+def test_time_left_reads_well(seconds, text):
+    from tfmlops.progress import _duration
+
+    assert _duration(seconds) == text
