@@ -180,9 +180,13 @@ class Registry:
                 return
             except _Exists:
                 pass
+            except _Missing:  # the SQL store reads the clashing lock, which was just released
+                continue
             seen = self._lock_state(lock)
             if seen is None:
                 continue  # released between our create and our read: try again at once
+            if seen["holder"] == me:
+                return  # our create committed, then its answer was lost and retried
             now = time.monotonic()
             if watched is None or watched[0] != seen["token"]:
                 watched = (seen["token"], now)  # renewed (or a new holder): the lease restarts

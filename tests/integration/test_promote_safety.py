@@ -266,7 +266,7 @@ def test_racing_promotions_leave_exactly_one_production(reg, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for v in versions]
     outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [o[-2000:] for o in outs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[-6000:] for o in outs]
     runs = stage_runs(cfg, "promote")
     chain = {r.data.tags["tfmlops.promote.candidate"]:
              r.data.tags["tfmlops.promote.production_before"] for r in runs}
