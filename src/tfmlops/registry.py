@@ -317,6 +317,21 @@ class _Lease:
         self._thread.join(timeout=self.lease_s)
 
 
+def content_digest(path: Path) -> str:
+    """sha256 (first 16 hex digits) of a file, or of a folder's files in path order:
+    with the run id, the registration key of what `export` registers."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        h.update(str(file.relative_to(path.parent)).encode())
+        with open(file, "rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 # ------------------------------------------------------------ logging a model
 
 def log_serving_model(run: tracking.StageRun, folder: Path, runtime_file: str,

@@ -164,7 +164,7 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")
     # Keyed by this run and the served bytes: a retried call finds the version it created.
-    key = f"{run.run_id}:{_digest(out / serving['file'])}"
+    key = f"{run.run_id}:{registry.content_digest(out / serving['file'])}"
     version = registry.Registry(cfg, name).register(
         uri, version_tags(rows, parities, serving, lineage), card, key=key)
     log.info("export: registered %s version %s", name, version)
@@ -221,20 +221,6 @@ def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ helpers
-
-def _digest(path: Path) -> str:
-    """sha256 (first 16 hex digits) of a file, or of a folder's files in path order."""
-    import hashlib
-
-    h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        h.update(str(file.relative_to(path.parent)).encode())
-        with open(file, "rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()[:16]
-
 
 def _rel_to(root: Path, path: str) -> str:
     p = Path(path)
