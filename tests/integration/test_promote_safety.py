@@ -9,7 +9,6 @@ items 3, 12, 13, 14).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import VENV_BIN, child_env, stage_runs
+from tfmlops.config import load_config
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -75,7 +76,6 @@ def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the
     """v1 then v2 promoted; the promotion of v3 dies after `n` registry writes.
     Then --rollback must restore the version production replaced (never an older one),
     and running the promotion again must complete it."""
-    from tfmlops.registry import Registry
     from tfmlops.stages import promote
 
     cfg, registry, register = reg
@@ -84,23 +84,7 @@ def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the
     promote.run(cfg, version=int(v2))
     assert registry.aliases() == {"production": v2, "previous": v1}
 
-    crashing = Registry(cfg)
-    import tfmlops.registry as registry_module
-
-    real_init = registry_module.Registry.__init__
-    writes: list[str] = []
-
-    def init(self, *a, **k):  # the stage builds its own Registry: give it the crashing client
-        real_init(self, *a, **k)
-        self.client = crashing.client
-
-    writes = fail_after(crashing.client, n)
-    registry_module.Registry.__init__ = init
-    try:
-        with pytest.raises(Crash):
-            promote.run(cfg, version=int(v3))
-    finally:
-        registry_module.Registry.__init__ = real_init
+    writes = crash_promotion(cfg, v3, n)
     assert len(writes) == n, writes
 
     production = registry.alias("production")
@@ -117,25 +101,37 @@ def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the
     w1, w2, w3 = fresh_register(), fresh_register(), fresh_register()
     promote.run(fresh_cfg, version=int(w1))
     promote.run(fresh_cfg, version=int(w2))
-    crashing = Registry(fresh_cfg)
-    fail_after(crashing.client, n)
-    registry_module.Registry.__init__ = init
-    try:
-        with pytest.raises(Crash):
-            promote.run(fresh_cfg, version=int(w3))
-    finally:
-        registry_module.Registry.__init__ = real_init
+    crash_promotion(fresh_cfg, w3, n)
     promote.run(fresh_cfg, version=int(w3))
     assert fresh.aliases() == {"production": w3, "previous": w2}
     assert promote.run(fresh_cfg, rollback=True)["production"] == w2
     assert fresh.aliases() == {"production": w2, "previous": w1}
 
 
-def _fresh(cfg, name: str):
-    from tfmlops.config import load_config
-    from tfmlops.registry import Registry
+def crash_promotion(cfg, version: str, n: int) -> list[str]:
+    """`promote --version` whose registry client dies after `n` real writes."""
+    from tfmlops import registry as registry_module
+    from tfmlops.stages import promote
 
-    import yaml
+    crashing = registry_module.Registry(cfg)
+    writes = fail_after(crashing.client, n)
+    real_init = registry_module.Registry.__init__
+
+    def init(self, *a, **k):  # the stage builds its own Registry: give it the crashing client
+        real_init(self, *a, **k)
+        self.client = crashing.client
+
+    registry_module.Registry.__init__ = init
+    try:
+        with pytest.raises(Crash):
+            promote.run(cfg, version=int(version))
+    finally:
+        registry_module.Registry.__init__ = real_init
+    return writes
+
+
+def _fresh(cfg, name: str):
+    from tfmlops.registry import Registry
 
     path = Path(cfg.paths.reports).parent / f"params-{name}.yaml"
     params = cfg.to_dict()
@@ -170,10 +166,6 @@ def test_a_dvc_experiment_never_moves_production_unless_allowed(reg, monkeypatch
 
     allowed = cfg.to_dict()
     allowed["promote"]["from_experiments"] = True
-    from tfmlops.config import load_config
-
-    import yaml
-
     path = Path(cfg.paths.reports).parent / "params-allowed.yaml"
     path.write_text(yaml.safe_dump(allowed, sort_keys=False))
     assert promote.run(load_config(path), version=int(v3))["outcome"] == "promoted"
@@ -223,8 +215,9 @@ print("released", flush=True)
 
 
 def _holder(cfg, mode: str, seconds: float = 0.0, version: str = "1") -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(Path(cfg.paths.reports).parent / "params.yaml"), mode, str(seconds),
-                             version], env=child_env(), stdout=subprocess.PIPE, text=True)
+    params = Path(cfg.paths.reports).parent / "params.yaml"
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(params), mode, str(seconds), version],
+                            env=child_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
