@@ -6,7 +6,7 @@ rollback target), `candidate` (refused by the gate) and `exp-<name>` (a version
 a DVC experiment produced).
 
 Registration is idempotent: each version carries a `tfmlops.register_key` tag
-(a digest of what was registered), and `register` looks for a version with that
+(export's: its run id and a digest of the served model), and `register` looks for a version with that
 key before creating one, inside the retried call: a timeout after the server
 committed finds the version instead of creating a second one.
 
@@ -124,11 +124,12 @@ class Registry:
 
     def register(self, model_uri: str, tags: dict[str, Any], description: str,
                  key: str | None = None) -> str:
-        """The version registered under `key` (default: a digest of `model_uri`), created
-        if there is none; returns its number. Safe to retry: never registers twice."""
+        """The version registered under `key`, created if there is none; returns its number.
+        The lookup runs inside the retried call, so a retry never registers twice. Without
+        a `key`, each call registers its own version (the key is unique to the call)."""
         if len(description) > DESCRIPTION_LIMIT:
             description = description[:DESCRIPTION_LIMIT] + "\n\n(truncated: see model_card.md)"
-        key = key or hashlib.sha256(model_uri.encode()).hexdigest()[:32]
+        key = key or uuid.uuid4().hex
         tags = {**{k: str(v) for k, v in tags.items()}, REGISTER_KEY: key}
 
         def find_or_create(client):
@@ -164,8 +165,10 @@ class Registry:
         finally:
             self._lease = None
             lease.stop()
-            with contextlib.suppress(_Missing):
-                self._take_away(lock, me, "release")
+            state = None if lease.lost else self._lock_state(lock)
+            if state is not None and state["holder"] == me:  # a lost lock is someone else's now
+                with contextlib.suppress(_Missing):
+                    self._take_away(lock, me, "release")
 
     def _acquire(self, lock: str, me: str, lease_s: float, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -320,8 +323,6 @@ class _Lease:
 def content_digest(path: Path) -> str:
     """sha256 (first 16 hex digits) of a file, or of a folder's files in path order:
     with the run id, the registration key of what `export` registers."""
-    import hashlib
-
     h = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:

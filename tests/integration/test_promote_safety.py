@@ -192,8 +192,11 @@ def test_registration_retried_after_a_committed_timeout_makes_no_duplicate(reg):
     registry.client.create_model_version = real
     versions = registry.client.search_model_versions(f"name = '{registry.name}'")
     assert len(calls) == 1 and [v.version for v in versions] == [int(version)]
-    # The same content registered again (a rerun) is the same version.
-    assert registry.register("file:///nowhere/once", GOOD, "test version") == version
+    # The same key registered again (export's run and bytes) is the same version...
+    keyed = registry.register("file:///nowhere/keyed", GOOD, "test", key="run1:abc")
+    assert registry.register("file:///nowhere/keyed", GOOD, "test", key="run1:abc") == keyed
+    # ...and without one, each call is a version of its own.
+    assert registry.register("file:///nowhere/x", GOOD, "test") != keyed
 
 
 # ----------------------------------------------------------------- item 13
