@@ -2,13 +2,27 @@
 
 With the tracking package, the only code that calls MLflow. Aliases, never the
 deprecated stages: `production`, `previous` (what production replaced, the
-rollback target) and `candidate` (refused by the gate).
+rollback target), `candidate` (refused by the gate) and `exp-<name>` (a version
+a DVC experiment produced).
+
+Registration is idempotent: each version carries a `tfmlops.register_key` tag
+(export's: its run id and a digest of the served model), and `register` looks for a version with that
+key before creating one, inside the retried call: a timeout after the server
+committed finds the version instead of creating a second one.
 
 Moving an alias is a last-writer-wins upsert, so promotions hold a lock: a
 registered model named `<model>.promotion-lock`, created atomically (the
-store's unique name constraint: a second creator gets RESOURCE_ALREADY_EXISTS)
-and deleted at the end. The holder re-reads the lock before moving aliases; a
-lock whose holder died (same host, pid gone) or whose lease ran out is broken.
+store's unique name constraint: a second creator gets RESOURCE_ALREADY_EXISTS).
+- The holder renews it from a heartbeat thread (an update of the lock's
+  description every lease/4), so the server stamps its last_updated_timestamp.
+- Every write under the lock re-checks ownership first (`_write`).
+- A waiter never compares clocks: it breaks the lock only after the lock's
+  (holder, server timestamp, description) stayed unchanged for the holder's
+  lease, measured on the waiter's own monotonic clock. A live holder, however
+  slow, on whichever host or container, renews and is never broken.
+- Breaking (and releasing) renames the lock to a unique name: the store lets
+  exactly one rename of a name succeed, so only one breaker wins; the winner
+  checks it took the lock it judged dead, and puts back one it did not.
 
 Calls are retried by the tracking package's one retry helper (bounded backoff,
 with jitter here so competing promotions do not retry in step); a registry that
@@ -18,10 +32,12 @@ stays away raises TrackingUnavailable (a promotion is never queued for later).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import random
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,8 +53,9 @@ log = logging.getLogger(__name__)
 
 PRODUCTION, PREVIOUS, CANDIDATE = "production", "previous", "candidate"
 LOCK_SUFFIX = ".promotion-lock"
-LOCK_LEASE_S = 120.0  # a promotion takes seconds; a lock older than this is abandoned
 LOCK_WAIT_S = 300.0
+LOCK_HOLDER, LOCK_LEASE = "tfmlops.lock.holder", "tfmlops.lock.lease_s"
+REGISTER_KEY = "tfmlops.register_key"
 DESCRIPTION_LIMIT = 4900  # the SQL store keeps 5,000 characters of a version description
 
 # Version tags the gate reads (written by `export`).
@@ -60,6 +77,7 @@ class Registry:
         tracking.ensure_reachable(self.uri, cfg.tracking.connect_timeout_s)
         self.client = tracking.use_uri(self.uri).MlflowClient(tracking_uri=self.uri,
                                                               registry_uri=self.uri)
+        self._lease: _Lease | None = None  # set while this object holds the promotion lock
 
     # -- reading
     def alias(self, alias: str) -> str | None:
@@ -89,97 +107,143 @@ class Registry:
         except _Missing:
             return False
 
-    # -- writing
+    # -- writing (each re-checks the promotion lock when one is held)
     def set_alias(self, alias: str, version: str) -> None:
-        self._call(lambda c: c.set_registered_model_alias(self.name, alias, str(version)),
-                   f"set @{alias}")
+        self._write(lambda c: c.set_registered_model_alias(self.name, alias, str(version)),
+                    f"set @{alias}")
 
     def delete_alias(self, alias: str) -> None:
         with contextlib.suppress(_Missing):
-            self._call(lambda c: c.delete_registered_model_alias(self.name, alias),
-                       f"delete @{alias}")
+            self._write(lambda c: c.delete_registered_model_alias(self.name, alias),
+                        f"delete @{alias}")
 
     def tag_version(self, version: str, tags: dict[str, Any]) -> None:
         for key, value in tags.items():
-            self._call(lambda c, k=key, v=value: c.set_model_version_tag(
+            self._write(lambda c, k=key, v=value: c.set_model_version_tag(
                 self.name, str(version), k, str(v)), f"tag version {version}")
 
-    def register(self, model_uri: str, tags: dict[str, Any], description: str) -> str:
-        """A new version of this model from a logged model; returns its number."""
+    def register(self, model_uri: str, tags: dict[str, Any], description: str,
+                 key: str | None = None) -> str:
+        """The version registered under `key`, created if there is none; returns its number.
+        The lookup runs inside the retried call, so a retry never registers twice. Without
+        a `key`, each call registers its own version (the key is unique to the call)."""
         if len(description) > DESCRIPTION_LIMIT:
             description = description[:DESCRIPTION_LIMIT] + "\n\n(truncated: see model_card.md)"
+        key = key or uuid.uuid4().hex
+        tags = {**{k: str(v) for k, v in tags.items()}, REGISTER_KEY: key}
 
-        def create(client):
+        def find_or_create(client):
+            found = self.version_with_key(client, key)
+            if found is not None:
+                return found
             with contextlib.suppress(Exception):  # exists already: fine
                 client.create_registered_model(self.name)
-            return client.create_model_version(
-                self.name, model_uri, tags={k: str(v) for k, v in tags.items()},
-                description=description)
+            return str(client.create_model_version(self.name, model_uri, tags=tags,
+                                                   description=description).version)
 
-        return str(self._call(create, "register a version").version)
+        return self._call(find_or_create, "register a version")
+
+    def version_with_key(self, client, key: str) -> str | None:
+        """The oldest version of this model tagged with registration `key`, or None."""
+        name = self.name.replace("'", "\\'")
+        found = client.search_model_versions(
+            f"name = '{name}' and tags.`{REGISTER_KEY}` = '{key}'")
+        return str(min(int(v.version) for v in found)) if found else None
 
     # -- the promotion lock
     @contextlib.contextmanager
     def promotion_lock(self, wait_s: float = LOCK_WAIT_S) -> Iterator[Callable[[], None]]:
         """Hold the model's promotion lock; yields `check()`, which raises if it was lost."""
         lock = self.name + LOCK_SUFFIX
-        me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        lease_s = float(self.cfg.promote.lock_lease_s)
+        self._acquire(lock, me, lease_s, wait_s)
+        lease = _Lease(self, lock, me, lease_s)
+        self._lease = lease
+        try:
+            yield lease.check
+        finally:
+            self._lease = None
+            lease.stop()
+            state = None if lease.lost else self._lock_state(lock)
+            if state is not None and state["holder"] == me:  # a lost lock is someone else's now
+                with contextlib.suppress(_Missing):
+                    self._take_away(lock, me, "release")
+
+    def _acquire(self, lock: str, me: str, lease_s: float, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
+        tags = {LOCK_HOLDER: me, LOCK_LEASE: f"{lease_s:g}"}
+        watched: tuple | None = None  # (token, monotonic time it was first seen)
         waited = False
         while True:
-            tags = {"tfmlops.lock.holder": me,
-                    "tfmlops.lock.expires": f"{time.time() + LOCK_LEASE_S:.3f}"}
             try:
-                self._call(lambda c, t=tags: c.create_registered_model(
-                    lock, tags=t, description=f"promotion of {self.name} in progress (tfmlops)"),
-                    "take the promotion lock")
-                break
+                self._call(lambda c: c.create_registered_model(
+                    lock, tags=tags, description=f"promotion of {self.name} in progress "
+                    f"(tfmlops; held by {me})"), "take the promotion lock")
+                return
             except _Exists:
                 pass
-            holder = self._lock_tags(lock)
-            if holder is not None and _abandoned(holder):
-                self._break_lock(lock, holder)
+            except _Missing:  # the SQL store reads the clashing lock, which was just released
                 continue
-            if time.monotonic() > deadline:
-                who = (holder or {}).get("tfmlops.lock.holder", "unknown")
+            seen = self._lock_state(lock)
+            if seen is None:
+                continue  # released between our create and our read: try again at once
+            if seen["holder"] == me:
+                return  # our create committed, then its answer was lost and retried
+            now = time.monotonic()
+            if watched is None or watched[0] != seen["token"]:
+                watched = (seen["token"], now)  # renewed (or a new holder): the lease restarts
+            elif now - watched[1] > seen["lease_s"]:
+                log.warning("promote: breaking the promotion lock of %s: %s did not renew it "
+                            "for %.0f s", self.name, seen["holder"], now - watched[1])
+                with contextlib.suppress(_Missing):
+                    self._take_away(lock, seen["holder"], "break")
+                watched = None
+                continue
+            if now > deadline:
                 raise DataError(
-                    f"another promotion of {self.name} holds the lock ({who}) after {wait_s:.0f} s "
-                    f"of waiting; if none is running, delete the registered model {lock}")
+                    f"another promotion of {self.name} holds the lock ({seen['holder']}) after "
+                    f"{wait_s:.0f} s of waiting; it is still renewing it, so it is alive")
             if not waited:
                 log.info("promote: waiting for another promotion of %s to finish", self.name)
                 waited = True
             time.sleep(0.2 + random.random() * 0.3)
 
-        def check() -> None:
-            tags = self._lock_tags(lock) or {}
-            if tags.get("tfmlops.lock.holder") != me:
-                raise DataError(f"lost the promotion lock of {self.name} (held too long?); "
-                                "nothing was changed, run the promotion again")
-
+    def _lock_state(self, lock: str) -> dict | None:
+        """{holder, lease_s, token}: token changes whenever the holder renews."""
         try:
-            yield check
-        finally:
-            current = self._lock_tags(lock) or {}
-            if current.get("tfmlops.lock.holder") == me:
-                with contextlib.suppress(_Missing):
-                    self._call(lambda c: c.delete_registered_model(lock), "release the lock")
-
-    def _lock_tags(self, lock: str) -> dict[str, str] | None:
-        try:
-            return dict(self._call(lambda c: c.get_registered_model(lock), "read the lock").tags)
+            model = self._call(lambda c: c.get_registered_model(lock), "read the lock")
         except _Missing:
             return None
+        tags = dict(model.tags or {})
+        try:
+            lease_s = float(tags.get(LOCK_LEASE, ""))
+        except ValueError:
+            lease_s = float(self.cfg.promote.lock_lease_s)
+        holder = tags.get(LOCK_HOLDER, "unknown")
+        return {"holder": holder, "lease_s": lease_s,
+                "token": (holder, model.last_updated_timestamp, model.description)}
 
-    def _break_lock(self, lock: str, seen: dict[str, str]) -> None:
-        # Re-read just before deleting: another waiter may have broken it and retaken it.
-        now = self._lock_tags(lock)
-        if now is not None and now.get("tfmlops.lock.holder") == seen.get("tfmlops.lock.holder"):
-            log.warning("promote: breaking the abandoned promotion lock of %s (%s)",
-                        self.name, seen.get("tfmlops.lock.holder"))
-            with contextlib.suppress(_Missing):
-                self._call(lambda c: c.delete_registered_model(lock), "break the lock")
+    def _take_away(self, lock: str, holder: str, why: str) -> None:
+        """Rename the lock to a unique name (only one renamer of a name wins), then delete
+        it if it was `holder`'s; one that is not (retaken meanwhile) is put back."""
+        aside = f"{lock}.{why}-{uuid.uuid4().hex}"
+        self._call(lambda c: c.rename_registered_model(lock, aside), f"{why} the lock")
+        taken = self._call(lambda c: c.get_registered_model(aside), "read the lock")
+        if (taken.tags or {}).get(LOCK_HOLDER) == holder:
+            self._call(lambda c: c.delete_registered_model(aside), f"{why} the lock")
+            return
+        try:
+            self._call(lambda c: c.rename_registered_model(aside, lock), "restore a lock")
+        except _Exists:  # a third promotion took the name: the one we moved has lost it
+            self._call(lambda c: c.delete_registered_model(aside), "drop a lock")
 
     # -- machinery
+    def _write(self, fn, what: str):
+        if self._lease is not None:
+            self._lease.check()
+        return self._call(fn, what)
+
     def _call(self, fn, what: str):
         attempts = self.cfg.tracking.retries + 1
         try:
@@ -206,23 +270,67 @@ class _Exists(Exception):
     pass
 
 
-def _abandoned(tags: dict[str, str]) -> bool:
-    """The lock's lease ran out, or its holder was a process on this host that is gone."""
-    try:
-        if time.time() > float(tags.get("tfmlops.lock.expires", "inf")):
-            return True
-    except ValueError:
-        return True
-    host, _, rest = tags.get("tfmlops.lock.holder", "").partition(":")
-    pid = rest.partition(":")[0]
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    return False
+class _Lease:
+    """A held promotion lock, renewed every lease/4 by a daemon thread until `stop()`."""
+
+    def __init__(self, registry: Registry, lock: str, me: str, lease_s: float):
+        self.registry, self.lock, self.me, self.lease_s = registry, lock, me, lease_s
+        self.renewed = time.monotonic()
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._beats = 0
+        self._thread = threading.Thread(target=self._run, name="tfmlops-lock-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease_s / 4):
+            try:
+                self.renew()
+            except Exception as exc:  # noqa: BLE001 - a missed beat; `check` judges the age
+                log.warning("promote: could not renew the promotion lock: %s", first_line(exc))
+
+    def renew(self) -> None:
+        state = self.registry._lock_state(self.lock)
+        if state is None or state["holder"] != self.me:
+            self.lost = f"the lock is now held by {state['holder'] if state else 'nobody'}"
+            self._stop.set()
+            return
+        self._beats += 1
+        description = f"promotion of {self.registry.name} in progress (tfmlops; held by " \
+                      f"{self.me}; renewal {self._beats})"
+        self.registry._call(lambda c: c.update_registered_model(self.lock, description),
+                            "renew the lock")
+        self.renewed = time.monotonic()
+
+    def check(self) -> None:
+        """Raise unless this process still holds the lock (read from the store now)."""
+        if self.lost is None and time.monotonic() - self.renewed > self.lease_s:
+            self.lost = f"not renewed for {time.monotonic() - self.renewed:.0f} s"
+        if self.lost is None:
+            state = self.registry._lock_state(self.lock)
+            if state is None or state["holder"] != self.me:
+                self.lost = f"the lock is now held by {state['holder'] if state else 'nobody'}"
+        if self.lost:
+            raise DataError(f"lost the promotion lock of {self.registry.name} ({self.lost}); "
+                            "stopped before the next registry write: run the promotion again")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.lease_s)
+
+
+def content_digest(path: Path) -> str:
+    """sha256 (first 16 hex digits) of a file, or of a folder's files in path order:
+    with the run id, the registration key of what `export` registers."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        h.update(str(file.relative_to(path.parent)).encode())
+        with open(file, "rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------ logging a model

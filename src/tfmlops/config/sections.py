@@ -446,6 +446,11 @@ class PromoteConfig:
     registered_model: Text = "digits-classifier"
     gate: GateConfig = Field(default_factory=GateConfig)
     fail_pipeline: Bool = False
+    # A `dvc exp run` is tentative until applied and committed: its version gets
+    # @exp-<name>, never @production, unless this is true.
+    from_experiments: Bool = False
+    # A promotion lock not renewed for this long (its holder died) may be broken.
+    lock_lease_s: Float = Field(60.0, ge=1.0, le=3600.0)
 
 
 # -------------------------------------------------------------------- shared

@@ -1,6 +1,7 @@
 """Stage `export`: SavedModel, ONNX and TFLite with parity checks, then registration.
 
-Output (`paths.export`, built in a staging folder and swapped in whole):
+Output (`paths.export`, built in a staging folder and swapped in whole before the
+version is registered; `registered.json` is written right after registration):
 - `saved_model/<export.model_name>/1/`: TensorFlow Serving layout, signatures
   `serve_image_bytes` (= `serving_default`) and `serve_preprocessed`, reloaded
   and run in a fresh process as part of the check;
@@ -73,8 +74,11 @@ def run(cfg: Config) -> dict:
         card = model_card(cfg.promote.registered_model, data, rows,
                           [p.to_dict() for p in parities], edge, serving, lineage)
         write_text(out / "model_card.md", card)
-        registered = register(cfg, run, out, rows, parities, serving, lineage, card, encoded[0])
-        write_json(out / REGISTERED_FILE, registered)
+        # Outputs in place first, then register, then name the version beside them: a
+        # failure before registration leaves no version without its registered.json.
+        final = swap_in(out, cfg.paths.export)
+        registered = register(cfg, run, final, rows, parities, serving, lineage, card, encoded[0])
+        write_json(final / REGISTERED_FILE, registered)
 
         metrics = {**export_metrics(rows, parities, serving),
                    "registered_version": int(registered["version"] or 0)}
@@ -85,7 +89,6 @@ def run(cfg: Config) -> dict:
         write_csv(reports / FORMATS_CSV, rows, COLUMNS)
         write_json(reports / "export.json", metrics)
         run.log_artifact(reports / FORMATS_CSV, "reports")
-        swap_in(out, cfg.paths.export)
     log.info("%s", format_table(rows, serving, registered))
     return metrics
 
@@ -160,8 +163,10 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
     if uri is None:
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")
+    # Keyed by this run and the served bytes: a retried call finds the version it created.
+    key = f"{run.run_id}:{registry.content_digest(out / serving['file'])}"
     version = registry.Registry(cfg, name).register(
-        uri, version_tags(rows, parities, serving, lineage), card)
+        uri, version_tags(rows, parities, serving, lineage), card, key=key)
     log.info("export: registered %s version %s", name, version)
     return {"name": name, "version": version, "run_id": run.run_id, "model_uri": uri}
 

@@ -1,0 +1,55 @@
+"""A real `dvc exp run` of `promote` (issue 14, item 3): the experiment's version gets
+@exp-<name>; @production only moves under plain `dvc repro`."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import dvc, git, relative_tiny_params, scratch_repo
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+GOOD = {"serving.accuracy": "0.99", "serving.bytes": "1000", "serving.latency_p50_ms": "1.0",
+        "parity.passed": "true"}
+
+# Only the promote stage, of a version registered by the test: no training needed.
+DVC_YAML = """stages:
+  promote:
+    cmd: tfmlops promote --version {version}
+    params:
+      - promote
+    metrics:
+      - reports/promote.json:
+          cache: false
+"""
+
+
+def test_dvc_exp_run_never_moves_production(tmp_path):
+    from tfmlops.config import load_config
+    from tfmlops.registry import Registry
+
+    params = relative_tiny_params(promote={"registered_model": "exp-promote"})
+    params["tracking"]["uri"] = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    repo = scratch_repo(tmp_path / "repo", params)
+    registry = Registry(load_config(repo / "params.yaml"))
+    v1, v2 = (registry.register(f"file:///nowhere/{i}", GOOD, "test") for i in (1, 2))
+    (repo / "dvc.yaml").write_text(DVC_YAML.format(version=v1))
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "promote only", cwd=repo)
+    dvc("repro", cwd=repo)
+    assert registry.aliases() == {"production": v1}
+
+    (repo / "dvc.yaml").write_text(DVC_YAML.format(version=v2))
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "promote v2", cwd=repo)
+    dvc("exp", "run", "-n", "try-gate", "-S", "promote.gate.min_accuracy=0.9", cwd=repo)
+    assert registry.aliases() == {"production": v1, "exp-try-gate": v2}
+    decision = json.loads((Path(repo) / "reports" / "promote.json").read_text())
+    assert decision["experiment"] == "try-gate" and decision["outcome"] == "held"
+    assert "experiments never move @production" in decision["reason"]
+
+    git("checkout", "-q", "--", "params.yaml", "dvc.lock", cwd=repo)  # the experiment, dropped
+    dvc("repro", cwd=repo)  # plain repro promotes as before
+    assert registry.alias("production") == v2

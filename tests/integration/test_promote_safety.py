@@ -1,0 +1,282 @@
+"""Promotion safety on a real MLflow registry (temp SQLite), without training a model.
+
+Versions are registered from a placeholder source with the tags `export`
+writes: the gate reads nothing else. Failures are injected on the real store
+by wrapping a real client method so it raises after N real calls (issue 14:
+items 3, 12, 13, 14).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import VENV_BIN, child_env, stage_runs
+from tfmlops.config import load_config
+
+pytestmark = pytest.mark.timeout(600)
+
+GOOD = {"serving.accuracy": "0.99", "serving.bytes": "1000", "serving.latency_p50_ms": "1.0",
+        "parity.passed": "true"}
+
+
+class Crash(BaseException):
+    """A process dying mid-promotion: nothing in the stage catches a BaseException."""
+
+
+@pytest.fixture
+def reg(make_cfg, tmp_path):
+    """(cfg, registry, register()): a fresh registered model in a temp SQLite store."""
+    from tfmlops.registry import Registry
+
+    cfg = make_cfg(promote={"registered_model": "safety", "lock_lease_s": 3.0})
+    registry = Registry(cfg)
+    count = iter(range(1, 1000))
+
+    def register() -> str:
+        return registry.register(f"file:///nowhere/model-{next(count)}", GOOD, "test version")
+
+    return cfg, registry, register
+
+
+def decision(cfg) -> dict:
+    return json.loads((Path(cfg.paths.reports) / "promote.json").read_text())
+
+
+def fail_after(client, n: int, methods=("set_registered_model_alias", "set_model_version_tag",
+                                        "delete_registered_model_alias")) -> list[str]:
+    """Make the client's write methods raise Crash once `n` real writes went through."""
+    done: list[str] = []
+    for name in methods:
+        real = getattr(client, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            if len(done) >= n:
+                raise Crash(f"injected after {n} writes")
+            result = _real(*args, **kwargs)
+            done.append(f"{_name}{args[1:]}")
+            return result
+
+        setattr(client, name, wrapped)
+    return done
+
+
+# ----------------------------------------------------------------- item 12
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3])
+def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the_wrong_version(
+        reg, n):
+    """v1 then v2 promoted; the promotion of v3 dies after `n` registry writes.
+    Then --rollback must restore the version production replaced (never an older one),
+    and running the promotion again must complete it."""
+    from tfmlops.stages import promote
+
+    cfg, registry, register = reg
+    v1, v2, v3 = register(), register(), register()
+    promote.run(cfg, version=int(v1))
+    promote.run(cfg, version=int(v2))
+    assert registry.aliases() == {"production": v2, "previous": v1}
+
+    writes = crash_promotion(cfg, v3, n)
+    assert len(writes) == n, writes
+
+    production = registry.alias("production")
+    assert production in (v2, v3)
+    expected = v1 if production == v2 else v2  # what the current production replaced
+    result = promote.run(cfg, rollback=True)
+    if result["outcome"] == "repaired":  # @previous was already moved: fixed, not rolled back
+        assert result["production"] == production
+        result = promote.run(cfg, rollback=True)
+    assert result["production"] == expected, (n, writes, decision(cfg))
+
+    # Starting again from the crash: the promotion completes and stays reversible.
+    fresh_cfg, fresh, fresh_register = _fresh(cfg, f"again-{n}")
+    w1, w2, w3 = fresh_register(), fresh_register(), fresh_register()
+    promote.run(fresh_cfg, version=int(w1))
+    promote.run(fresh_cfg, version=int(w2))
+    crash_promotion(fresh_cfg, w3, n)
+    promote.run(fresh_cfg, version=int(w3))
+    assert fresh.aliases() == {"production": w3, "previous": w2}
+    assert promote.run(fresh_cfg, rollback=True)["production"] == w2
+    assert fresh.aliases() == {"production": w2, "previous": w1}
+
+
+def crash_promotion(cfg, version: str, n: int) -> list[str]:
+    """`promote --version` whose registry client dies after `n` real writes."""
+    from tfmlops import registry as registry_module
+    from tfmlops.stages import promote
+
+    crashing = registry_module.Registry(cfg)
+    writes = fail_after(crashing.client, n)
+    real_init = registry_module.Registry.__init__
+
+    def init(self, *a, **k):  # the stage builds its own Registry: give it the crashing client
+        real_init(self, *a, **k)
+        self.client = crashing.client
+
+    registry_module.Registry.__init__ = init
+    try:
+        with pytest.raises(Crash):
+            promote.run(cfg, version=int(version))
+    finally:
+        registry_module.Registry.__init__ = real_init
+    return writes
+
+
+def _fresh(cfg, name: str):
+    from tfmlops.registry import Registry
+
+    path = Path(cfg.paths.reports).parent / f"params-{name}.yaml"
+    params = cfg.to_dict()
+    params["promote"]["registered_model"] = f"safety-{name}"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    fresh_cfg = load_config(path)
+    registry = Registry(fresh_cfg)
+    count = iter(range(1, 1000))
+    return fresh_cfg, registry, lambda: registry.register(
+        f"file:///nowhere/{name}-{next(count)}", GOOD, "test version")
+
+
+# ------------------------------------------------------------------ item 3
+
+def test_a_dvc_experiment_never_moves_production_unless_allowed(reg, monkeypatch):
+    from tfmlops.stages import promote
+
+    cfg, registry, register = reg
+    v1, v2, v3 = register(), register(), register()
+    promote.run(cfg, version=int(v1))
+
+    monkeypatch.setenv("DVC_EXP_NAME", "sober-vent")
+    result = promote.run(cfg, version=int(v2))
+    assert result["outcome"] == "held" and result["production"] == v1
+    assert registry.aliases() == {"production": v1, "exp-sober-vent": v2}
+    d = decision(cfg)
+    assert d["experiment"] == "sober-vent" and "promote.from_experiments is false" in d["reason"]
+    assert d["promoted"] is False and not d["failed"]
+    run = [r for r in stage_runs(cfg, "promote")
+           if r.data.tags.get("tfmlops.promote.candidate") == v2]
+    assert run and run[0].data.tags["dvc.exp_name"] == "sober-vent"  # the same detection
+
+    allowed = cfg.to_dict()
+    allowed["promote"]["from_experiments"] = True
+    path = Path(cfg.paths.reports).parent / "params-allowed.yaml"
+    path.write_text(yaml.safe_dump(allowed, sort_keys=False))
+    assert promote.run(load_config(path), version=int(v3))["outcome"] == "promoted"
+    assert registry.alias("production") == v3
+
+    monkeypatch.delenv("DVC_EXP_NAME")  # plain `dvc repro`: promotes as before
+    assert promote.run(cfg, version=int(v2))["outcome"] == "promoted"
+    assert registry.alias("production") == v2 and decision(cfg)["reason"] == "the gate passed"
+
+
+# ----------------------------------------------------------------- item 14
+
+def test_registration_retried_after_a_committed_timeout_makes_no_duplicate(reg):
+    cfg, registry, _ = reg
+    real = registry.client.create_model_version
+    calls = []
+
+    def commit_then_time_out(*args, **kwargs):
+        calls.append(real(*args, **kwargs))  # the server committed...
+        raise ConnectionError("read timed out")  # ...and the answer was lost
+
+    registry.client.create_model_version = commit_then_time_out
+    version = registry.register("file:///nowhere/once", GOOD, "test version")
+    registry.client.create_model_version = real
+    versions = registry.client.search_model_versions(f"name = '{registry.name}'")
+    assert len(calls) == 1 and [v.version for v in versions] == [int(version)]
+    # The same key registered again (export's run and bytes) is the same version...
+    keyed = registry.register("file:///nowhere/keyed", GOOD, "test", key="run1:abc")
+    assert registry.register("file:///nowhere/keyed", GOOD, "test", key="run1:abc") == keyed
+    # ...and without one, each call is a version of its own.
+    assert registry.register("file:///nowhere/x", GOOD, "test") != keyed
+
+
+# ----------------------------------------------------------------- item 13
+
+HOLDER = """
+import os, signal, sys, time
+from tfmlops.config import load_config
+from tfmlops.registry import Registry
+registry = Registry(load_config(sys.argv[1]))
+with registry.promotion_lock() as check:
+    print("held", flush=True)
+    if sys.argv[2] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)  # no finally, no release
+    time.sleep(float(sys.argv[3]))  # slow, but alive: the heartbeat renews
+    check()
+    registry.set_alias("production", sys.argv[4])
+print("released", flush=True)
+"""
+
+
+def _holder(cfg, mode: str, seconds: float = 0.0, version: str = "1") -> subprocess.Popen:
+    params = Path(cfg.paths.reports).parent / "params.yaml"
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(params), mode, str(seconds), version],
+                            env=child_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_dead_holder_is_replaced_after_its_lease(reg, caplog):
+    from tfmlops.stages import promote
+
+    cfg, registry, register = reg
+    v1 = register()
+    holder = _holder(cfg, "die")
+    assert holder.wait(timeout=60) == -signal.SIGKILL
+    start = time.monotonic()
+    assert promote.run(cfg, version=int(v1))["outcome"] == "promoted"
+    assert time.monotonic() - start >= cfg.promote.lock_lease_s  # not before the lease ran out
+    assert "breaking the promotion lock" in caplog.text
+    assert _locks(registry) == []  # broken and released: nothing left behind
+
+
+def test_a_slow_live_holder_is_not_broken(reg, caplog):
+    """The holder keeps the lock for 3 leases while renewing; the waiter waits it out."""
+    from tfmlops.stages import promote
+
+    cfg, registry, register = reg
+    v1, v2 = register(), register()
+    holder = _holder(cfg, "slow", seconds=3 * cfg.promote.lock_lease_s, version=v1)
+    assert promote.run(cfg, version=int(v2))["outcome"] == "promoted"
+    assert holder.wait(timeout=60) == 0, "the holder lost its lock while alive"
+    assert "breaking the promotion lock" not in caplog.text
+    # Serialized: the holder's write came first, the promotion replaced it.
+    assert registry.aliases() == {"production": v2, "previous": v1}
+
+
+@pytest.mark.distributed
+def test_racing_promotions_leave_exactly_one_production(reg, tmp_path):
+    cfg, registry, register = reg
+    versions = [register() for _ in range(3)]
+    procs = [subprocess.Popen([str(VENV_BIN / "tfmlops"), "promote", "--version", v],
+                              cwd=Path(cfg.paths.reports).parent, env=child_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for v in versions]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[-6000:] for o in outs]
+    runs = stage_runs(cfg, "promote")
+    chain = {r.data.tags["tfmlops.promote.candidate"]:
+             r.data.tags["tfmlops.promote.production_before"] for r in runs}
+    # One after the other: each saw the one before it, so production_before forms one chain.
+    assert sorted(chain) == sorted(versions)
+    firsts = [v for v, before in chain.items() if before in ("None", "", None)]
+    assert len(firsts) == 1
+    order = firsts
+    while len(order) < 3:
+        order.append(next(v for v, before in chain.items() if before == order[-1]))
+    assert registry.aliases() == {"production": order[-1], "previous": order[-2]}
+    assert _locks(registry) == []
+
+
+def _locks(registry):
+    return [m.name for m in registry.client.search_registered_models()
+            if ".promotion-lock" in m.name]
