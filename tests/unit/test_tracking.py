@@ -66,3 +66,27 @@ def test_tracking_disabled_records_nothing_but_the_run_file(tmp_path, make_cfg):
         run.log_metrics({"a": 1.0})
     assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] is None
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_experiment_opens_in_the_model_training_view(tmp_path, make_cfg):
+    """MLflow 3's UI shows the GenAI overview unless the experiment says it is training."""
+    from conftest import mlflow_client
+
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out", params={"a": 1}):
+        pass
+    exp = mlflow_client(cfg).get_experiment_by_name(cfg.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_an_existing_experiment_without_its_kind_gets_it(tmp_path, make_cfg):
+    from conftest import mlflow_client
+
+    cfg = make_cfg()
+    client = mlflow_client(cfg)
+    client.create_experiment(cfg.tracking.experiment)  # as an older tfmlops left it
+    assert "mlflow.experimentKind" not in client.get_experiment_by_name(cfg.tracking.experiment).tags
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out", params={"a": 1}):
+        pass
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"

@@ -20,6 +20,12 @@ from typing import Any
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.lineage import run_tags, write_run_file
+from tfmlops.tracking.naming import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    ensure_experiment_kind,
+    stage_run_name,
+)
 from tfmlops.tracking.ops import apply, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
@@ -325,11 +331,14 @@ def _experiment_id(mlflow, name: str, uri: str) -> str:
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return mlflow_client.create_experiment(name, artifact_location=artifact_location(uri))
+            return mlflow_client.create_experiment(
+                name, artifact_location=artifact_location(uri),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:  # noqa: BLE001 - another process created it first
             exp = mlflow_client.get_experiment_by_name(name)
             if exp is None:
                 raise
+    ensure_experiment_kind(mlflow_client, exp)
     return exp.experiment_id
 
 
