@@ -1,6 +1,7 @@
 """The prepare stage on messy real images, tracked in a real MLflow store."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,8 @@ def test_run_holds_params_metrics_tags_and_dataset_input(tmp_path, make_cfg):
                    profiling={"enabled": True, "start_step": 1, "steps": 1})
     prepare.run(cfg)
     (run,) = stage_runs(cfg, "prepare")
-    assert run.info.status == "FINISHED" and run.info.run_name == "prepare"
+    assert run.info.status == "FINISHED"
+    assert re.fullmatch(r"prepare-[0-9a-f]{6}", run.info.run_name)  # stage + params digest
     assert run.data.params["data.channels"] == "1"
     assert run.data.params["seed"] == str(cfg.seed)
     assert run.data.metrics["images_bad"] == 5
