@@ -75,8 +75,8 @@ def compressed(tmp_path_factory, prepared_digits):
     shutil.copytree(prepared_digits.paths.prepared, workdir / "data" / "prepared")
     cfg = load_config(write_params(workdir, **SECTIONS))
     train_tiny_model(cfg)
-    run_cli("prune", cwd=workdir)
-    # The stage's log (the tfmlops logger, on stderr), kept for the progress test.
+    # Each stage's log (the tfmlops logger, on stderr), kept for the progress tests.
+    (workdir / "prune.stderr").write_text(run_cli("prune", cwd=workdir).stderr)
     (workdir / "quantize.stderr").write_text(run_cli("quantize", cwd=workdir).stderr)
     return cfg
 
@@ -241,6 +241,15 @@ def assert_one_line_exit_2(proc, *needles: str) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_prune_says_what_it_is_doing(compressed):
+    lines = (Path(compressed.paths.prepared).parents[1] / "prune.stderr").read_text()
+    for step in ("[1/3] loading the trained model", "[2/3] fine-tuning under the pruning "
+                 f"schedule: 3 epoch(s) to sparsity {FINAL_SPARSITY}", "[3/3] stripping"):
+        assert f"prune: {step}" in lines, lines[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_quantize_says_which_variant_it_is_on(compressed):
