@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # the UI's "Model training" view
@@ -32,6 +35,11 @@ def stage_run_name(stage: str, params: dict[str, Any]) -> str:
 
 def ensure_experiment_kind(mlflow_client, experiment) -> None:
     """Tag an existing experiment that lacks its kind (created before this tag existed)."""
-    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+    if EXPERIMENT_KIND_TAG in (experiment.tags or {}):
+        return
+    try:
         mlflow_client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
                                          EXPERIMENT_KIND)
+    except Exception as exc:  # noqa: BLE001 - a UI hint never stops a stage's run
+        log.warning("tfmlops: could not tag experiment %s with %s: %s", experiment.name,
+                    EXPERIMENT_KIND_TAG, str(exc).splitlines()[0] if str(exc) else exc)
