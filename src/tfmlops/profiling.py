@@ -1,15 +1,20 @@
 """TensorFlow Profiler traces of a few steady-state steps of each stage.
 
-Traces land in `paths.profiles/<stage>/` in the layout `tensorboard --logdir`
-and its profile plugin read; the stage's run logs the folder as artifacts.
+Traces (and Keras' TensorBoard scalars) land in `paths.profiles/<stage>/<run>/`,
+one folder per run, the last `profiling.keep_runs` kept, in the layout
+`tensorboard --logdir` and its profile plugin read; the stage's run logs its
+own folder as artifacts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import shutil
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 from tfmlops.config import Config
@@ -18,15 +23,53 @@ log = logging.getLogger(__name__)
 
 
 def profile_dir(cfg: Config, stage: str) -> Path:
+    """The stage's folder: one subfolder per run, so TensorBoard shows runs side by side."""
     return Path(cfg.paths.profiles) / stage
 
 
 def fresh_profile_dir(cfg: Config, stage: str) -> Path:
-    """An empty trace folder for this run (old traces would be logged again)."""
-    folder = profile_dir(cfg, stage)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
+    """A new, empty folder for this run's traces and scalars: `<stage>/<UTC time>[-<dvc exp>]`.
+
+    Older runs' folders stay for comparison, the newest `profiling.keep_runs`
+    counting this one; the rest are removed so the folder stays bounded.
+    """
+    parent = profile_dir(cfg, stage)
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    taken = {p.name.split("-", 1)[0] for p in parent.iterdir()}
+    n = 0
+    while (unique := stamp if n == 0 else f"{stamp}.{n}") in taken:
+        n += 1  # two runs in one second (tests, quick stages) keep apart
+    exp_name = os.environ.get("DVC_EXP_NAME")  # the run's name under `dvc exp run`
+    folder = parent / (f"{unique}-{_safe(exp_name)}" if exp_name else unique)
+    folder.mkdir()
+    _keep_newest(parent, cfg.profiling.keep_runs)
     return folder
+
+
+def run_dirs(cfg: Config, stage: str) -> list[Path]:
+    """The stage's per-run folders, oldest first (names start with their UTC time)."""
+    parent = profile_dir(cfg, stage)
+    return _oldest_first(parent) if parent.is_dir() else []
+
+
+def _oldest_first(parent: Path) -> list[Path]:
+    return sorted((p for p in parent.iterdir() if p.is_dir()), key=lambda p: _stamp_key(p.name))
+
+
+def _stamp_key(name: str) -> tuple[str, int]:
+    stamp, _, n = name.split("-", 1)[0].partition(".")
+    return stamp, int(n) if n.isdigit() else 0
+
+
+def _keep_newest(parent: Path, keep: int) -> None:
+    for old in _oldest_first(parent)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+        log.debug("profiling: removed %s (profiling.keep_runs=%d)", old, keep)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60]
 
 
 def keras_profile_batch(cfg: Config, steps_per_epoch: int) -> int | tuple[int, int]:

@@ -1,6 +1,7 @@
 """The prepare stage on messy real images, tracked in a real MLflow store."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from conftest import mlflow_client, stage_runs
 from images import bomb_png, exif_rotated_jpeg, mixed_folder, mpo_jpeg, photo, photo_folder, sixteen_bit_png
+from tfmlops import profiling
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
 
@@ -40,7 +42,8 @@ def test_run_holds_params_metrics_tags_and_dataset_input(tmp_path, make_cfg):
                    profiling={"enabled": True, "start_step": 1, "steps": 1})
     prepare.run(cfg)
     (run,) = stage_runs(cfg, "prepare")
-    assert run.info.status == "FINISHED" and run.info.run_name == "prepare"
+    assert run.info.status == "FINISHED"
+    assert re.fullmatch(r"prepare-[0-9a-f]{6}", run.info.run_name)  # stage + params digest
     assert run.data.params["data.channels"] == "1"
     assert run.data.params["seed"] == str(cfg.seed)
     assert run.data.metrics["images_bad"] == 5
@@ -59,6 +62,21 @@ def test_run_holds_params_metrics_tags_and_dataset_input(tmp_path, make_cfg):
     assert {"prepared", "profile"} <= artifacts
     run_file = json.loads((Path(cfg.paths.prepared) / "mlflow_run.json").read_text())
     assert run_file["run_id"] == run.info.run_id
+
+
+def test_two_runs_leave_two_profile_folders_side_by_side(tmp_path, make_cfg):
+    """TensorBoard over reports/profiles shows each run (its own folder), not only the last."""
+    mixed_folder(tmp_path / "own", per_class=6)
+    cfg = make_cfg(data={"image_dir": str(tmp_path / "own"), "max_bad_fraction": 0.5},
+                   profiling={"enabled": True, "start_step": 1, "steps": 1})
+    prepare.run(cfg)
+    prepare.run(cfg)
+    folders = profiling.run_dirs(cfg, "prepare")
+    assert len(folders) == 2
+    assert all(profiling.trace_files(f) for f in folders)
+    client = mlflow_client(cfg)
+    for run in stage_runs(cfg, "prepare"):  # each run logged its own folder
+        assert "profile" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 def test_too_many_bad_files_fail_before_any_output(tmp_path, make_cfg):

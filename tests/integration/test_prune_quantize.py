@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from conftest import mlflow_client, run_cli, stage_runs, tiny_params
+from tfmlops import profiling
 from tfmlops.config import load_config
 
 FINAL_SPARSITY = 0.6
@@ -73,8 +75,9 @@ def compressed(tmp_path_factory, prepared_digits):
     shutil.copytree(prepared_digits.paths.prepared, workdir / "data" / "prepared")
     cfg = load_config(write_params(workdir, **SECTIONS))
     train_tiny_model(cfg)
-    run_cli("prune", cwd=workdir)
-    run_cli("quantize", cwd=workdir)
+    # Each stage's log (the tfmlops logger, on stderr), kept for the progress tests.
+    (workdir / "prune.stderr").write_text(run_cli("prune", cwd=workdir).stderr)
+    (workdir / "quantize.stderr").write_text(run_cli("quantize", cwd=workdir).stderr)
     return cfg
 
 
@@ -144,7 +147,7 @@ def test_prune_reaches_the_scheduled_sparsity(compressed):
     assert run_file["run_id"] == run.info.run_id
     artifacts = {a.path for a in mlflow_client(cfg).list_artifacts(run.info.run_id)}
     assert {"model", "reports", "profile"} <= artifacts
-    profile = Path(cfg.paths.profiles) / "prune"
+    (profile,) = profiling.run_dirs(cfg, "prune")  # this run's folder under profiles/prune
     assert list(profile.rglob("*.xplane.pb")) and list((profile / "metrics").glob("events.*"))
 
 
@@ -238,6 +241,30 @@ def assert_one_line_exit_2(proc, *needles: str) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_prune_says_what_it_is_doing(compressed):
+    lines = (Path(compressed.paths.prepared).parents[1] / "prune.stderr").read_text()
+    for step in ("[1/3] loading the trained model", "[2/3] fine-tuning under the pruning "
+                 f"schedule: 3 epoch(s) to sparsity {FINAL_SPARSITY}", "[3/3] stripping"):
+        assert f"prune: {step}" in lines, lines[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_quantize_says_which_variant_it_is_on(compressed):
+    """Nine variants take ~20 s: each one's conversion and evaluation is a log line, k of n."""
+    lines = (Path(compressed.paths.prepared).parents[1] / "quantize.stderr").read_text()
+    n = len(ALL_VARIANTS)
+    for k, name in enumerate(ALL_VARIANTS[:-1], 1):  # the QAT variant converts after its fine-tune
+        assert f"quantize: [{k}/{n}] converting {name}" in lines, lines[-3000:]
+    assert f"quantize: [{n}/{n}] {ALL_VARIANTS[-1]}: QAT fine-tune" in lines
+    evaluated = re.findall(r"quantize: \[(\d+)/(\d+)\] evaluating (\w+)", lines)
+    assert sorted(name for _, _, name in evaluated) == sorted(ALL_VARIANTS)
+    assert [int(k) for k, _, _ in evaluated] == list(range(1, n + 1))
+    assert {int(total) for _, total, _ in evaluated} == {n}
+
+
 def test_bad_sparsity_and_missing_models_exit_2(tmp_path, prepared_digits):
     shutil.copytree(prepared_digits.paths.prepared, tmp_path / "data" / "prepared")
     write_params(tmp_path, prune={"final_sparsity": 1.0})

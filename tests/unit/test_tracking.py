@@ -1,9 +1,11 @@
 """Pure parts of the tracking module: where the store is, who records."""
 
 import json
+import re
 
 import pytest
 
+from conftest import mlflow_client, stage_runs
 from tfmlops import tracking
 from tfmlops.config import Config, TrackingConfig
 
@@ -66,3 +68,48 @@ def test_tracking_disabled_records_nothing_but_the_run_file(tmp_path, make_cfg):
         run.log_metrics({"a": 1.0})
     assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] is None
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_experiment_opens_in_the_model_training_view(tmp_path, make_cfg):
+    """MLflow 3's UI shows the GenAI overview unless the experiment says it is training."""
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out", params={"a": 1}):
+        pass
+    exp = mlflow_client(cfg).get_experiment_by_name(cfg.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_an_existing_experiment_without_its_kind_gets_it(tmp_path, make_cfg):
+    cfg = make_cfg()
+    client = mlflow_client(cfg)
+    client.create_experiment(cfg.tracking.experiment)  # as an older tfmlops left it
+    assert "mlflow.experimentKind" not in client.get_experiment_by_name(cfg.tracking.experiment).tags
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out", params={"a": 1}):
+        pass
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def _run_names(cfg, stage):
+    return sorted(r.info.run_name for r in stage_runs(cfg, stage))
+
+
+def test_run_name_is_stage_plus_a_digest_of_the_params_it_reads(tmp_path, make_cfg, monkeypatch):
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    cfg = make_cfg()
+    for lr in (0.1, 0.01, 0.1):
+        with tracking.stage_run(cfg, "train", tmp_path / "out", params={"train": {"lr": lr}}):
+            pass
+    names = _run_names(cfg, "train")
+    assert all(re.fullmatch(r"train-[0-9a-f]{6}", n) for n in names), names
+    assert len(set(names)) == 2  # other params, other name; the same params, the same name
+
+
+def test_run_name_under_dvc_exp_run_is_the_experiment_name(tmp_path, make_cfg, monkeypatch):
+    monkeypatch.setenv("DVC_EXP_NAME", "lean-fish")  # what `dvc exp run` hands each stage
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"train": {"lr": 0.1}}):
+        pass
+    (run,) = stage_runs(cfg, "train")
+    assert run.info.run_name == "train-lean-fish"
+    assert run.data.tags["tfmlops.stage"] == "train" and run.data.tags["dvc.exp_name"] == "lean-fish"

@@ -471,6 +471,8 @@ class ProfilingConfig:
     enabled: Bool = True
     start_step: Int = Field(5, ge=1, le=1_000_000)  # skip warm-up and tracing steps
     steps: Int = Field(3, ge=1, le=1000)
+    # Runs kept per stage under paths.profiles/<stage>/, for TensorBoard side by side.
+    keep_runs: Int = Field(5, ge=1, le=1000)
 
 
 @section

@@ -11,6 +11,7 @@ A required parity that fails raises DataError saying by how much.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -23,6 +24,8 @@ import numpy as np
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import write_json
+
+log = logging.getLogger(__name__)
 
 SAVED_MODEL_VERSION = "1"  # the export folder is rebuilt whole each run: one version in it
 SERVING_CANDIDATES = ("onnx", "tflite")  # runtimes the served model can run without TensorFlow
@@ -76,12 +79,15 @@ def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs
     from tfmlops.serving.signatures import export_saved_model
 
     saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
+    log.info("export: [1/3] SavedModel: writing, then reloading it in a fresh process")
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
                        prepared.mean, prepared.std, prepared.stored_size)
     reloaded = reload_check(saved, x, encoded, keras_probs, prepared.classes, cfg.export.atol)
     onnx_path = out / "model.onnx"
+    log.info("export: [2/3] ONNX: converting (opset %d), checking parity", cfg.export.onnx_opset)
     to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
     check_onnx(onnx_path, x, keras_probs, cfg.export.atol)
+    log.info("export: [3/3] TFLite: the edge variant %s from quantize", edge["variant"])
     shutil.copy2(Path(cfg.paths.tflite) / edge["file"], out / "model.tflite")
     return {"saved_model": saved, "onnx": onnx_path, "tflite": out / "model.tflite",
             "reload_parity": reloaded["saved_model_bytes"]}
@@ -179,7 +185,8 @@ def measure(cfg, model, out: Path, formats: dict, x, y, keras_probs):
     }
     files = {"keras": Path(cfg.paths.train) / "model.keras", **formats}
     rows, parities = [], []
-    for name in ("keras", "saved_model", "onnx", "tflite"):
+    for k, name in enumerate(("keras", "saved_model", "onnx", "tflite"), 1):
+        log.info("export: [%d/4] measuring %s: accuracy, %d timed calls", k, name, runs)
         row = {"format": name, "file": _rel(files[name], out), "bytes": _size(files[name]),
                "accuracy": accuracy(probs[name], y), **latency_ms(call[name], x1, runs, warmup)}
         if name != "keras":

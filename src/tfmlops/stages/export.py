@@ -63,6 +63,8 @@ def run(cfg: Config) -> dict:
         parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
         serving = fmt.choose_serving(rows, parities)
         fmt.write_serving_config(out, serving, prepared)
+        log.info("export: checking the served path (PNG decode, preprocessing, %s) on the test "
+                 "split", serving["runtime"])
         rows.append(fmt.check_served(cfg, out, serving, encoded, y, keras_probs, parities))
         for r in rows:
             r["served"] = r["format"] == serving["runtime"]
@@ -155,6 +157,7 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
         log.warning("export: tracking is off: the model is not registered "
                     "(promote needs the registry)")
         return {"name": name, "version": None, "run_id": None, "model_uri": None}
+    log.info("export: logging the formats and registering %s in MLflow", name)
     run.log_artifact(out / "model_card.md")
     for fmt in ("saved_model", "model.onnx", "model.tflite"):
         run.log_artifact(out / fmt, "formats")

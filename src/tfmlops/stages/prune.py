@@ -77,6 +77,7 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
 
     keras = source.tf_keras_module()
     keras.utils.set_random_seed(cfg.seed)
+    log.info("prune: [1/3] loading the trained model into tf_keras, its test accuracy")
     original, twin = source.load_trained(cfg, tcfg, prepared)
     x_test, y_test = pipeline.arrays(cfg, prepared, "test")
     trained_accuracy = accuracy(original.predict(x_test, verbose=0), y_test)
@@ -100,6 +101,8 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
                              training=True)
     val = pipeline.dataset(cfg, prepared, "val", batch_size=tcfg.train.batch_size)
     keep = pruning.keep_best_pruned(keras, steps.end_step, steps.steps_per_epoch)
+    log.info("prune: [2/3] fine-tuning under the pruning schedule: %d epoch(s) to sparsity %s",
+             cfg.prune.epochs, cfg.prune.final_sparsity)
     started = time.perf_counter()
     history = wrapped.fit(train, validation_data=val, epochs=cfg.prune.epochs,
                           callbacks=[*callbacks, keep], verbose=keras_verbose())
@@ -110,6 +113,7 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
                         step=epoch)
     pruned_names = pruning.pruned_weight_names(wrapped)
 
+    log.info("prune: [3/3] stripping the wrappers, recalibrating batch norm, measuring")
     stripped = pruning.strip(wrapped)
     x_train, _ = pipeline.arrays(cfg, prepared, "train")
     stripped = pruning.recalibrated_batch_norm(stripped, x_train[:BN_CALIBRATION_IMAGES], keras)

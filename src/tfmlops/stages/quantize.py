@@ -61,8 +61,11 @@ def run(cfg: Config) -> dict:
     upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train,
                 "prune": cfg.paths.pruned}
     params = {"quantize": cfg.to_dict()["quantize"], "model": tcfg.to_dict()["model"]}
+    # QAT's fine-tune is the one part worth a trace; its folder is this run's.
+    qat_profile = profiling.fresh_profile_dir(cfg, STAGE) if (
+        cfg.quantize.qat and cfg.profiling.enabled) else None
     with tracking.stage_run(cfg, STAGE, out, upstream=upstream, params=params) as run:
-        metrics, rows, edge = _quantize(cfg, tcfg, prepared, out)
+        metrics, rows, edge = _quantize(cfg, tcfg, prepared, out, qat_profile)
         write_json(out / "edge.json", edge)
         frontier_csv = write_csv(Path(cfg.paths.reports) / "frontier.csv", rows, FRONTIER_COLUMNS)
         frontier_png(rows, edge, out / "frontier.png")
@@ -74,8 +77,8 @@ def run(cfg: Config) -> dict:
         run.log_artifact(final / "frontier.png", "plots")
         run.log_artifact(final / "edge.json", "tflite")
         run.log_artifact(final / edge["file"], "tflite")
-        if cfg.quantize.qat and profiling.trace_files(profiling.profile_dir(cfg, STAGE)):
-            run.log_artifact(profiling.profile_dir(cfg, STAGE), "profile")  # QAT fine-tune
+        if qat_profile is not None and profiling.trace_files(qat_profile):
+            run.log_artifact(qat_profile, "profile")  # QAT fine-tune
     write_json(Path(cfg.paths.reports) / "quantize.json", metrics)
     log.info("quantize: %d variants; edge %s (%s bytes, accuracy %.4f vs Keras %.4f)", len(rows),
              edge["variant"], edge["bytes"], edge["accuracy"], edge["reference_accuracy"])
@@ -95,7 +98,7 @@ def _check(cfg: Config) -> Config:
     return tcfg
 
 
-def _quantize(cfg: Config, tcfg: Config, prepared, out: Path):
+def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path | None):
     from tfmlops.compress import litert, tflite
     from tfmlops.data import pipeline
     from tfmlops.runtimes import accuracy
@@ -106,29 +109,28 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path):
     x_train, _ = pipeline.arrays(cfg, prepared, "train")
     calibration = x_train[tflite.sample_indices(len(x_train), q.representative_samples, cfg.seed)]
     x_test, y_test = pipeline.arrays(cfg, prepared, "test")
+    log.info("quantize: loading the trained and pruned models, Keras reference on %d images",
+             len(x_test))
     original, trained_twin = source.load_trained(cfg, tcfg, prepared)
     reference = original.predict(x_test, verbose=0)  # the Keras reference every variant meets
     reference_accuracy = accuracy(reference, y_test)
     models = {"pruned": source.load_pruned(cfg), "trained": trained_twin}
 
     failed: dict[str, str] = {}
-    built: list[str] = []
     started = time.perf_counter()
-    for src in SOURCES:
-        for variant in variants(src):
-            name = f"{src}_{variant}"
-            try:
-                data = tflite.convert(models[src], variant, calibration)
-            except Exception as exc:  # noqa: BLE001 - reported per variant, see `required`
-                failed[name] = tflite.first_line(exc)
-                continue
-            (out / f"{name}.tflite").write_bytes(data)
-            built.append(name)
-    qat_report = _qat(cfg, tcfg, prepared, models["pruned"], calibration, out, failed, built)
+    built = _convert_all(models, calibration, out, q.qat, failed)
+    if q.qat:
+        log.info("quantize: [%d/%d] %s: QAT fine-tune (%d epoch(s)), then converting",
+                 len(built) + len(failed) + 1, len(built) + len(failed) + 1, QAT_VARIANT,
+                 q.qat_epochs)
+    qat_report = _qat(cfg, tcfg, prepared, models["pruned"], calibration, out, failed, built,
+                      qat_profile)
     convert_seconds = time.perf_counter() - started
 
     rows, details = [], {}
-    for name in built:
+    for i, name in enumerate(built, 1):
+        log.info("quantize: [%d/%d] evaluating %s on %d test images, timing %d runs",
+                 i, len(built), name, len(x_test), q.latency_runs)
         try:
             row = litert.evaluate(out / f"{name}.tflite", x_test, y_test, reference, q.threads,
                                   q.latency_runs, q.latency_warmup)
@@ -154,7 +156,29 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path):
     return metrics, rows, edge
 
 
-def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, built: list):
+def _convert_all(models: dict, calibration, out: Path, qat: bool, failed: dict) -> list[str]:
+    """Every source x variant converted into `out` (names of those built); one log line each."""
+    from tfmlops.compress import tflite
+
+    planned = [(src, variant) for src in SOURCES for variant in variants(src)]
+    total = len(planned) + (1 if qat else 0)  # QAT's variant comes after these
+    built = []
+    for k, (src, variant) in enumerate(planned, 1):
+        name = f"{src}_{variant}"
+        log.info("quantize: [%d/%d] converting %s", k, total, name)
+        try:
+            data = tflite.convert(models[src], variant, calibration)
+        except Exception as exc:  # noqa: BLE001 - reported per variant, see `required`
+            failed[name] = tflite.first_line(exc)
+            log.info("quantize: [%d/%d] %s not built: %s", k, total, name, failed[name])
+            continue
+        (out / f"{name}.tflite").write_bytes(data)
+        built.append(name)
+    return built
+
+
+def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, built: list,
+         profile_dir: Path | None):
     """Optional QAT INT8 of the pruned model; a failure is reported, not raised."""
     if not cfg.quantize.qat:
         return None
@@ -174,7 +198,7 @@ def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, buil
         steps = math.ceil(prepared.counts["train"] / tcfg.train.batch_size)
         profile = profiling.keras_profile_batch(cfg, steps)
         callbacks = [keras.callbacks.TensorBoard(
-            str(profiling.fresh_profile_dir(cfg, STAGE)), profile_batch=profile)] if profile else []
+            str(profile_dir), profile_batch=profile)] if profile and profile_dir else []
         report["fit"] = qat.fine_tune(model, train, cfg.quantize.qat_epochs,
                                       cfg.quantize.qat_learning_rate, loss, keras,
                                       keras_verbose(), callbacks)

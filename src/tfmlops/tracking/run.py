@@ -20,6 +20,12 @@ from typing import Any
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.lineage import run_tags, write_run_file
+from tfmlops.tracking.naming import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    ensure_experiment_kind,
+    stage_run_name,
+)
 from tfmlops.tracking.ops import apply, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
@@ -273,11 +279,12 @@ def stage_run(
         return
 
     uri = tracking_uri(cfg)
-    mlflow, run_id = _open_run(cfg, stage, uri, upstream)
+    params = params if params is not None else cfg.to_dict()
+    mlflow, run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
     outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
     run = StageRun(cfg, stage, run_id, outbox)
     write_run_file(out_dir, stage, run_id, uri)
-    run.log_params(params if params is not None else cfg.to_dict())
+    run.log_params(params)
     status = "FINISHED"
     try:
         yield run
@@ -296,7 +303,8 @@ def stage_run(
                         stage, run.queued, outbox.path, uri)
 
 
-def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None):
+def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
+              run_name: str):
     """(mlflow, run id) of a new active run of `stage`; TrackingUnavailable if it cannot open."""
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow = use_uri(uri)
@@ -309,7 +317,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         launcher = os.environ.pop("MLFLOW_RUN_ID", None)
         if launcher:
             tags["mlflow.parentRunId"] = launcher
-        active = mlflow.start_run(experiment_id=experiment_id, run_name=stage, tags=tags)
+        active = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
     except TrackingUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start
@@ -325,11 +333,14 @@ def _experiment_id(mlflow, name: str, uri: str) -> str:
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return mlflow_client.create_experiment(name, artifact_location=artifact_location(uri))
+            return mlflow_client.create_experiment(
+                name, artifact_location=artifact_location(uri),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:  # noqa: BLE001 - another process created it first
             exp = mlflow_client.get_experiment_by_name(name)
             if exp is None:
                 raise
+    ensure_experiment_kind(mlflow_client, exp)
     return exp.experiment_id
 
 

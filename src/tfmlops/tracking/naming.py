@@ -1,0 +1,45 @@
+"""What the MLflow UI shows: the experiment's kind and each stage run's name.
+
+MLflow 3 opens an experiment on its GenAI overview unless the experiment tag
+`mlflow.experimentKind` says it holds model training. A stage's run is named
+`<stage>-<DVC experiment>` under `dvc exp run`, else `<stage>-<params digest>`,
+so a list of runs tells them apart; the `tfmlops.stage` tag stays for filtering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"  # the UI's "Model training" view
+DIGEST_CHARS = 6
+
+
+def params_digest(params: dict[str, Any]) -> str:
+    """A short, stable hash of the params a stage reads (same params, same digest)."""
+    blob = json.dumps(params, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:DIGEST_CHARS]
+
+
+def stage_run_name(stage: str, params: dict[str, Any]) -> str:
+    """`train-<dvc exp name>` under `dvc exp run`, else `train-3f9a1c` (params digest)."""
+    exp_name = os.environ.get("DVC_EXP_NAME")
+    return f"{stage}-{exp_name}" if exp_name else f"{stage}-{params_digest(params)}"
+
+
+def ensure_experiment_kind(mlflow_client, experiment) -> None:
+    """Tag an existing experiment that lacks its kind (created before this tag existed)."""
+    if EXPERIMENT_KIND_TAG in (experiment.tags or {}):
+        return
+    try:
+        mlflow_client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                                         EXPERIMENT_KIND)
+    except Exception as exc:  # noqa: BLE001 - a UI hint never stops a stage's run
+        log.warning("tfmlops: could not tag experiment %s with %s: %s", experiment.name,
+                    EXPERIMENT_KIND_TAG, str(exc).splitlines()[0] if str(exc) else exc)
