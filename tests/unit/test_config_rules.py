@@ -209,3 +209,61 @@ def test_check_refuses_an_override_typo_with_exit_2(tmp_path):
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("tfmlops check: error: train.overrides: 'optimizer.learnig_rate'")
+
+
+# ------------------------------- issue 14.7: overlapping paths would delete data
+
+@pytest.mark.parametrize("raw, message", [
+    ({"paths": {"prepared": "data"}}, "paths.prepared: 'data' holds paths.builtin 'data/builtin'"),
+    ({"data": {"image_dir": "data/prepared"}},
+     "data.image_dir: 'data/prepared' equals paths.prepared 'data/prepared'"),
+    ({"data": {"image_dir": "data/prepared/own"}},
+     "paths.prepared: 'data/prepared' holds data.image_dir 'data/prepared/own'"),
+    ({"data": {"image_dir": "data/builtin/3"}},
+     "paths.builtin: 'data/builtin' holds data.image_dir 'data/builtin/3'"),
+    ({"data": {"image_dir": "models"}}, "data.image_dir: 'models' holds paths.tuned"),
+    ({"paths": {"backup": "models/train"}},
+     "paths.backup: 'models/train' equals paths.train 'models/train'"),
+    ({"paths": {"backup": "models/train/backup"}},
+     "paths.train: 'models/train' holds paths.backup 'models/train/backup'"),
+    ({"paths": {"backup": "./models/../models/train"}},  # compared resolved
+     "paths.backup: './models/../models/train' equals paths.train 'models/train'"),
+    ({"paths": {"reports": "."}}, "paths.reports: '.' holds paths.builtin"),
+    ({"paths": {"profiles": "reports"}}, "paths.profiles: 'reports' equals paths.reports"),
+    ({"paths": {"reports": "reports/profiles/r"}}, "paths.profiles: 'reports/profiles' holds"),
+])
+def test_overlapping_paths_are_refused(raw, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith(message), str(err.value)
+    assert str(err.value).endswith("its own folder, none inside another")
+
+
+def test_the_intended_overlaps_pass(tmp_path):
+    # image_dir == paths.builtin (the default), profiles inside reports, own images elsewhere
+    assert Config().data.image_dir == Config().paths.builtin
+    config_from_dict({"data": {"image_dir": "./data/builtin"}})
+    config_from_dict({"data": {"image_dir": str(tmp_path / "own")}})
+    config_from_dict({"paths": {"reports": "out", "profiles": "out/traces/x"}})
+
+
+def test_every_stage_refuses_overlap_before_touching_the_images(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from conftest import VENV_BIN
+
+    image = tmp_path / "data" / "own" / "0" / "a.png"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"\x89PNG not really")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"data": {"image_dir": "data/own"}, "paths": {"prepared": "data"}}))
+    for command in ("check", "prepare"):
+        proc = subprocess.run([str(VENV_BIN / "tfmlops"), command], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "paths.prepared: 'data' holds" in line, line
+    assert image.read_bytes() == b"\x89PNG not really"
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["own"]

@@ -524,6 +524,31 @@ class Config:
                        "lower tune.space.filters or tune.space.blocks.max")
         return self
 
+    @model_validator(mode="after")
+    def _paths_do_not_overlap(self):
+        # Outputs are swapped in whole (files.swap_in): an output folder that equals
+        # or holds another path, or the user's images, would move it aside and
+        # delete it. Two overlaps are by design: data.image_dir defaults to
+        # paths.builtin (materialize writes what prepare reads), and
+        # paths.profiles lies inside paths.reports (plain files, never swapped).
+        named = {f"paths.{k}": v for k, v in dataclasses.asdict(self.paths).items()}
+        named["data.image_dir"] = self.data.image_dir
+        allowed = {("data.image_dir", "paths.builtin", "equals"),
+                   ("paths.profiles", "paths.reports", "is inside")}
+        keys = list(named)
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                found = _overlap(a, Path(named[a]), b, Path(named[b]))
+                if found is None or found in allowed:
+                    continue
+                inner, outer, how = found
+                first, verb, second = (outer, "holds", inner) if how == "is inside" \
+                    else (inner, "equals", outer)
+                raise Rule(f"{first}: {named[first]!r} {verb} {second} {named[second]!r}; give "
+                           "each of paths.* and data.image_dir its own folder, none inside "
+                           "another")
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -573,3 +598,15 @@ def _dotted_keys(cls: type, prefix: str = "") -> list[str]:
         if hasattr(sub, "__pydantic_fields__"):
             out += _dotted_keys(sub, f"{prefix}{name}.")
     return out
+
+
+def _overlap(key_a: str, a: Path, key_b: str, b: Path) -> tuple[str, str, str] | None:
+    """(inner key, outer key, "equals" | "is inside") when two resolved paths overlap."""
+    a, b = a.resolve(), b.resolve()
+    if a == b:
+        return (*sorted((key_a, key_b)), "equals")
+    if b in a.parents:
+        return key_a, key_b, "is inside"
+    if a in b.parents:
+        return key_b, key_a, "is inside"
+    return None
