@@ -24,6 +24,7 @@ from tfmlops.tracking.uri import (
     import_mlflow,
     is_chief,
     preflight,
+    redact,
     repo_root,
     tracking_uri,
     use_uri,
@@ -34,6 +35,6 @@ _import_mlflow = import_mlflow  # the old private name, still used by tests/infr
 __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
     "attach_run", "data_version", "ensure_reachable", "git_state", "import_mlflow", "is_chief",
-    "pinned_requirements", "preflight", "read_run_file", "repo_root", "stage_run", "sync",
+    "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "stage_run", "sync",
     "tracking_uri", "use_uri",
 ]

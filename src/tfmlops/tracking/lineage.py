@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops.config import Config
-from tfmlops.tracking.uri import repo_root
+from tfmlops.tracking.uri import redact, repo_root
 
 RUN_FILE = "mlflow_run.json"
 
@@ -58,8 +58,11 @@ def read_run_file(folder: str | Path) -> dict[str, Any]:
 
 
 def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None) -> None:
-    """Write `mlflow_run.json` atomically (a reader never sees half a file)."""
-    data = {"stage": stage, "run_id": run_id, "tracking_uri": uri}
+    """Write `mlflow_run.json` atomically (a reader never sees half a file).
+
+    The URI without its credentials: the file is a DVC output that `dvc push` uploads.
+    """
+    data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri}
     tmp = out_dir / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(out_dir / RUN_FILE)

@@ -17,7 +17,7 @@ from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.ops import REPLAYABLE, apply
 from tfmlops.tracking.retry import first_line
-from tfmlops.tracking.uri import ensure_reachable, tracking_uri, use_uri
+from tfmlops.tracking.uri import ensure_reachable, redact, tracking_uri, use_uri
 
 OUTBOX_DIR = "outbox"
 
@@ -107,7 +107,7 @@ def _replay_file(client, path: Path, uri: str, sent_before: int) -> int:
             tmp.replace(path)
             raise TrackingUnavailable(
                 f"sync stopped at {path.name} call {i + 1} ({entry['op']} of run "
-                f"{entry['run_id']}) on {uri}: {first_line(exc)}; {sent_before + i} calls sent, "
+                f"{entry['run_id']}) on {redact(uri)}: {first_line(exc)}; {sent_before + i} calls sent, "
                 f"{len(entries) - i} kept; fix the store and run `tfmlops sync` again"
             ) from None
     return len(entries)

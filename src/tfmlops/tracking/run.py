@@ -29,6 +29,7 @@ from tfmlops.tracking.uri import (
     ensure_reachable,
     import_mlflow,
     is_chief,
+    redact,
     tracking_uri,
     use_uri,
 )
@@ -293,7 +294,7 @@ def stage_run(
             mlflow.end_run(status)
         if run.queued:
             log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
-                        stage, run.queued, outbox.path, uri)
+                        stage, run.queued, outbox.path, redact(uri))
 
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None):
@@ -314,7 +315,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start
         raise TrackingUnavailable(
-            f"MLflow tracking at {uri} failed to open a run ({first_line(exc, 160)}); "
+            f"MLflow tracking at {redact(uri)} failed to open a run ({first_line(exc, 160)}); "
             "check the server or set tracking.enabled: false"
         ) from None
     return mlflow, active.info.run_id
