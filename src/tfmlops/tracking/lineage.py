@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops.config import Config
+from tfmlops.files import write_text
 from tfmlops.tracking.uri import redact, repo_root
 
 RUN_FILE = "mlflow_run.json"
@@ -63,9 +64,7 @@ def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | Non
     The URI without its credentials: the file is a DVC output that `dvc push` uploads.
     """
     data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri}
-    tmp = out_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(out_dir / RUN_FILE)
+    write_text(out_dir / RUN_FILE, json.dumps(data, indent=2) + "\n")
 
 
 def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:
