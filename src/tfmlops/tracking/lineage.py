@@ -17,6 +17,7 @@ from typing import Any
 
 from tfmlops.config import Config
 from tfmlops.files import write_text
+from tfmlops.tracking.stale import owner_tags
 from tfmlops.tracking.uri import redact, repo_root
 
 RUN_FILE = "mlflow_run.json"
@@ -68,7 +69,8 @@ def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | Non
 
 
 def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:
-    """The tags a stage's run opens with: stage, params hash, data, git, upstream runs."""
+    """The tags a stage's run opens with: stage, params hash, data, git, owner process,
+    upstream runs."""
     commit, dirty = git_state(repo_root())
     tags = {
         "tfmlops.stage": stage,
@@ -76,6 +78,7 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         "tfmlops.data_version": data_version(cfg),
         "mlflow.source.git.commit": commit,
         "tfmlops.git_dirty": str(dirty).lower(),
+        **owner_tags(),  # so a later run can tell this one was orphaned by a kill
     }
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]

@@ -23,6 +23,7 @@ from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.ops import apply, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
+from tfmlops.tracking.stale import close_orphans_of, owner_tags
 from tfmlops.tracking.uri import (
     artifact_location,
     client,
@@ -146,7 +147,7 @@ class StageRun:
                     self._experiment_id(),
                     run_name=name,
                     tags={"mlflow.parentRunId": self.run_id, "tfmlops.stage": self.stage,
-                          **{k: str(v) for k, v in (tags or {}).items()}},
+                          **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}},
                 )
                 child.run_id = run.info.run_id
             except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
@@ -277,6 +278,7 @@ def stage_run(
     mlflow, run_id = _open_run(cfg, stage, uri, upstream)
     outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
     run = StageRun(cfg, stage, run_id, outbox)
+    close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
     write_run_file(out_dir, stage, run_id, uri)
     run.log_params(params if params is not None else cfg.to_dict())
     status = "FINISHED"
