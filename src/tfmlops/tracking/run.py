@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.lineage import run_tags, write_run_file
-from tfmlops.tracking.ops import apply, now_ms
+from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans_of, owner_tags
@@ -39,8 +40,7 @@ log = logging.getLogger(__name__)
 
 # Error codes of a store that answered and refused: a replay would be refused too,
 # so these are reported and dropped instead of sending the stage offline.
-_REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
-            "INVALID_STATE"}
+_REFUSED = REFUSED
 
 
 class StageRun:
@@ -151,8 +151,23 @@ class StageRun:
                 )
                 child.run_id = run.info.run_id
             except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
-                self._note(f"child run {name}: {exc}")
+                self._note(f"child run {name}: {first_line(exc)}; queued for `tfmlops sync`")
+        if self.active and child.run_id is None:
+            self._queue_child(child, name, tags)
         return child
+
+    def _queue_child(self, child: StageRun, name: str, tags: dict[str, Any] | None) -> None:
+        """The store is away: the child gets a local id, and its creation and every call
+        go to the outbox, where `sync` creates it under this run and sends them."""
+        if self._outbox is None:
+            return
+        child.run_id = f"{PENDING}{uuid.uuid4().hex}"
+        child._offline = True
+        self._outbox.write(child.run_id, "create_run", {
+            "parent": self.run_id, "name": name, "start_time": now_ms(),
+            "tags": {"tfmlops.stage": self.stage, **owner_tags(),
+                     **{k: str(v) for k, v in (tags or {}).items()}}})
+        child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
         if self.active:

@@ -143,6 +143,11 @@ def use_uri(uri: str):
     return mlflow
 
 
+def current_uri() -> str | None:
+    """The URI `use_uri` last pointed MLflow at in this process, if any."""
+    return _uri_set_here
+
+
 def import_mlflow():
     """The mlflow module, with its own HTTP retries bounded (see retry.py)."""
     # MLflow's default is 7 retries and minutes of backoff: bounded here so our
