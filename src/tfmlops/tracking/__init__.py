@@ -7,7 +7,9 @@ workers attaching), lineage (lineage.py: git, data version, `mlflow_run.json`
 next to each stage's outputs so the chain survives DVC's cache), and what to do
 when the server goes away: retry with a bounded backoff (retry.py), then queue
 the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
-failure never destroys a stage's outputs.
+failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
+the next run of their stage (stale.py); URIs are written and logged without
+credentials (uri.redact).
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.
