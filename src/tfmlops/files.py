@@ -1,22 +1,47 @@
-"""Atomic writes: a kill leaves the old file or the new one, never half of one."""
+"""Atomic writes: a kill or a power cut leaves the old file or the new one, never half of one.
+
+A file is written to `.<name>.tmp<pid>` beside it, flushed to disk (fsync), renamed
+over the old one, and the folder is synced so the rename itself survives a power
+cut. A process killed mid-write leaves its temp file behind: the next write into
+that folder removes the temp files of processes that are gone. Output folders are
+built in a staging sibling and swapped in whole (`staging_dir`, `swap_in`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
+import logging
 import os
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
+# `.<name>.tmp<pid>`, optionally with a suffix a library insists on (`.png`)
+_TEMP = re.compile(r"^\..+\.tmp(?P<pid>\d+)(\.[A-Za-z0-9]+)?$")
+
 
 def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode())
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    remove_stale_temps(path.parent)
+    tmp = temp_name(path)
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, path)
+    sync_dir(path.parent)  # and the rename is too
     return path
 
 
@@ -25,15 +50,45 @@ def write_json(path: str | Path, data: Any) -> Path:
 
 
 def write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
-    return path
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text(path, buf.getvalue())
+
+
+def temp_name(path: Path) -> Path:
+    """The temp file this process writes `path` through (cleaned if it dies mid-write)."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete the `.<name>.tmp<pid>` files in `folder` whose process is gone."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            m = _TEMP.match(entry.name)
+            if m is None or _alive(int(m["pid"])):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # another cleaner was first
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    if removed:
+        log.info("removed %d temp file(s) left by killed processes in %s", len(removed), folder)
+    return removed
+
+
+def sync_dir(folder: str | Path) -> None:
+    """fsync a folder: makes the renames and creations inside it durable."""
+    with contextlib.suppress(OSError):  # not every filesystem lets a folder be opened
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def staging_dir(final: str | Path) -> Path:
@@ -46,18 +101,47 @@ def staging_dir(final: str | Path) -> Path:
 
 
 def swap_in(tmp: Path, final: str | Path) -> Path:
-    """Replace `final` by the finished `tmp` folder."""
+    """Replace `final` by the finished `tmp` folder (synced to disk first)."""
     final = Path(final)
+    _sync_tree(tmp)
     if final.exists():
         old = final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)
+        sync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, final)
+        sync_dir(final.parent)
     return final
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file and folder under `folder` (written by TensorFlow, tf2onnx...)."""
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        sync_dir(root)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists here (one we may not signal counts)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by someone else
+        return True
+    return True
 
 
 def _default(o: Any):

@@ -3,6 +3,7 @@ server that dies mid-run costs nothing but an outbox that `tfmlops sync` replays
 """
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -81,7 +82,8 @@ def test_server_killed_mid_train_then_sync_uploads_what_was_missed(tmp_path, dig
     try:
         synced = run_cli("sync", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server.url})
         assert "View run train at" in synced.stdout  # MLflow's link, printed on the replayed end
-        assert json.loads(synced.stdout.splitlines()[-1]) == {"files": 1, "calls": len(entries)}
+        assert json.loads(synced.stdout.splitlines()[-1]) == {
+            "files": 1, "calls": len(entries), "rejected": 0, "other_store": 0}
         after = client.get_run(run_id)
         assert after.info.status == "FINISHED"
         assert after.data.metrics["test_accuracy"] == pytest.approx(report["test_accuracy"])
@@ -121,20 +123,137 @@ def test_a_refused_call_is_reported_and_does_not_send_the_run_offline(make_cfg, 
     assert got.data.metrics["m"] == 1.0 and got.info.status == "FINISHED"
 
 
-def test_sync_stops_at_a_failing_call_and_keeps_the_rest(make_cfg, tmp_path):
-    cfg = make_cfg()
+def _queue_file(cfg, run_id: str, entries: list[dict], extra: str = "") -> Path:
+    outbox = Path(cfg.paths.reports) / "outbox"
+    outbox.mkdir(parents=True, exist_ok=True)
+    file = outbox / f"outbox-rules-{run_id}.jsonl"
+    file.write_text("".join(json.dumps(e) + "\n" for e in entries) + extra)
+    return file
+
+
+def _finished_run(cfg, tmp_path) -> str:
     with tracking.stage_run(cfg, "outbox-rules", tmp_path / "out", params={}) as run:
         pass
-    outbox = Path(cfg.paths.reports) / "outbox"
-    outbox.mkdir(parents=True)
-    queued = [{"run_id": run.run_id, "op": "metrics",
-               "payload": {"metrics": {"m": 3.0}, "step": 1, "timestamp": 1_700_000_000_000}},
-              {"run_id": "0" * 32, "op": "tags", "payload": {"k": "v"}},  # not in this store
-              {"run_id": run.run_id, "op": "tags", "payload": {"k": "v"}}]
-    file = outbox / f"outbox-rules-{run.run_id}.jsonl"
-    file.write_text("".join(json.dumps(e) + "\n" for e in queued))
-    with pytest.raises(TrackingUnavailable, match=r"call 2 \(tags of run 0{32}\).*1 calls sent, 2 kept"):
+    return run.run_id
+
+
+def _metric(run_id: str, value: float) -> dict:
+    return {"run_id": run_id, "op": "metrics",
+            "payload": {"metrics": {"m": value}, "step": 1, "timestamp": 1_700_000_000_000}}
+
+
+def _rejected(file: Path) -> list[dict]:
+    return [json.loads(line) for line in file.with_suffix(".rejected").read_text().splitlines()]
+
+
+def test_sync_stops_at_a_failing_call_and_keeps_the_rest(make_cfg, tmp_path):
+    # the store cannot take the artifact now (its artifact folder is a file): not a
+    # refusal but a broken store, so sync stops there and resumes once it is fixed
+    cfg = make_cfg()
+    run_id = _finished_run(cfg, tmp_path)
+    artifacts = tmp_path / "mlartifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.write_text("not a folder")
+    report = tmp_path / "report.json"
+    report.write_text("{}")
+    queued = [_metric(run_id, 3.0),
+              {"run_id": run_id, "op": "artifact", "payload": {"path": str(report),
+                                                               "artifact_path": "r"}},
+              {"run_id": run_id, "op": "tags", "payload": {"k": "v"}}]
+    file = _queue_file(cfg, run_id, queued)
+    with pytest.raises(TrackingUnavailable, match=rf"call 2 \(artifact of run {run_id}\).*1 calls "
+                                                  "sent, 2 kept"):
         tracking.sync(cfg)
     assert [json.loads(line) for line in file.read_text().splitlines()] == queued[1:]
-    (metric,) = mlflow_client(cfg).get_metric_history(run.run_id, "m")
+    (metric,) = mlflow_client(cfg).get_metric_history(run_id, "m")
     assert (metric.value, metric.step, metric.timestamp) == (3.0, 1, 1_700_000_000_000)
+    artifacts.unlink()  # the store is fixed: the same command resumes
+    assert tracking.sync(cfg) == {"files": 1, "calls": 2, "rejected": 0, "other_store": 0}
+    assert mlflow_client(cfg).get_run(run_id).data.tags["k"] == "v"
+    assert not file.exists()
+
+
+def test_a_line_torn_by_a_kill_is_set_aside_and_the_rest_is_sent(make_cfg, tmp_path):
+    cfg = make_cfg()
+    run_id = _finished_run(cfg, tmp_path)
+    whole = json.dumps({"run_id": run_id, "op": "tags", "payload": {"late": "yes"}})
+    torn = whole[: len(whole) // 2]  # what a kill during the append leaves
+    file = _queue_file(cfg, run_id, [_metric(run_id, 1.0)], extra=torn)
+    assert tracking.sync(cfg) == {"files": 1, "calls": 1, "rejected": 1, "other_store": 0}
+    (rejected,) = _rejected(file)
+    assert rejected["entry"] == {"line": torn} and "line 2 unreadable" in rejected["reason"]
+    assert mlflow_client(cfg).get_metric_history(run_id, "m")[0].value == 1.0
+    assert not file.exists()
+    assert tracking.sync(cfg)["files"] == 0  # and it no longer fails every later sync
+
+
+def test_a_refused_call_is_set_aside_and_blocks_nothing(make_cfg, tmp_path):
+    cfg = make_cfg()
+    run_id = _finished_run(cfg, tmp_path)
+    gone = {"run_id": "0" * 32, "op": "tags", "payload": {"k": "v"}}  # deleted / never here
+    file = _queue_file(cfg, run_id, [_metric(run_id, 2.0), gone,
+                                     {"run_id": run_id, "op": "tags", "payload": {"k": "v"}}])
+    later = _queue_file(cfg, "later", [{"run_id": run_id, "op": "tags", "payload": {"j": "w"}}])
+    assert tracking.sync(cfg) == {"files": 2, "calls": 3, "rejected": 1, "other_store": 0}
+    (rejected,) = _rejected(file)
+    assert rejected["entry"]["run_id"] == "0" * 32
+    assert rejected["reason"].startswith("refused by sqlite:///") and "0" * 32 in rejected["reason"]
+    tags = mlflow_client(cfg).get_run(run_id).data.tags
+    assert tags["k"] == "v" and tags["j"] == "w"
+    assert not file.exists() and not later.exists()
+
+
+def test_lines_of_another_store_wait_for_that_store(make_cfg, tmp_path):
+    cfg = make_cfg()
+    run_id = _finished_run(cfg, tmp_path)
+    here = json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["tracking_uri"]
+    elsewhere = {"run_id": "f" * 32, "op": "tags", "payload": {"k": "v"},
+                 "store": "postgresql+psycopg2://db.example/mlflow"}
+    ours = {**_metric(run_id, 4.0), "store": here}
+    file = _queue_file(cfg, run_id, [elsewhere, ours])
+    assert tracking.sync(cfg) == {"files": 1, "calls": 1, "rejected": 0, "other_store": 1}
+    assert [json.loads(line) for line in file.read_text().splitlines()] == [elsewhere]
+    assert not file.with_suffix(".rejected").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_child_runs_opened_while_the_store_is_away_are_queued_and_synced(tmp_path, make_cfg,
+                                                                         monkeypatch):
+    import mlflow
+
+    server = MlflowServer(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "server-artifacts",
+                          tmp_path).start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    cfg = make_cfg(tracking={"retries": 0, "connect_timeout_s": 2.0})
+    try:
+        with tracking.stage_run(cfg, "tune", tmp_path / "out") as parent:
+            server.kill()  # the store goes away mid-search
+            with parent.child("trial-0", tags={"tfmlops.trial": "0"}) as trial:
+                trial.log_metrics({"val_accuracy": 0.75}, step=1)
+                with trial.child("finalist") as nested:  # a child of a queued child
+                    nested.log_metrics({"score": 0.5})
+        assert trial.run_id.startswith("pending-") and trial.queued >= 3
+        (queue,) = (Path(cfg.paths.reports) / "outbox").glob("*.jsonl")
+        entries = [json.loads(line) for line in queue.read_text().splitlines()]
+        assert [e["op"] for e in entries if e["run_id"] == trial.run_id][0] == "create_run"
+        assert {e["store"] for e in entries} == {server.url}
+
+        server.start()
+        synced = run_cli("sync", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server.url})
+        result = json.loads(synced.stdout.splitlines()[-1])
+        assert result == {"files": 1, "calls": len(entries), "rejected": 0, "other_store": 0}
+        assert not queue.exists()
+        client = mlflow.MlflowClient(server.url)
+        assert client.get_run(parent.run_id).info.status == "FINISHED"
+        exp = client.get_run(parent.run_id).info.experiment_id
+        (child,) = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent.run_id}'")
+        assert child.info.run_name == "trial-0" and child.info.status == "FINISHED"
+        assert child.data.tags["tfmlops.trial"] == "0" and child.data.metrics["val_accuracy"] == 0.75
+        (grandchild,) = client.search_runs(
+            [exp], f"tags.`mlflow.parentRunId` = '{child.info.run_id}'")
+        assert grandchild.data.metrics["score"] == 0.5
+        assert grandchild.info.status == "FINISHED"
+    finally:
+        server.kill()

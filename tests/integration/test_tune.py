@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import mlflow_client, run_cli, stage_runs, tiny_params
+from conftest import (
+    dvc,
+    mlflow_client,
+    relative_tiny_params,
+    run_cli,
+    scratch_repo,
+    stage_runs,
+    tiny_params,
+)
 from tfmlops.model import hparams, search_space
 from tfmlops.tuning import final_round
 
@@ -318,9 +326,30 @@ def test_disabled_writes_the_params_own_settings(make_cfg):
     assert metrics["trials"] == 0
     assert hparams.read_best(cfg) == hparams.tuned_tree(cfg)
     assert read_rows(cfg) == []
-    assert not Path(cfg.paths.tuner).exists()
+    # every declared output exists (dvc.yaml lists paths.tuner), and holds no search state
+    assert Path(cfg.paths.tuner).is_dir() and not any(Path(cfg.paths.tuner).iterdir())
     (parent,) = parent_runs(cfg)
     assert parent.data.tags["tfmlops.tune.enabled"] == "false"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_disabled_passes_dvc_repro_and_keeps_a_previous_search(tmp_path):
+    # issue 14.1: DVC checks every declared output (paths.tuner too) after the stage ran
+    repo = scratch_repo(tmp_path / "repo", relative_tiny_params(tune={"enabled": False}))
+    first = dvc("repro", "tune", cwd=repo, check=False)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "Running stage 'tune'" in first.stdout
+    assert (repo / "models" / "tuned" / hparams.BEST_FILE).is_file()
+    assert "tune" in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    again = dvc("repro", "tune", cwd=repo)
+    assert "Running stage" not in again.stdout
+    # a search of an earlier run persists, so re-enabling tune resumes it
+    state = repo / "data" / "tuner" / "random-old" / "oracle.json"
+    state.parent.mkdir(parents=True)
+    state.write_text("{}")
+    dvc("repro", "-f", "tune", cwd=repo)
+    assert state.read_text() == "{}"
 
 
 @pytest.mark.parametrize("tune, key", [

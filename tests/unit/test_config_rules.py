@@ -121,3 +121,149 @@ def test_blocks_too_wide_to_double_are_not_the_searched_shape():
     cfg = config_from_dict({"model": {"blocks": [{"filters": 4096}, {"filters": 4096}]}})
     values, why = search_space.baseline(cfg)
     assert values is None and why.startswith("model.blocks do not double") and "\n" not in why
+
+
+# ------------------------------------- issue 14.16: what used to fail minutes in
+
+@pytest.mark.parametrize("raw, message", [
+    # train.overrides: dotted keys that exist, values their key accepts
+    ({"train": {"overrides": {"optimizer.learnig_rate": 0.1}}},
+     "train.overrides: 'optimizer.learnig_rate' is not a key of model or train "
+     "(did you mean train.optimizer.learning_rate?)"),
+    ({"train": {"overrides": {"dropout": 0.1}}},
+     "train.overrides: 'dropout' is not a key of model or train (did you mean model.dropout?)"),
+    ({"train": {"overrides": {"model.blocks.0.filters": 8}}},
+     "train.overrides: 'model.blocks.0.filters' is not a key of model or train"),
+    ({"train": {"overrides": {"overrides.x": 1}}},
+     "train.overrides: 'overrides.x' is not a key of model or train"),
+    ({"train": {"overrides": {"optimizer.learning_rate": "fast"}}},
+     "train.overrides: optimizer.learning_rate: 'fast' is not accepted for "
+     "train.optimizer.learning_rate"),
+    ({"train": {"overrides": {"model.dropout": 2.0}}},
+     "train.overrides: model.dropout: 2.0 is not accepted for model.dropout"),
+    # optimizer.clipnorm: null or > 0
+    ({"train": {"optimizer": {"clipnorm": 0.0}}},
+     "train.optimizer.clipnorm: 0.0 is out of range; accepted: (0.0, "),
+    ({"train": {"optimizer": {"clipnorm": -1.0}}},
+     "train.optimizer.clipnorm: -1.0 is out of range; accepted: (0.0, "),
+    # piecewise factors: positive multipliers
+    ({"train": {"schedule": {"factors": [1.0, -0.1, 0.01]}}},
+     "train.schedule.factors[1]: -0.1 is out of range; accepted: (0.0, "),
+    ({"train": {"schedule": {"factors": [1.0, 0.0, 0.01]}}},
+     "train.schedule.factors[1]: 0.0 is out of range; accepted: (0.0, "),
+    # tune.space: bounded widths, depths and batch sizes
+    ({"tune": {"space": {"filters": [4096], "blocks": {"min": 1, "max": 3}}}},
+     "tune.space.filters: 4096 doubled over 3 blocks is 16384 filters, above 4096"),
+    ({"data": {"image_size": 1024}, "tune": {"space": {"blocks": {"min": 1, "max": 9}}}},
+     "tune.space.filters: 32 doubled over 9 blocks is 8192 filters, above 4096"),
+    ({"tune": {"space": {"blocks": {"min": 1, "max": 50}}}},
+     "tune.space.blocks.max: 50 blocks pool 49 times, more than a 32x32 input allows"),
+    ({"tune": {"space": {"filters": [10**6]}}}, "tune.space.filters[0]: 1000000 is out of range"),
+    ({"tune": {"space": {"head_units": [10**6]}}},
+     "tune.space.head_units[0]: 1000000 is out of range"),
+    ({"tune": {"space": {"batch_size": [10**9]}}},
+     "tune.space.batch_size[0]: 1000000000 is out of range; accepted: [1, 65536]"),
+    ({"train": {"batch_size": 10**9}}, "train.batch_size: 1000000000 is out of range"),
+    # export.model_name: one folder name
+    ({"export": {"model_name": "../elsewhere"}}, "export.model_name: '../elsewhere' is not a plain name"),
+    ({"export": {"model_name": "a/b"}}, "export.model_name: 'a/b' is not a plain name"),
+    ({"export": {"model_name": "a\\b"}}, "export.model_name: 'a\\\\b' is not a plain name"),
+    ({"export": {"model_name": ".."}}, "export.model_name: '..' is not a plain name"),
+    # model.backbone_weights: a file that exists
+    ({"model": {"backbone": "mobilenet_v3_small", "backbone_weights": "no/such/weights.h5"}},
+     "model.backbone_weights: 'no/such/weights.h5' is not a file"),
+    ({"model": {"backbone": "mobilenet_v3_small", "backbone_weights": "imagenet"}},
+     "model.backbone_weights: 'imagenet' is not a file"),
+])
+def test_what_used_to_fail_minutes_in_fails_at_the_boundary(raw, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value) and "; " in str(err.value)  # problem; fix
+
+
+def test_valid_overrides_names_and_weights_pass(tmp_path):
+    weights = tmp_path / "backbone.weights.h5"
+    weights.write_bytes(b"\0")
+    cfg = config_from_dict({
+        "train": {"optimizer": {"clipnorm": 1.0}, "overrides": {
+            "optimizer.learning_rate": 0.01, "model.dropout": 0.2, "batch_size": 16,
+            "train.epochs": 3, "schedule": {"name": "constant"}}},
+        "export": {"model_name": "digits-v2.1_b"},
+        "model": {"backbone": "mobilenet_v3_small", "backbone_weights": str(weights)},
+    })
+    assert cfg.train.overrides["model.dropout"] == 0.2 and cfg.train.optimizer.clipnorm == 1.0
+
+
+def test_check_refuses_an_override_typo_with_exit_2(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from conftest import VENV_BIN
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"train": {"overrides": {"optimizer.learnig_rate": 0.001}}}))
+    proc = subprocess.run([str(VENV_BIN / "tfmlops"), "check"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("tfmlops check: error: train.overrides: 'optimizer.learnig_rate'")
+
+
+# ------------------------------- issue 14.7: overlapping paths would delete data
+
+@pytest.mark.parametrize("raw, message", [
+    ({"paths": {"prepared": "data"}}, "paths.prepared: 'data' holds paths.builtin 'data/builtin'"),
+    ({"data": {"image_dir": "data/prepared"}},
+     "data.image_dir: 'data/prepared' equals paths.prepared 'data/prepared'"),
+    ({"data": {"image_dir": "data/prepared/own"}},
+     "paths.prepared: 'data/prepared' holds data.image_dir 'data/prepared/own'"),
+    ({"data": {"image_dir": "data/builtin/3"}},
+     "paths.builtin: 'data/builtin' holds data.image_dir 'data/builtin/3'"),
+    ({"data": {"image_dir": "models"}}, "data.image_dir: 'models' holds paths.tuned"),
+    ({"paths": {"backup": "models/train"}},
+     "paths.backup: 'models/train' equals paths.train 'models/train'"),
+    ({"paths": {"backup": "models/train/backup"}},
+     "paths.train: 'models/train' holds paths.backup 'models/train/backup'"),
+    ({"paths": {"backup": "./models/../models/train"}},  # compared resolved
+     "paths.backup: './models/../models/train' equals paths.train 'models/train'"),
+    ({"paths": {"reports": "."}}, "paths.reports: '.' holds paths.builtin"),
+    ({"paths": {"profiles": "reports"}}, "paths.profiles: 'reports' equals paths.reports"),
+    ({"paths": {"reports": "reports/profiles/r"}}, "paths.profiles: 'reports/profiles' holds"),
+])
+def test_overlapping_paths_are_refused(raw, message):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith(message), str(err.value)
+    assert str(err.value).endswith("its own folder, none inside another")
+
+
+def test_the_intended_overlaps_pass(tmp_path):
+    # image_dir == paths.builtin (the default), profiles inside reports, own images elsewhere
+    assert Config().data.image_dir == Config().paths.builtin
+    config_from_dict({"data": {"image_dir": "./data/builtin"}})
+    config_from_dict({"data": {"image_dir": str(tmp_path / "own")}})
+    config_from_dict({"paths": {"reports": "out", "profiles": "out/traces/x"}})
+
+
+def test_every_stage_refuses_overlap_before_touching_the_images(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from conftest import VENV_BIN
+
+    image = tmp_path / "data" / "own" / "0" / "a.png"
+    image.parent.mkdir(parents=True)
+    image.write_bytes(b"\x89PNG not really")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"data": {"image_dir": "data/own"}, "paths": {"prepared": "data"}}))
+    for command in ("check", "prepare"):
+        proc = subprocess.run([str(VENV_BIN / "tfmlops"), command], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "paths.prepared: 'data' holds" in line, line
+    assert image.read_bytes() == b"\x89PNG not really"
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["own"]

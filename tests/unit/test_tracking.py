@@ -113,3 +113,37 @@ def test_run_name_under_dvc_exp_run_is_the_experiment_name(tmp_path, make_cfg, m
     (run,) = stage_runs(cfg, "train")
     assert run.info.run_name == "train-lean-fish"
     assert run.data.tags["tfmlops.stage"] == "train" and run.data.tags["dvc.exp_name"] == "lean-fish"
+
+
+# ------------------------------ issue 14.10: credentials never written or logged
+
+@pytest.mark.parametrize("uri, shown", [
+    ("postgresql+psycopg2://u:SECRET@db.example:5432/mlflow",
+     "postgresql+psycopg2://db.example:5432/mlflow"),
+    ("http://user:SECRET@mlflow.example:5000", "http://mlflow.example:5000"),
+    ("https://user:SE@CR/ET@mlflow.example/", "https://mlflow.example/"),  # raw @ and / in it
+    ("postgresql://db/mlflow?user=u&password=SECRET&sslmode=require",
+     "postgresql://db/mlflow?user=u&password=***&sslmode=require"),
+    ("https://mlflow.example/?token=SECRET", "https://mlflow.example/?token=***"),
+    ("sqlite:////tmp/x/mlflow.db", "sqlite:////tmp/x/mlflow.db"),
+    ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ("models:/digits@production", "models:/digits@production"),
+])
+def test_redact_strips_credentials_and_keeps_the_rest(uri, shown):
+    assert tracking.redact(uri) == shown
+    assert tracking.redact(f"stopped on {uri}: refused") == f"stopped on {shown}: refused"
+
+
+def test_run_file_and_messages_carry_no_credentials(tmp_path):
+    from tfmlops.tracking.lineage import write_run_file
+    from tfmlops.tracking.retry import first_line
+
+    write_run_file(tmp_path, "train", "abc", "postgresql+psycopg2://u:SECRET@db:5432/mlflow")
+    data = json.loads((tmp_path / tracking.RUN_FILE).read_text())
+    assert data["tracking_uri"] == "postgresql+psycopg2://db:5432/mlflow"
+    with pytest.raises(tracking.TrackingUnavailable) as err:
+        tracking.ensure_reachable("http://u:SECRET@127.0.0.1:9", timeout_s=2)
+    assert "SECRET" not in str(err.value) and "http://127.0.0.1:9 is unreachable" in str(err.value)
+    # MLflow's REST errors quote the URL they called
+    exc = RuntimeError("API request to http://u:SECRET@h:5000/api/2.0/mlflow/runs/get failed")
+    assert first_line(exc) == "API request to http://h:5000/api/2.0/mlflow/runs/get failed"

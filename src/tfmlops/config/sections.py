@@ -10,9 +10,12 @@ Nothing here imports TensorFlow or MLflow.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
+import re
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,6 +24,8 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -185,6 +190,16 @@ class ModelSpec:
     activation: Literal["relu", "relu6", "swish", "gelu", "elu"] = "relu"
     squeeze_excite: Bool = False
 
+    @field_validator("backbone_weights")
+    @classmethod
+    def _weights_file_exists(cls, path):
+        # Keras would take "imagenet" as a download (no network here) and a missing
+        # file fails only when the first model is built, minutes into tune.
+        if path is not None and not Path(path).is_file():
+            raise Rule(f"{{path}}: {path!r} is not a file (relative paths start at the "
+                       "project root); give a local weights file or null")
+        return path
+
     @model_validator(mode="after")
     def _has_a_body(self):
         if self.backbone == "none" and not self.blocks:
@@ -200,7 +215,7 @@ class OptimizerConfig:
     learning_rate: Float = Field(0.002, gt=0.0, le=10.0)
     weight_decay: Float = Field(0.0001, ge=0.0, le=1.0)
     momentum: Float = Field(0.9, ge=0.0, lt=1.0)
-    clipnorm: Float | None = None
+    clipnorm: Float | None = Field(None, gt=0.0, le=1e6)  # null: no clipping
 
 
 @section
@@ -210,7 +225,8 @@ class ScheduleConfig:
     decay_rate: Float = Field(0.5, gt=0.0, le=1.0)
     alpha: Float = Field(0.01, ge=0.0, le=1.0)  # cosine floor as a fraction of the peak
     boundaries: list[Float] = _copies(0.5, 0.75)  # fractions of the total steps
-    factors: list[Float] = _copies(1.0, 0.1, 0.01)  # multipliers of the peak, len(boundaries)+1
+    # multipliers of the peak, len(boundaries)+1; 0 or less would stop or reverse descent
+    factors: list[Annotated[Float, Field(gt=0.0, le=1000.0)]] = _copies(1.0, 0.1, 0.01)
 
     @model_validator(mode="after")
     def _piecewise_steps(self):
@@ -247,6 +263,24 @@ class TrainConfig:
     # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that
     # win over the tune stage's best hyperparameters.
     overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides_name_real_keys(cls, overrides):
+        # A typo here is otherwise found only when tune's final round or train
+        # merges the overrides, after the whole search.
+        for key, value in overrides.items():
+            full = override_key(key)
+            info = _overridable(full)
+            if info is None:
+                raise Rule(f"{{path}}: {key!r} is not a key of model or train{_near(full)}; "
+                           "use dotted keys such as optimizer.learning_rate or model.dropout")
+            try:
+                TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
+            except ValidationError as exc:
+                raise Rule(f"{{path}}: {key}: {value!r} is not accepted for {full} "
+                           f"({exc.errors()[0]['msg']}); give a value {full} accepts") from None
+        return overrides
 
     @model_validator(mode="after")
     def _plateau_needs_a_constant_schedule(self):
@@ -426,10 +460,19 @@ class QuantizeConfig:
 
 @section
 class ExportConfig:
-    model_name: Text = "digits"
+    model_name: Text = "digits"  # one folder name: saved_model/<model_name>/<version>
     onnx_opset: Int = Field(17, ge=9, le=23)
     atol: Float = Field(1e-4, ge=0.0, le=1.0)
     latency_runs: Int = Field(200, ge=1, le=1_000_000)
+
+    @field_validator("model_name")
+    @classmethod
+    def _one_folder_name(cls, name):
+        # It becomes a path under paths.export: "../x" or "a/b" would write elsewhere.
+        if not MODEL_NAME.fullmatch(name):
+            raise Rule(f"{{path}}: {name!r} is not a plain name; use letters, digits, '.', "
+                       "'_' and '-', starting with a letter or digit (no '/' or '..')")
+        return name
 
 
 @section
@@ -510,6 +553,51 @@ class Config:
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
 
+    @model_validator(mode="after")
+    def _search_space_can_be_built(self):
+        # model/search_space.check_fits's rules, here so `tfmlops check` sees them; on
+        # Config because the pooling limit depends on data.image_size. The image rule
+        # first: for too many blocks it is the one that names the key to change.
+        space, size = self.tune.space, self.data.image_size
+        pools = space.blocks.max - 1  # the last block feeds global pooling
+        if size // 2**pools < 1:
+            raise Rule(f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, "
+                       f"more than a {size}x{size} input allows (at most {size.bit_length()} "
+                       "blocks); lower it or raise data.image_size")
+        # each next block doubles the first width: the last must stay a valid width
+        most = field_bounds(field_info(BlockSpec, ["filters"]))[1]
+        widest = max(space.filters) * 2**pools
+        if widest > most:
+            raise Rule(f"tune.space.filters: {max(space.filters)} doubled over "
+                       f"{space.blocks.max} blocks is {widest} filters, above {most}; "
+                       "lower tune.space.filters or tune.space.blocks.max")
+        return self
+
+    @model_validator(mode="after")
+    def _paths_do_not_overlap(self):
+        # Outputs are swapped in whole (files.swap_in): an output folder that equals
+        # or holds another path, or the user's images, would move it aside and
+        # delete it. Two overlaps are by design: data.image_dir defaults to
+        # paths.builtin (materialize writes what prepare reads), and
+        # paths.profiles lies inside paths.reports (plain files, never swapped).
+        named = {f"paths.{k}": v for k, v in dataclasses.asdict(self.paths).items()}
+        named["data.image_dir"] = self.data.image_dir
+        allowed = {("data.image_dir", "paths.builtin", "equals"),
+                   ("paths.profiles", "paths.reports", "is inside")}
+        keys = list(named)
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                found = _overlap(a, Path(named[a]), b, Path(named[b]))
+                if found is None or found in allowed:
+                    continue
+                inner, outer, how = found
+                first, verb, second = (outer, "holds", inner) if how == "is inside" \
+                    else (inner, "equals", outer)
+                raise Rule(f"{first}: {named[first]!r} {verb} {second} {named[second]!r}; give "
+                           "each of paths.* and data.image_dir its own folder, none inside "
+                           "another")
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -520,3 +608,54 @@ class Config:
             d = {s: d[s] for s in sections}
         blob = json.dumps(d, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# -------------------------------------------------------------- helpers
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def override_key(key: str) -> str:
+    """A train.overrides key as a full dotted params key (bare keys are train's)."""
+    return key if key.split(".")[0] in ("model", "train") else f"train.{key}"
+
+
+def _overridable(full: str):
+    """The FieldInfo of a model/train key an override may set, else None."""
+    parts = full.split(".")
+    if parts[:2] == ["train", "overrides"] or len(parts) < 2:
+        return None
+    return field_info(Config, parts)
+
+
+def _near(full: str) -> str:
+    """ (did you mean model.x?) for the closest real model/train key."""
+    keys = [k for section in (ModelSpec, TrainConfig) for k in _dotted_keys(section)]
+    # a bare key is train's, but a user may have meant the model key of that name
+    tries = [full, "model." + full.removeprefix("train.")]
+    scored = [(difflib.SequenceMatcher(None, t, k).ratio(), k) for t in tries for k in keys]
+    ratio, best = max(scored)
+    return f" (did you mean {best}?)" if ratio >= 0.8 else ""
+
+
+def _dotted_keys(cls: type, prefix: str = "") -> list[str]:
+    prefix = prefix or {ModelSpec: "model.", TrainConfig: "train."}.get(cls, "")
+    out = []
+    for name, info in cls.__pydantic_fields__.items():
+        sub = info.annotation
+        out.append(prefix + name)
+        if hasattr(sub, "__pydantic_fields__"):
+            out += _dotted_keys(sub, f"{prefix}{name}.")
+    return out
+
+
+def _overlap(key_a: str, a: Path, key_b: str, b: Path) -> tuple[str, str, str] | None:
+    """(inner key, outer key, "equals" | "is inside") when two resolved paths overlap."""
+    a, b = a.resolve(), b.resolve()
+    if a == b:
+        return (*sorted((key_a, key_b)), "equals")
+    if b in a.parents:
+        return key_a, key_b, "is inside"
+    if a in b.parents:
+        return key_b, key_a, "is inside"
+    return None

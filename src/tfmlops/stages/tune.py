@@ -3,7 +3,8 @@
 Output: `paths.tuned/best_hparams.yaml` (the contract of model/hparams.py: a
 partial params tree that `train` merges), `final_round.csv` and `mlflow_run.json`, swapped in
 whole; `reports/tune.json` (metrics) and `reports/tune_trials.csv` (one row per
-trial). With `tune.enabled: false` the file holds the params' own settings.
+trial). With `tune.enabled: false` the file holds the params' own settings and
+`paths.tuner` is left as it was (created empty if missing: DVC requires every output).
 
 The search: hyperband (default), bayesian or random over the space of
 `model/search_space.py`, every trial built by the shared builder and fed by the
@@ -156,6 +157,9 @@ def _write_untuned(cfg: Config) -> dict[str, Any]:
         parent.log_metrics(metrics)
         swap_in(out, cfg.paths.tuned)
         parent.log_artifact(hparams.best_path(cfg), "tune")
+    # dvc.yaml declares paths.tuner, and DVC fails a stage whose output is missing.
+    # A previous search's state stays (persist): re-enabling tune resumes it.
+    Path(cfg.paths.tuner).mkdir(parents=True, exist_ok=True)
     write_json(_report_path(cfg), metrics)
     log.info(f"tune: disabled; wrote the params' own settings to {hparams.best_path(cfg)}")
     return metrics

@@ -7,7 +7,9 @@ workers attaching), lineage (lineage.py: git, data version, `mlflow_run.json`
 next to each stage's outputs so the chain survives DVC's cache), and what to do
 when the server goes away: retry with a bounded backoff (retry.py), then queue
 the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
-failure never destroys a stage's outputs.
+failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
+the next run of their stage (stale.py); URIs are written and logged without
+credentials (uri.redact).
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.
@@ -24,6 +26,7 @@ from tfmlops.tracking.uri import (
     import_mlflow,
     is_chief,
     preflight,
+    redact,
     repo_root,
     tracking_uri,
     use_uri,
@@ -34,6 +37,6 @@ _import_mlflow = import_mlflow  # the old private name, still used by tests/infr
 __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
     "attach_run", "data_version", "ensure_reachable", "git_state", "import_mlflow", "is_chief",
-    "pinned_requirements", "preflight", "read_run_file", "repo_root", "stage_run", "sync",
+    "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "stage_run", "sync",
     "tracking_uri", "use_uri",
 ]

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops.config import Config
-from tfmlops.tracking.uri import repo_root
+from tfmlops.files import write_text
+from tfmlops.tracking.stale import owner_tags
+from tfmlops.tracking.uri import redact, repo_root
 
 RUN_FILE = "mlflow_run.json"
 
@@ -58,15 +60,17 @@ def read_run_file(folder: str | Path) -> dict[str, Any]:
 
 
 def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None) -> None:
-    """Write `mlflow_run.json` atomically (a reader never sees half a file)."""
-    data = {"stage": stage, "run_id": run_id, "tracking_uri": uri}
-    tmp = out_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(out_dir / RUN_FILE)
+    """Write `mlflow_run.json` atomically (a reader never sees half a file).
+
+    The URI without its credentials: the file is a DVC output that `dvc push` uploads.
+    """
+    data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri}
+    write_text(out_dir / RUN_FILE, json.dumps(data, indent=2) + "\n")
 
 
 def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:
-    """The tags a stage's run opens with: stage, params hash, data, git, upstream runs."""
+    """The tags a stage's run opens with: stage, params hash, data, git, owner process,
+    upstream runs."""
     commit, dirty = git_state(repo_root())
     tags = {
         "tfmlops.stage": stage,
@@ -74,6 +78,7 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         "tfmlops.data_version": data_version(cfg),
         "mlflow.source.git.commit": commit,
         "tfmlops.git_dirty": str(dirty).lower(),
+        **owner_tags(),  # so a later run can tell this one was orphaned by a kill
     }
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]

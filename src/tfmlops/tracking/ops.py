@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 # Ops `tfmlops sync` can replay from a JSON line (arbitrary `run.call(fn)` callables cannot be).
-REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end"}
+# `create_run` is the outbox's own: a child run (trial, finalist) opened while the
+# store was away, created by `sync`, which then sends its calls (outbox.py).
+REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end", "create_run"}
+# A run opened while the store was away has this local id until `sync` creates it.
+PENDING = "pending-"
+# Error codes of a store that answered and refused: sending again would be refused
+# too, so the live path reports and drops the call, and `sync` sets it aside.
+REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST",
+                     "RESOURCE_ALREADY_EXISTS", "INVALID_STATE"})
 
 
 def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:

@@ -1,23 +1,34 @@
 """The disk outbox: MLflow calls a run could not send, kept for `tfmlops sync`.
 
 Each run that lost its store writes `reports/outbox/<stage>-<run id>[-<pid>].jsonl`,
-one op per line (see ops.py), beside a `.files/` folder holding copies of the
-files those ops upload (stages move their staging folders after logging).
-`sync` replays the files in order against the current store.
+one op per line (see ops.py) naming its run and its store (the URI without
+credentials), beside a `.files/` folder holding copies of the files those ops
+upload (stages move their staging folders after logging). A child run opened
+while the store was away is queued too: a `create_run` line under a local id,
+which `sync` replaces by the real id in the lines after it.
+
+`sync` replays the files in order against the current store. What can never be
+sent is set aside in `<name>.rejected` (one JSON line each: the reason and the
+entry) so it blocks nothing: a line torn by a kill during the append, and a call
+the store refuses (run deleted...), which the live path drops too. Lines of
+another store are kept for a sync against that store. A store that fails midway
+stops `sync`, which resumes there next time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tracking.ops import REPLAYABLE, apply
-from tfmlops.tracking.retry import first_line
-from tfmlops.tracking.uri import ensure_reachable, tracking_uri, use_uri
+from tfmlops.files import write_text
+from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, apply
+from tfmlops.tracking.retry import error_code, first_line
+from tfmlops.tracking.uri import current_uri, ensure_reachable, redact, tracking_uri, use_uri
 
 OUTBOX_DIR = "outbox"
 
@@ -34,8 +45,10 @@ class Outbox:
     `.files/<n>` folders are numbered by entry, so they never overwrite each other.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, store: str | None = None):
         self.path = path
+        # the store the run lives in (the one MLflow points at when the run opens)
+        self.store = redact(store or current_uri() or "")
         self.entries = 0  # written to the file by this process
 
     def queue(self, run_id: str, op: str, payload: dict[str, Any]) -> str | None:
@@ -66,48 +79,144 @@ class Outbox:
     def write(self, run_id: str, op: str, payload: dict[str, Any]) -> None:
         """Append one op as it is (the files it names already belong to the outbox)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"run_id": run_id, "op": op, "payload": payload}, default=str)
+        line = json.dumps({"run_id": run_id, "op": op, "payload": payload, "store": self.store},
+                          default=str)
         with self.path.open("a") as fh:
             fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())  # queued means on disk: the store is away, the run goes on
         self.entries += 1
 
 
 def sync(cfg: Config) -> dict[str, int]:
     """Replay every queued call in `reports/outbox/` against the current store, in order.
 
-    A file is deleted (with its copied artifacts) once all its calls went through.
+    A file is deleted (with its copied artifacts) once none of its calls is left.
     If the store fails midway, the calls not yet sent are kept and the command
     stops with one line: running it again resumes there.
     """
     folder = Path(cfg.paths.reports) / OUTBOX_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    totals = {"files": len(files), "calls": 0, "rejected": 0, "other_store": 0}
     if not files:
-        return {"files": 0, "calls": 0}
+        return totals
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     client = use_uri(uri).MlflowClient()
-    sent = 0
     for path in files:
-        sent += _replay_file(client, path, uri, sent)
-        path.unlink()
-        shutil.rmtree(path.with_suffix(".files"), ignore_errors=True)
-    return {"files": len(files), "calls": sent}
+        done = _Replay(client, path, uri, totals["calls"]).run()
+        for key in ("calls", "rejected", "other_store"):
+            totals[key] += done[key]
+    return totals
 
 
-def _replay_file(client, path: Path, uri: str, sent_before: int) -> int:
-    """Send the calls of one queue file; on a failure keep the rest in it and raise."""
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for i, entry in enumerate(entries):
-        try:
-            apply(client, entry["run_id"], entry["op"], entry["payload"])
-        except Exception as exc:  # noqa: BLE001 - keep what is left, say where it stopped
-            rest = "".join(json.dumps(e) + "\n" for e in entries[i:])
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(rest)
-            tmp.replace(path)
-            raise TrackingUnavailable(
-                f"sync stopped at {path.name} call {i + 1} ({entry['op']} of run "
-                f"{entry['run_id']}) on {uri}: {first_line(exc)}; {sent_before + i} calls sent, "
-                f"{len(entries) - i} kept; fix the store and run `tfmlops sync` again"
-            ) from None
-    return len(entries)
+class _Replay:
+    """The replay of one queue file."""
+
+    def __init__(self, client, path: Path, uri: str, sent_before: int):
+        self.client, self.path, self.store = client, path, redact(uri)
+        self.sent_before = sent_before
+        self.ids: dict[str, str] = {}  # local id of a queued child run -> its real id
+        self.rejected: list[dict[str, Any]] = []
+        self.elsewhere: list[dict[str, Any]] = []  # lines of another store, kept
+
+    def run(self) -> dict[str, int]:
+        entries = self._read()
+        sent = 0
+        for i, entry in enumerate(entries):
+            if entry.get("store", self.store) != self.store:
+                self.elsewhere.append(entry)
+                continue
+            entry = self._mapped(entry)
+            try:
+                self._send(entry)
+                sent += 1
+            except Exception as exc:  # noqa: BLE001 - a refusal is set aside, anything else stops
+                if error_code(exc) not in REFUSED:
+                    self._finish([*self.elsewhere, *map(self._mapped, entries[i:])])
+                    raise TrackingUnavailable(
+                        f"sync stopped at {self.path.name} call {i + 1} ({entry['op']} of run "
+                        f"{entry['run_id']}) on {self.store}: {first_line(exc)}; "
+                        f"{self.sent_before + sent} calls sent, {len(entries) - i} kept; fix "
+                        "the store and run `tfmlops sync` again") from None
+                self._reject(entry, f"refused by {self.store}: {first_line(exc)}")
+        self._finish(self.elsewhere)
+        return {"calls": sent, "rejected": len(self.rejected), "other_store": len(self.elsewhere)}
+
+    def _read(self) -> list[dict[str, Any]]:
+        """The file's entries; a line that is not one (torn by a kill) is set aside."""
+        entries = []
+        for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if not (isinstance(entry, dict) and {"run_id", "op", "payload"} <= entry.keys()):
+                    raise ValueError("not an outbox entry")
+            except ValueError as exc:
+                self._reject({"line": line}, f"line {n} unreadable ({first_line(exc)}); "
+                             "torn by a kill during the append?")
+                continue
+            entries.append(entry)
+        return entries
+
+    def _send(self, entry: dict[str, Any]) -> None:
+        run_id, op, payload = entry["run_id"], entry["op"], entry["payload"]
+        if op == "create_run":
+            self.ids[run_id] = _create_run(self.client, run_id, payload)
+        elif run_id.startswith(PENDING):
+            raise _Refused(f"its run {run_id} was never created")
+        elif op not in REPLAYABLE:
+            raise _Refused(f"unknown op {op!r}")
+        else:
+            apply(self.client, run_id, op, payload)
+
+    def _mapped(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The entry with the real ids of child runs created so far."""
+        out = {**entry, "run_id": self.ids.get(entry["run_id"], entry["run_id"])}
+        if entry["op"] == "create_run":
+            parent = entry["payload"]["parent"]
+            out["payload"] = {**entry["payload"], "parent": self.ids.get(parent, parent)}
+            out["run_id"] = entry["run_id"]  # still the key the lines after it use
+        return out
+
+    def _reject(self, entry: dict[str, Any], reason: str) -> None:
+        self.rejected.append({"reason": reason, "entry": entry})
+
+    def _finish(self, kept: list[dict[str, Any]]) -> None:
+        """Set the rejected lines aside, keep `kept` in the file (or delete it)."""
+        if self.rejected:
+            with self.path.with_suffix(".rejected").open("a") as fh:
+                fh.writelines(json.dumps(r, default=str) + "\n" for r in self.rejected)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if kept:
+            write_text(self.path, "".join(json.dumps(e, default=str) + "\n" for e in kept))
+            return
+        self.path.unlink()
+        if not any(r["entry"].get("op") == "artifact" for r in self.rejected):
+            shutil.rmtree(self.path.with_suffix(".files"), ignore_errors=True)
+
+
+class _Refused(Exception):
+    """An entry that can never be sent."""
+
+    error_code = "INVALID_STATE"  # one of REFUSED: set aside, never retried
+
+
+def _create_run(client, local_id: str, payload: dict[str, Any]) -> str:
+    """Create a child run queued while the store was away; its real id.
+
+    Found by its local id first: a sync killed after creating it must not create it twice.
+    """
+    parent = client.get_run(payload["parent"])
+    experiment_id = parent.info.experiment_id
+    found = client.search_runs([experiment_id], f"tags.`tfmlops.outbox_id` = '{local_id}'",
+                               max_results=1)
+    if found:
+        return found[0].info.run_id
+    tags = {**payload["tags"], "mlflow.parentRunId": payload["parent"],
+            "tfmlops.outbox_id": local_id}
+    run = client.create_run(experiment_id, start_time=payload.get("start_time"),
+                            tags=tags, run_name=payload.get("name"))
+    return run.info.run_id

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,17 @@ from tfmlops.tracking.naming import (
     ensure_experiment_kind,
     stage_run_name,
 )
-from tfmlops.tracking.ops import apply, now_ms
+from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
+from tfmlops.tracking.stale import close_orphans_of, owner_tags
 from tfmlops.tracking.uri import (
     artifact_location,
     client,
     ensure_reachable,
     import_mlflow,
     is_chief,
+    redact,
     tracking_uri,
     use_uri,
 )
@@ -43,8 +46,7 @@ log = logging.getLogger(__name__)
 
 # Error codes of a store that answered and refused: a replay would be refused too,
 # so these are reported and dropped instead of sending the stage offline.
-_REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
-            "INVALID_STATE"}
+_REFUSED = REFUSED
 
 
 class StageRun:
@@ -151,12 +153,27 @@ class StageRun:
                     self._experiment_id(),
                     run_name=name,
                     tags={"mlflow.parentRunId": self.run_id, "tfmlops.stage": self.stage,
-                          **{k: str(v) for k, v in (tags or {}).items()}},
+                          **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}},
                 )
                 child.run_id = run.info.run_id
             except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
-                self._note(f"child run {name}: {exc}")
+                self._note(f"child run {name}: {first_line(exc)}; queued for `tfmlops sync`")
+        if self.active and child.run_id is None:
+            self._queue_child(child, name, tags)
         return child
+
+    def _queue_child(self, child: StageRun, name: str, tags: dict[str, Any] | None) -> None:
+        """The store is away: the child gets a local id, and its creation and every call
+        go to the outbox, where `sync` creates it under this run and sends them."""
+        if self._outbox is None:
+            return
+        child.run_id = f"{PENDING}{uuid.uuid4().hex}"
+        child._offline = True
+        self._outbox.write(child.run_id, "create_run", {
+            "parent": self.run_id, "name": name, "start_time": now_ms(),
+            "tags": {"tfmlops.stage": self.stage, **owner_tags(),
+                     **{k: str(v) for k, v in (tags or {}).items()}}})
+        child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
         if self.active:
@@ -283,6 +300,7 @@ def stage_run(
     mlflow, run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
     outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
     run = StageRun(cfg, stage, run_id, outbox)
+    close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
     write_run_file(out_dir, stage, run_id, uri)
     run.log_params(params)
     status = "FINISHED"
@@ -300,7 +318,7 @@ def stage_run(
             mlflow.end_run(status)
         if run.queued:
             log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
-                        stage, run.queued, outbox.path, uri)
+                        stage, run.queued, outbox.path, redact(uri))
 
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
@@ -322,7 +340,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start
         raise TrackingUnavailable(
-            f"MLflow tracking at {uri} failed to open a run ({first_line(exc, 160)}); "
+            f"MLflow tracking at {redact(uri)} failed to open a run ({first_line(exc, 160)}); "
             "check the server or set tracking.enabled: false"
         ) from None
     return mlflow, active.info.run_id

@@ -3,7 +3,8 @@
 Owns the project root (also from inside a `dvc exp run --temp` copy), the tracking
 URI (MLFLOW_TRACKING_URI or params' tracking.uri), where a local store keeps its
 artifacts, the chief-only rule of multi-worker training, the reachability check
-that fails a stage in seconds, and `use_uri`: the one place that points MLflow at a
+that fails a stage in seconds, `redact` (a URI as it may be written or logged:
+no user, password or token), and `use_uri`: the one place that points MLflow at a
 store (and serialises the creation of a fresh SQLite store).
 
 MLflow is imported lazily: `tfmlops --help` must not pay for it.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,6 +26,22 @@ _EXPS_TMP = os.sep + os.path.join(".dvc", "tmp", "exps") + os.sep
 SQLITE = "sqlite:///"
 
 _uri_set_here: str | None = None
+
+# `scheme://user:password@` up to the last "@" of the token (a raw "@" or "/" in a
+# password must not leave its tail behind), and password-like query values.
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"<>]*@")
+_SECRET_QUERY = re.compile(
+    r"(?i)([?&;](?:password|passwd|pwd|secret|token|access_token|api_key|sslpassword)=)"
+    r"[^&;\s'\"]*?(?=[&;\s'\"]|:\s|:?$)")  # a message's "uri: reason" keeps its colon
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of every URI in it removed: `scheme://host...`.
+
+    The tracking URI goes into `mlflow_run.json` (a DVC output, pushed to the
+    remote), logs and error messages; its user and password must go nowhere.
+    """
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1", str(text)))
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -86,14 +104,14 @@ def ensure_reachable(uri: str, timeout_s: float) -> None:
         except (OSError, urllib.error.URLError) as exc:
             reason = getattr(exc, "reason", exc)
             raise TrackingUnavailable(
-                f"MLflow tracking server {uri} is unreachable ({reason}); start it, fix "
+                f"MLflow tracking server {redact(uri)} is unreachable ({redact(reason)}); start it, fix "
                 "MLFLOW_TRACKING_URI, or set tracking.enabled: false in params.yaml"
             ) from None
     elif uri.startswith(SQLITE):
         folder = Path(uri[len(SQLITE):]).parent
         if not folder.is_dir():
             raise TrackingUnavailable(
-                f"MLflow store {uri}: folder {folder} does not exist; create it or fix the URI"
+                f"MLflow store {redact(uri)}: folder {folder} does not exist; create it or fix the URI"
             )
 
 
@@ -123,6 +141,11 @@ def use_uri(uri: str):
         with FileLock(f"{db}-lock"):
             mlflow.MlflowClient()
     return mlflow
+
+
+def current_uri() -> str | None:
+    """The URI `use_uri` last pointed MLflow at in this process, if any."""
+    return _uri_set_here
 
 
 def import_mlflow():
