@@ -251,7 +251,7 @@ class Registry:
                                    jitter=True)
         except RetriesExhausted as exc:
             raise TrackingUnavailable(
-                f"model registry at {self.uri} failed to {what} after {attempts} attempts "
+                f"model registry at {tracking.redact(self.uri)} failed to {what} after {attempts} attempts "
                 f"({first_line(exc.last, 160)}); check the store, then run again") from None
         except Exception as exc:  # noqa: BLE001 - a final code: the store answered
             code = error_code(exc)
