@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -280,3 +281,28 @@ def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
     assert result["replicas"] == [1, 2]
     assert result["moved"] > 1e-3  # the step really changed the weights
     assert result["max_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("setting, expected", [("mixed_bfloat16", "mixed_bfloat16"),
+                                               ("auto", None)])
+def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
+                                                   setting, expected):
+    import keras_tuner as kt
+
+    from tfmlops.data import pipeline
+    from tfmlops.model import precision
+    from tfmlops.training.fit import PRECISION_CACHE
+    from tfmlops.tuning.hypermodel import TrialModel
+
+    cfg = make_cfg(train={"precision": setting})
+    hypermodel = TrialModel(cfg, pipeline.load_prepared(prepared_digits), deadline=1e12)
+    model = hypermodel.build(kt.HyperParameters())
+    cache = Path(cfg.paths.tuner) / PRECISION_CACHE
+    if setting == "auto" and precision.has_bf16_units(precision.cpu_flags()):
+        (stored,) = json.loads(cache.read_text()).values()  # timed once, kept for the tune
+        expected = stored["policy"]
+    elif setting == "auto":
+        expected = "float32"
+        assert not cache.exists()  # nothing timed, nothing kept
+    assert model.get_layer("block0_conv0").dtype_policy.name == expected
+    assert model.get_layer("probabilities").dtype_policy.compute_dtype == "float32"
