@@ -67,7 +67,9 @@ def test_bfloat16_trains_as_well_as_float32(tmp_path, prepared_digits, make_cfg)
         workdir = tmp_path / policy
         shutil.copytree(prepared_digits.paths.prepared, workdir / "data" / "prepared")
         cfg = make_cfg(workdir, tracking={"enabled": False},
-                       train={"use_tuned": False, "epochs": 8, "precision": policy})
+                       train={"use_tuned": False, "epochs": 10, "precision": policy,
+                              "optimizer": {"learning_rate": 0.01}})
         accuracy[policy] = train.run(cfg)["test_accuracy"]
-    assert accuracy["float32"] > 0.7, accuracy
+    assert accuracy["float32"] > 0.8, accuracy  # it learned: the comparison means something
+    # 262 test images; two runs of one seed diverge by rounding alone: 4 pt is ~10 images.
     assert abs(accuracy["float32"] - accuracy["mixed_bfloat16"]) <= 0.04, accuracy
