@@ -9,7 +9,7 @@
 - accuracy: the default digits pipeline's train stage (tune's settings not used)
   in float32 and in mixed_bfloat16; target: bf16 test accuracy within 0.5 pt.
 
-    .venv/bin/python benchmarks/precision.py [speed|accuracy ...] [--steps N]
+    .venv/bin/python benchmarks/precision.py [speed|accuracy ...] [--steps N] [--epochs N]
 
 The output says which CPU it ran on and whether it has bf16 units: without them
 bf16 is emulated and `auto` is float32 (nothing is timed).
@@ -96,7 +96,7 @@ def mobilenet_case(batch_size: int):
     return make_model, batch, decide
 
 
-def speed(steps: int = 10) -> dict:
+def speed(steps: int = 10, warmup: int = 2) -> dict:
     import keras
 
     from tfmlops.model import precision
@@ -108,7 +108,7 @@ def speed(steps: int = 10) -> dict:
         make_model, batch, decide = case()
         decision = decide()
         rates = precision.time_policies(make_model, batch, keras, ("float32", "mixed_bfloat16"),
-                                        warmup=3, steps=steps)
+                                        warmup=warmup, steps=steps)
         auto = rates[decision.policy]  # the policy auto picked, timed beside the others
         out[name] = {"auto_policy": decision.policy, "auto_reason": decision.reason,
                      "float32_images_per_s": round(rates["float32"], 1),
@@ -122,13 +122,15 @@ def speed(steps: int = 10) -> dict:
     return out
 
 
-def accuracy() -> dict:
-    """The default digits train stage in float32 and in mixed_bfloat16 (same seed, data)."""
+def accuracy(epochs: int | None = None) -> dict:
+    """The default digits train stage in float32 and in mixed_bfloat16 (same seed, data).
+    `epochs`: fewer than the params' where bf16 is emulated (it runs ~10x slower)."""
     from tfmlops.stages import train
 
     out = {}
     for policy in ("float32", "mixed_bfloat16"):
-        cfg = prepared(Path(tempfile.mkdtemp(prefix="bench-prec-")), precision=policy)
+        extra = {"epochs": epochs} if epochs else {}
+        cfg = prepared(Path(tempfile.mkdtemp(prefix="bench-prec-")), precision=policy, **extra)
         metrics = train.run(cfg)
         out[policy] = {"test_accuracy": metrics["test_accuracy"],
                        "epochs_run": metrics["epochs_run"],
@@ -148,15 +150,18 @@ def main() -> None:
     parser.add_argument("which", nargs="*", default=["speed", "accuracy"],
                         choices=["speed", "accuracy"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per policy")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="accuracy: train epochs (default: params.yaml's)")
     args = parser.parse_args()
     result = {"cpu": cpu()}
     log.info(f"CPU: {result['cpu']['cpu']}; bf16 units: "
              f"{', '.join(result['cpu']['bf16_flags']) or 'none'} "
              f"(SIMD: {' '.join(result['cpu']['simd'])})")
     if "speed" in args.which:
-        result["speed"] = speed(args.steps)
+        result["speed"] = speed(args.steps, args.warmup)
     if "accuracy" in args.which:
-        result["accuracy"] = accuracy()
+        result["accuracy"] = accuracy(args.epochs)
     log.info(f"-> {save('precision', result)}")
 
 
