@@ -52,9 +52,9 @@ class Decision:
 
     def line(self, setting: str) -> str:
         """The one log line of this decision."""
-        why = {"setting": "as set", "gpu": "CUDA GPUs of capability >= 7.0",
+        why = {"setting": "as set", "gpu": "CUDA GPUs; mixed_float16 needs capability >= 7.0",
                "no-bf16-units": f"CPU without bf16 units ({'/'.join(BF16_FLAGS)})",
-               "not-timed": "bf16 units, but timing was not possible here"}.get(self.reason)
+               "not-timed": "bf16 units, not timed: workers must agree"}.get(self.reason)
         if self.reason == "timed":
             why = "timed: " + ", ".join(f"{p} {v:,.0f} images/s"
                                         for p, v in self.images_per_s.items())
