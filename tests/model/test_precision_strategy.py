@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,6 +39,126 @@ def cluster(workers: int, chief: bool = False) -> str:
 ])
 def test_precision_resolution(setting, gpus, expected):
     assert resolve_precision(setting, gpus) == expected
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    from tfmlops.model.precision import cpu_flags, has_bf16_units
+
+    amd = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t: avx2\n"
+    xeon = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+    (tmp_path / "amd").write_text(amd)
+    (tmp_path / "xeon").write_text(xeon)
+    assert cpu_flags(tmp_path / "amd") == {"fpu", "sse2", "avx", "avx2", "fma"}
+    assert not has_bf16_units(cpu_flags(tmp_path / "amd"))
+    assert has_bf16_units(cpu_flags(tmp_path / "xeon"))
+    assert has_bf16_units({"amx_bf16"}) and has_bf16_units({"avx512_bf16"})
+    assert cpu_flags(tmp_path / "missing") == frozenset()  # not Linux: no bf16 claimed
+
+
+def tiny_batch_and_model(prepared_digits, batch_size=32):
+    """A real batch of the prepared digits and a maker of the TINY compiled model."""
+    import keras
+
+    from tfmlops.data import pipeline
+    from tfmlops.model.builder import build_model
+    from tfmlops.model.optim import make_optimizer
+
+    prepared = pipeline.load_prepared(prepared_digits)
+    batch = next(iter(pipeline.dataset(prepared_digits, prepared, "train",
+                                       batch_size=batch_size, training=True)))
+
+    def make_model():
+        model = build_model(TINY, keras, prepared.input_shape, prepared.num_classes)
+        model.compile(optimizer=make_optimizer(OptimizerConfig(), 1e-3, keras),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    return batch, make_model
+
+
+@pytest.mark.timeout(300)
+def test_timing_trains_both_policies_and_picks_the_faster(prepared_digits):
+    import keras
+
+    from tfmlops.model.precision import faster, time_policies
+
+    batch, make_model = tiny_batch_and_model(prepared_digits)
+    built = []
+
+    def tracked():
+        built.append(keras.mixed_precision.global_policy().name)
+        return make_model()
+
+    timings = time_policies(tracked, batch, keras, warmup=1, steps=3)
+    assert built == ["float32", "mixed_bfloat16"]  # each built under its own policy
+    assert set(timings) == {"float32", "mixed_bfloat16"}
+    assert all(v > 0 and np.isfinite(v) for v in timings.values())
+    assert faster(timings) == max(timings, key=timings.get)
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored
+    assert faster({"float32": 100.0, "mixed_bfloat16": 100.0}) == "float32"  # a tie
+    assert faster({"float32": 100.0, "mixed_bfloat16": 250.0}) == "mixed_bfloat16"
+
+
+@pytest.mark.timeout(300)
+def test_auto_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
+    import keras
+
+    from tfmlops.model import precision
+
+    batch, make_model = tiny_batch_and_model(prepared_digits)
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return precision.time_policies(make_model, batch, keras, warmup=1, steps=2)
+
+    avx2 = {"sse2", "avx", "avx2", "fma"}
+    assert precision.resolve_precision("auto", [], avx2, measure) == "float32"
+    assert precision.decide("auto", [], avx2, measure).reason == "no-bf16-units"
+    assert calls == []  # no bf16 units: nothing is timed
+    assert precision.resolve_precision("auto", [(8, 0)], avx2 | {"amx_bf16"},
+                                       measure) == "mixed_float16"  # a GPU decides
+    assert precision.resolve_precision("float32", [], {"amx_bf16"}, measure) == "float32"
+    assert calls == []
+
+    decision = precision.decide("auto", [], avx2 | {"amx_bf16"}, measure)
+    assert calls == [1] and decision.reason == "timed"
+    assert set(decision.images_per_s) == {"float32", "mixed_bfloat16"}
+    assert decision.policy == precision.faster(decision.images_per_s)
+    params, metrics = decision.mlflow()
+    assert params == {"precision_policy": decision.policy, "precision_reason": "timed"}
+    assert set(metrics) == {"precision_float32_images_per_s",
+                            "precision_mixed_bfloat16_images_per_s"}
+    assert decision.policy in decision.line("auto") and "images/s" in decision.line("auto")
+    assert precision.decide("auto", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
+
+
+@pytest.mark.timeout(300)
+def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
+    """What tune's trials and final round share: the train stage's own timing of the
+    actual model (training/fit.decide_precision), kept in the tuner folder's file."""
+    from tfmlops.data import pipeline
+    from tfmlops.model import precision
+    from tfmlops.training import fit
+
+    prepared = pipeline.load_prepared(prepared_digits)
+    cache = tmp_path / fit.PRECISION_CACHE
+    bf16 = {"avx2", "amx_bf16"}
+    first = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
+    assert first.reason == "timed" and first.policy == precision.faster(first.images_per_s)
+    stored = json.loads(cache.read_text())
+    assert [v["policy"] for v in stored.values()] == [first.policy]
+    again = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
+    assert again == first  # the in-process memo
+    precision._decided.clear()  # another process of the same tune: the file
+    assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache,
+                                flags=bf16) == first
+    other_batch = fit.decide_precision(prepared_digits, prepared, 16, cache_file=cache,
+                                       flags=bf16)
+    assert other_batch.reason == "timed" and len(json.loads(cache.read_text())) == 2
+    here = fit.decide_precision(prepared_digits, prepared, 32)  # this machine's own flags
+    if not precision.has_bf16_units(precision.cpu_flags()):
+        assert (here.policy, here.reason) == ("float32", "no-bf16-units")
 
 
 @pytest.mark.parametrize("setting, tf_config, gpus, expected", [
@@ -160,3 +281,28 @@ def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
     assert result["replicas"] == [1, 2]
     assert result["moved"] > 1e-3  # the step really changed the weights
     assert result["max_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("setting, expected", [("mixed_bfloat16", "mixed_bfloat16"),
+                                               ("auto", None)])
+def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
+                                                   setting, expected):
+    import keras_tuner as kt
+
+    from tfmlops.data import pipeline
+    from tfmlops.model import precision
+    from tfmlops.training.fit import PRECISION_CACHE
+    from tfmlops.tuning.hypermodel import TrialModel
+
+    cfg = make_cfg(train={"precision": setting})
+    hypermodel = TrialModel(cfg, pipeline.load_prepared(prepared_digits), deadline=1e12)
+    model = hypermodel.build(kt.HyperParameters())
+    cache = Path(cfg.paths.tuner) / PRECISION_CACHE
+    if setting == "auto" and precision.has_bf16_units(precision.cpu_flags()):
+        (stored,) = json.loads(cache.read_text()).values()  # timed once, kept for the tune
+        expected = stored["policy"]
+    elif setting == "auto":
+        expected = "float32"
+        assert not cache.exists()  # nothing timed, nothing kept
+    assert model.get_layer("block0_conv0").dtype_policy.name == expected
+    assert model.get_layer("probabilities").dtype_policy.compute_dtype == "float32"

@@ -84,8 +84,10 @@ def _train(ctx: TrainContext, scratch: list[Path]) -> dict:
     from tfmlops.training.context import worker_folders
 
     cfg, merged = ctx.cfg, ctx.merged
+    # Before the seed: timing the policies builds models (it draws random numbers).
+    decision = fit.decide_precision(merged, ctx.prepared, merged.train.batch_size)
+    ctx.policy = decision.policy
     keras.utils.set_random_seed(merged.seed)
-    ctx.policy = precision.resolve_precision(merged.train.precision, precision.gpu_capabilities())
     ctx.folders = worker_folders(cfg, merged, ctx.chief, scratch)
     ctx.done = cb.finished_epochs(ctx.folders.backup)
     ctx.rows = [r for r in cb.history_rows(ctx.folders.backup) if r["epoch"] <= ctx.done]
@@ -94,6 +96,7 @@ def _train(ctx: TrainContext, scratch: list[Path]) -> dict:
                  f"backup in {cfg.paths.backup}")
 
     with reports.open_run(ctx):
+        fit.log_precision(ctx.run, decision)
         with precision.global_policy(ctx.policy, keras):
             model, recorder, fit_seconds = fit.fit(ctx)
             best = ctx.folders.backup / cb.BEST_WEIGHTS

@@ -8,14 +8,19 @@ same batches with the same build and compile.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
+from pathlib import Path
 
 from tfmlops import profiling, tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.training.context import TrainContext
 
+log = logging.getLogger(__name__)
+
+PRECISION_CACHE = "precision.json"  # in paths.tuner: tune's decisions, per architecture
 JIT = {"auto": "auto", "true": True, "false": False}
 # tf_keras (multi-worker path) takes a bool or None (its own default) for `auto`.
 JIT_TF_KERAS = {"auto": None, "true": True, "false": False}
@@ -83,6 +88,49 @@ def compiled_model(merged: Config, prepared, keras, total_steps: int):
                   metrics=["accuracy"],  # by keyword: the third positional is loss_weights
                   jit_compile=(JIT if keras.__version__[0] == "3" else JIT_TF_KERAS)[t.jit_compile])
     return model
+
+
+def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
+                     cache_file: str | Path | None = None, flags=None):
+    """`merged.train.precision` resolved for this model and batch (model/precision.py):
+    on a CPU with bf16 units, `auto` times float32 against mixed_bfloat16 on a few
+    steps of this very model, once per architecture. One log line when decided now.
+    Seeds are consumed by the timing: set them after this call. `flags`: the CPU's
+    (default: read from /proc/cpuinfo)."""
+    import keras
+
+    from tfmlops.model import precision
+
+    flags = precision.cpu_flags() if flags is None else frozenset(flags)
+    key = precision.cache_key(merged.model, prepared.input_shape, batch_size, flags)
+
+    def measure() -> dict[str, float]:
+        # One replica at the per-replica batch: what the bf16 units change is per device.
+        train_ds = pipeline_train(merged, prepared, batch_size)
+        steps = math.ceil(prepared.counts["train"] / batch_size)
+        return precision.time_policies(
+            lambda: compiled_model(merged, prepared, keras, steps * merged.train.epochs),
+            next(iter(train_ds)), keras)
+
+    decision, now = precision.decide_cached(merged.train.precision, key, flags,
+                                            measure if timed else None, cache_file)
+    if now:
+        log.info(decision.line(merged.train.precision))
+    return decision
+
+
+def pipeline_train(merged: Config, prepared, batch_size: int):
+    from tfmlops.data import pipeline
+
+    return pipeline.dataset(merged, prepared, "train", batch_size=batch_size, training=True)
+
+
+def log_precision(run, decision) -> None:
+    """The decision into a run: params `resolved.precision_*`, metrics of each timing."""
+    params, metrics = decision.mlflow()
+    run.log_params({"resolved": params})
+    if metrics:
+        run.log_metrics(metrics)
 
 
 def loss_scaling(model, policy: str, keras) -> bool:

@@ -48,6 +48,8 @@ from tfmlops.training.fit import (
     checked_global_batch,
     compiled_model,
     datasets,
+    decide_precision,
+    log_precision,
     loss_scaling,
     op_determinism,
 )
@@ -123,7 +125,10 @@ def _train(ctx: TrainContext, scratch: Path | None) -> dict:
 
     merged, placement = ctx.merged, ctx.placement
     tf_keras.utils.set_random_seed(merged.seed)
-    ctx.policy = precision.resolve_precision(merged.train.precision, precision.gpu_capabilities())
+    # Not timed: each worker would time on its own and could pick another policy than
+    # the others; on a CPU with bf16 units `auto` is float32 here (set it explicitly).
+    decision = decide_precision(merged, ctx.prepared, merged.train.batch_size, timed=False)
+    ctx.policy = decision.policy
     ctx.folders = _folders(ctx, scratch)
     ctx.done = finished_epochs(ctx.folders.backup)
     ctx.rows = [r for r in cb.history_rows(ctx.folders.history) if r["epoch"] <= ctx.done]
@@ -134,6 +139,7 @@ def _train(ctx: TrainContext, scratch: Path | None) -> dict:
                  f"backup in {ctx.cfg.paths.backup}")
 
     with reports.open_run(ctx):
+        log_precision(ctx.run, decision)
         with precision.global_policy(ctx.policy, tf_keras):
             model, recorder, fit_seconds = _fit(ctx, task)
             # Reading SyncOnRead variables (BatchNorm statistics) all-reduces: every worker.

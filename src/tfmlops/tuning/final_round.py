@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tfmlops import tracking
@@ -106,8 +107,12 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
     from tfmlops.training import fit
 
     t = merged.train
-    policy = precision.resolve_precision(t.precision, precision.gpu_capabilities())
     with fit.op_determinism(merged.pipeline.deterministic):
+        # Timed once per architecture (the search's trials share the file); before the seed.
+        decision = fit.decide_precision(merged, prepared, t.batch_size,
+                                        cache_file=Path(merged.paths.tuner) / fit.PRECISION_CACHE)
+        fit.log_precision(child, decision)
+        policy = decision.policy
         keras.utils.set_random_seed(merged.seed)
         with precision.global_policy(policy, keras):
             train_ds, val_ds, steps = fit.datasets(merged, prepared, t.batch_size)

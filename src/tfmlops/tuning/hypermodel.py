@@ -14,9 +14,10 @@ import keras_tuner as kt
 from tfmlops import profiling
 from tfmlops.config import Config
 from tfmlops.data import pipeline
-from tfmlops.model import search_space
+from tfmlops.model import precision, search_space
 from tfmlops.model.builder import build_model
 from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
+from tfmlops.training import fit
 
 STAGE = "tune"  # the profile folder's name
 
@@ -49,9 +50,15 @@ class TrialModel(kt.HyperModel):
     def build(self, hp):
         trial_cfg = search_space.config_from_values(
             self.cfg, search_space.declare(hp, self.cfg.tune.space))
+        # train.precision as train resolves it, timed once per architecture and batch
+        # (the file is shared with the final round and a resumed search); before the seed.
+        policy = fit.decide_precision(
+            trial_cfg, self.prepared, trial_cfg.train.batch_size,
+            cache_file=Path(self.cfg.paths.tuner) / fit.PRECISION_CACHE).policy
         keras.utils.set_random_seed(self.cfg.seed)  # same values, same initial weights
-        return build_model(trial_cfg.model, keras, self.prepared.input_shape,
-                           self.prepared.num_classes)
+        with precision.global_policy(policy, keras):  # read when the layers are created
+            return build_model(trial_cfg.model, keras, self.prepared.input_shape,
+                               self.prepared.num_classes)
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), verbose=2,
             **kwargs):
