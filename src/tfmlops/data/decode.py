@@ -120,3 +120,15 @@ def _sixteen_to_eight(img: Image.Image) -> Image.Image:
     # A 16-bit PNG spans 0..65535; PIL's convert("L") clips at 255 (all white). Scale instead.
     values = np.asarray(img, dtype=np.int64)
     return Image.fromarray(np.clip((values * 255 + 32767) // 65535, 0, 255).astype(np.uint8), "L")
+
+
+def bilinear_taps(in_size: int, out_size: int):
+    """(lower, upper, weight) source indices of each output pixel of `tf.image.resize`
+    (bilinear): TensorFlow's half-pixel scaler (resize_bilinear_op.cc), in float32 like
+    the kernel. prepare's statistics and serving's preprocessing resize with these."""
+    scale = np.float32(in_size / out_size)
+    src = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    floor = np.floor(src)
+    lower = np.maximum(floor, 0).astype(np.int64)
+    upper = np.minimum(np.ceil(src), in_size - 1).astype(np.int64)
+    return lower, upper, (src - floor).astype(np.float32)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tfmlops.data.decode import bilinear_taps
+
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
 STORE_VERSION = 1
 JPEG_SOURCES = {"JPEG", "MPO"}
@@ -126,22 +128,12 @@ def _resized_planes(image: np.ndarray, size: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _resize_matrix(in_size: int, out_size: int) -> np.ndarray:
-    lower, upper, lerp = _interpolation(in_size, out_size)
+    lower, upper, lerp = bilinear_taps(in_size, out_size)
     m = np.zeros((out_size, in_size), np.float32)
     out = np.arange(out_size)
     np.add.at(m, (out, lower), 1 - lerp)
     np.add.at(m, (out, upper), lerp)
     return m
-
-
-def _interpolation(in_size: int, out_size: int):
-    # TensorFlow's half-pixel scaler (resize_bilinear_op.cc), in float32 like the kernel.
-    scale = np.float32(in_size / out_size)
-    src = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
-    floor = np.floor(src)
-    lower = np.maximum(floor, 0).astype(np.int64)
-    upper = np.minimum(np.ceil(src), in_size - 1).astype(np.int64)
-    return lower, upper, (src - floor).astype(np.float32)
 
 
 class ImageCache:

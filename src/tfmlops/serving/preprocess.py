@@ -18,7 +18,7 @@ import binascii
 
 import numpy as np
 
-from tfmlops.data.decode import ImageRejected, load_image
+from tfmlops.data.decode import ImageRejected, bilinear_taps, load_image
 
 MAX_PIXELS = 4096 * 4096  # a request's image budget, checked on the header before decoding
 
@@ -64,24 +64,14 @@ def image_input(data: bytes, channels: int, image_size: int, mean, std,
 
 def resize_bilinear(image: np.ndarray, size: int) -> np.ndarray:
     """float32 [H, W, C] -> [size, size, C], exactly as `tf.image.resize` (bilinear) computes it."""
-    y_lo, y_hi, y_lerp = _interpolation(image.shape[0], size)
-    x_lo, x_hi, x_lerp = _interpolation(image.shape[1], size)
+    y_lo, y_hi, y_lerp = bilinear_taps(image.shape[0], size)
+    x_lo, x_hi, x_lerp = bilinear_taps(image.shape[1], size)
     x_lerp = x_lerp[None, :, None]
     top = image[y_lo]
     bottom = image[y_hi]
     top = top[:, x_lo] + (top[:, x_hi] - top[:, x_lo]) * x_lerp
     bottom = bottom[:, x_lo] + (bottom[:, x_hi] - bottom[:, x_lo]) * x_lerp
     return top + (bottom - top) * y_lerp[:, None, None]
-
-
-def _interpolation(in_size: int, out_size: int):
-    # TensorFlow's half-pixel scaler (resize_bilinear_op.cc), in float32 like the kernel.
-    scale = np.float32(in_size / out_size)
-    src = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
-    floor = np.floor(src)
-    lower = np.maximum(floor, 0).astype(np.int64)
-    upper = np.minimum(np.ceil(src), in_size - 1).astype(np.int64)
-    return lower, upper, (src - floor).astype(np.float32)
 
 
 def normalize(image_uint8: np.ndarray, size: int, mean, std) -> np.ndarray:
