@@ -82,7 +82,7 @@ def test_server_killed_mid_train_then_sync_uploads_what_was_missed(tmp_path, dig
     assert before.info.status == "RUNNING" and "test_accuracy" not in before.data.metrics
     try:
         synced = run_cli("sync", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": server.url})
-        assert re.search(r"View run train-[0-9a-f]{6} at", synced.stdout)  # MLflow's link, on the replayed end
+        assert re.search(r"View run train-[0-9a-f]{6} at", synced.stdout)  # MLflow prints it on the end
         assert json.loads(synced.stdout.splitlines()[-1]) == {
             "files": 1, "calls": len(entries), "rejected": 0, "other_store": 0}
         after = client.get_run(run_id)
