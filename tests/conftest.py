@@ -56,6 +56,18 @@ def tiny_params(workdir: Path, **sections) -> dict:
     return deep_merge(params, sections)
 
 
+@pytest.fixture(autouse=True)
+def _tracking_uri_restored():
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI into this process, and the URI
+    wins over params: a test's store (a server it stopped) must not leak into the next."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture
 def make_cfg(tmp_path):
     """make_cfg(**sections) -> Config under tmp_path; also writes tmp_path/params.yaml."""
