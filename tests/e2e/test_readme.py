@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, VENV_BIN, dvc, free_port
+from tfmlops.serving import local_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -99,12 +99,7 @@ def run_with_server(block: str, port: int, repo: Path, tmp_path: Path) -> str:
         wait_for_port(proc, new_port, log)
         return run_block(prelude + rest, repo).stdout
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        local_server.stop(proc)  # the whole process group, as the serving tests stop theirs
 
 
 def wait_for_port(proc: subprocess.Popen, port: int, log: Path, timeout_s: float = 300) -> None:
