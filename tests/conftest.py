@@ -57,15 +57,14 @@ def tiny_params(workdir: Path, **sections) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _tracking_uri_restored():
-    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI into this process, and the URI
-    wins over params: a test's store (a server it stopped) must not leak into the next."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+def _no_tracking_uri_in_env():
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI into this process, and the
+    variable wins over params. Cleared before every test (a session fixture may have
+    exported its store while being set up for this test) and after it (a stopped
+    server must not leak into the next); a test that needs it sets it with monkeypatch."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
     yield
-    if before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 @pytest.fixture
