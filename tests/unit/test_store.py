@@ -47,10 +47,13 @@ def test_fewer_records_than_shards_makes_fewer_files(tmp_path):
 def test_resize_matches_tensorflow():
     import tensorflow as tf
 
-    x = np.random.default_rng(0).uniform(0, 255, (23, 37, 3)).astype(np.float32)
-    for size in (8, 16, 50):
-        np.testing.assert_allclose(resize_bilinear(x, size),
-                                   tf.image.resize(x, (size, size)).numpy(), atol=1e-3)
+    rng = np.random.default_rng(0)
+    # (23, 37): both sides resized; a side already at `size` (prepare's stored short side) too.
+    for shape, sizes in (((23, 37), (8, 16, 50)), ((16, 37), (16,)), ((37, 16), (16,))):
+        x = rng.uniform(0, 255, (*shape, 3)).astype(np.float32)
+        for size in sizes:
+            np.testing.assert_allclose(resize_bilinear(x, size),
+                                       tf.image.resize(x, (size, size)).numpy(), atol=1e-3)
 
 
 def test_stored_image_is_upright_reduced_and_encoded_by_source(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tfmlops.config import Config
 from tfmlops.data.images import SPLITS, assign_split, file_sha256, unsupported
-from tfmlops.data.store import ImageCache, Stored, StoreSpec, store_image
+from tfmlops.data.store import ImageCache, Stored, StoreSpec, one_blas_thread, store_chunk, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
 
@@ -209,26 +209,16 @@ def _decode_all(paths: list[str], spec: StoreSpec, workers: int, chunk: int = 8)
     chunks = (paths[i : i + chunk] for i in range(0, len(paths), chunk))
     window: deque = deque()
     # spawn, not fork: the parent may hold threads (MLflow, TensorFlow in tests).
+    # The workers' entry points live in data.store, which imports neither the config
+    # (pydantic: 0.7 s of CPU per spawned worker) nor this module.
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_one_thread) as pool:
+                             initializer=one_blas_thread) as pool:
         for part in chunks:
-            window.append(pool.submit(_store_chunk, part, spec))
+            window.append(pool.submit(store_chunk, part, spec))
             if len(window) >= 4 * workers:
                 yield from window.popleft().result()
         while window:
             yield from window.popleft().result()
-
-
-def _one_thread() -> None:
-    """A worker's BLAS on one thread: the statistics' small matrix products ran 14x
-    slower with a thread per core, in every one of the pool's processes."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1)
-
-
-def _store_chunk(paths: list[str], spec: StoreSpec) -> list[Stored]:
-    return [store_image(p, spec) for p in paths]
 
 
 def _quarantine(out: Path, image_dir: Path, path: Path) -> None:
