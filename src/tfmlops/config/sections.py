@@ -72,6 +72,9 @@ class SyntheticConfig:
 class SplitConfig:
     val: Float = Field(0.15, gt=0.0, le=0.5)
     test: Float = Field(0.15, gt=0.0, le=0.5)
+    # A class with no image in some split (too few images: 3 reach every split):
+    # error stops prepare naming the class; warn logs that and goes on.
+    too_few: Literal["error", "warn"] = "error"
 
     @model_validator(mode="after")
     def _leaves_a_train_split(self):

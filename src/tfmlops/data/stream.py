@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmlops.config import Config
-from tfmlops.data.images import SPLITS, assign_split, file_sha256, unsupported
+from tfmlops.data.images import SPLITS, assign_splits, file_sha256, unsupported
 from tfmlops.data.store import ImageCache, Stored, StoreSpec, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
@@ -118,6 +118,11 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     spec = store_spec(cfg)
     tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
     keys = _hash_all(files, tally)
+    # Stratified, so every file's class and hash are needed before the first write.
+    # Files that turn out unreadable hold a rank too (they are known only once decoded).
+    splits = assign_splits([(sha, label) for (_, label), sha in zip(files, keys, strict=True)
+                            if sha is not None], cfg.seed, cfg.data.split.val,
+                           cfg.data.split.test)
     label_index = {c: i for i, c in enumerate(classes)}
     writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
     progress = Progress(len(files), "prepare: images")
@@ -131,7 +136,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
                 _quarantine(out, image_dir, path)
                 tally.bad.append({"file": rel, "label": label, "reason": stored.reason})
             else:
-                split = assign_split(sha, cfg.seed, cfg.data.split.val, cfg.data.split.test)
+                split = splits[sha]
                 writers[split].write(encode_example({
                     "image": stored.data, "label": label_index[label], "sha256": sha.encode()}))
                 _count(tally, stored, split)
