@@ -19,7 +19,14 @@ import yaml
 from conftest import VENV_BIN, child_env, dvc, relative_tiny_params, scratch_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
-EPOCHS = 6
+EPOCHS = 4
+# As small as it gets: 120 synthetic 16x16 images in 2 classes, float32 (no timing of
+# the precision policies), no tracking; an epoch still takes about a second here.
+PARAMS = {"data": {"builtin": "synthetic",
+                   "synthetic": {"count": 120, "image_size": 16, "classes": 2}},
+          "tune": {"enabled": False},
+          "train": {"epochs": EPOCHS, "batch_size": 16, "precision": "float32"},
+          "tracking": {"enabled": False}}
 
 
 def lock_stages(repo: Path) -> dict:
@@ -30,8 +37,7 @@ def lock_stages(repo: Path) -> dict:
 def test_kill_9_of_dvc_repro_during_train_resumes_and_locks_only_success(tmp_path):
     from tfmlops.model.callbacks import finished_epochs, history_rows
 
-    params = relative_tiny_params(tune={"enabled": False}, train={"epochs": EPOCHS},
-                                  tracking={"enabled": False})
+    params = relative_tiny_params(**PARAMS)
     repo = scratch_repo(tmp_path / "repo", params)
     backup = repo / params["paths"]["backup"]
     log = (tmp_path / "repro.log").open("w")

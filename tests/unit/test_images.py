@@ -1,14 +1,16 @@
 """Validation quarantines each kind of bad file; the split is stable and stratified."""
 
 import hashlib
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from images import mixed_folder
 from tfmlops.data.builtin import write_digits
-from tfmlops.data.images import assign_splits, scan, split_bounds
+from tfmlops.data.images import assign_splits, list_files, scan, split_bounds
 from tfmlops.errors import DataError
 
 
@@ -137,3 +139,73 @@ def test_split_bounds_reach_every_split_from_three_images(n, expected):
     for m in range(1, 400):  # each bound grows by at most one per added image
         lo, hi = split_bounds(m, 0.15, 0.15), split_bounds(m + 1, 0.15, 0.15)
         assert 0 <= hi[0] - lo[0] <= 1 and 0 <= hi[1] - lo[1] <= 1
+
+
+# ------------------------------------------------ what counts as a class's file (item 8)
+
+def _png(path, value=0):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("L", (6, 6), value).save(path)
+
+
+def test_symlinks_out_of_the_folder_are_refused_never_read(tmp_path):
+    root = tmp_path / "imgs"
+    _png(root / "a" / "one.png")
+    _png(root / "b" / "two.png", 255)
+    _png(tmp_path / "secret" / "outside.png", 7)
+    (root / "a" / "leak.png").symlink_to(tmp_path / "secret" / "outside.png")
+    (root / "a" / "dir_leak").symlink_to(tmp_path / "secret")
+    (root / "b" / "inside.png").symlink_to(root / "a" / "one.png")  # stays in the folder
+    (root / "b" / "subdir_link").symlink_to(root / "a")
+    (root / "b" / "dangling.png").symlink_to(root / "gone.png")
+    classes, files, refused = list_files(root)
+    assert classes == ["a", "b"]
+    assert [(p.relative_to(root).as_posix(), c) for p, c in files] == [
+        ("a/one.png", "a"), ("b/inside.png", "b"), ("b/two.png", "b")]
+    reasons = {b.path.relative_to(root).as_posix(): b.reason for b in refused}
+    assert reasons == {
+        "a/leak.png": "symlink leading outside data.image_dir: not followed",
+        "a/dir_leak": "symlink leading outside data.image_dir: not followed",
+        "b/subdir_link": "symlink to a folder: not followed (link the files, or move the folder)",
+        "b/dangling.png": "broken symlink: its target does not exist",
+    }
+    _, good, bad = scan(root, 1)
+    assert {g.path.name for g in good} == {"one.png", "two.png", "inside.png"}
+    assert {b.path.name for b in bad} == {"leak.png", "dir_leak", "subdir_link", "dangling.png"}
+
+
+def test_a_class_folder_linked_from_outside_is_refused(tmp_path):
+    root = tmp_path / "imgs"
+    _png(root / "a" / "one.png")
+    _png(tmp_path / "elsewhere" / "x.png")
+    (root / "b").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DataError, match=r"class folder .*/b is a symlink to .*elsewhere, outside"):
+        list_files(root)
+
+
+def test_nested_files_take_the_top_folder_and_hidden_names_are_ignored(tmp_path):
+    root = tmp_path / "imgs"
+    _png(root / "cat" / "2024" / "june" / "a.png")
+    _png(root / "cat" / "b.png")
+    _png(root / "dog" / "c.png")
+    _png(root / "dog" / ".ipynb_checkpoints" / "c-checkpoint.png")
+    (root / "dog" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    _png(root / ".thumbnails" / "t.png")  # a hidden folder at the top is no class either
+    classes, files, refused = list_files(root)
+    assert classes == ["cat", "dog"]
+    assert [(p.relative_to(root).as_posix(), c) for p, c in files] == [
+        ("cat/2024/june/a.png", "cat"), ("cat/b.png", "cat"), ("dog/c.png", "dog")]
+    assert refused == []
+    _png(root / "bird" / ".hidden.png")  # only hidden files: an empty class
+    with pytest.raises(DataError, match=r"imgs/bird is empty"):
+        list_files(root)
+
+
+def test_a_class_folder_name_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    root = tmp_path / "imgs"
+    _png(root / "a" / "one.png")
+    bad = os.fsencode(root) + b"/caf\xe9"
+    os.mkdir(bad)
+    _png(Path(os.fsdecode(bad)) / "x.png")
+    with pytest.raises(DataError, match=r"class folder b'caf\\xe9' in .*imgs is not a valid UTF-8"):
+        list_files(root)
