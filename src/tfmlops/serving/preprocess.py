@@ -45,6 +45,8 @@ def image_size(data: bytes) -> tuple[int, int]:
         return open_image(data).size
     except ImageRejected as exc:
         raise _refused(exc) from None
+    except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
+        raise _unreadable(exc) from None
 
 
 def decode_image(data: bytes, channels: int, stored_size: int | None = None,
@@ -60,8 +62,16 @@ def decode_image(data: bytes, channels: int, stored_size: int | None = None,
         img = load_image(data, channels, short_side=stored_size, max_pixels=max_pixels)
     except ImageRejected as exc:
         raise _refused(exc) from None
+    except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
+        raise _unreadable(exc) from None
     array = np.asarray(img, dtype=np.uint8)
     return array[..., None] if array.ndim == 2 else array
+
+
+def _unreadable(exc: Exception) -> RequestError:
+    # Beyond the errors load_image names, a decoder may raise anything on crafted bytes:
+    # the client still gets one line.
+    return RequestError(f"'image' refused: corrupt or unreadable ({type(exc).__name__})")
 
 
 def _refused(exc: ImageRejected) -> RequestError:
