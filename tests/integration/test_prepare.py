@@ -311,10 +311,14 @@ def test_a_class_too_small_for_every_split_errors_or_warns(tmp_path, make_cfg, c
     assert any(r.levelname == "WARNING" and "class 'b' is missing from a split" in r.message
                for r in caplog.records)
     _distinct_pngs(root / "b", 3, offset=100)  # a third image: every split has one
-    cfg = make_cfg(data={"image_dir": str(root)}, tracking={"enabled": False})
+    for i in range(3):  # unreadable files take no split's place, whatever their hash
+        (root / "b" / f"broken{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes([i]) * 40)
+    cfg = make_cfg(data={"image_dir": str(root), "max_bad_fraction": 0.2},
+                   tracking={"enabled": False})
     prepare.run(cfg)
     manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
     assert all(manifest["class_counts"][s]["b"] == 1 for s in ("train", "val", "test"))
+    assert manifest["quarantined"] == 3
 
 
 def test_a_class_folder_name_not_utf8_exits_2_naming_it(tmp_path, make_cfg, capsys):
