@@ -63,6 +63,7 @@ def test_kill_9_of_dvc_repro_during_train_resumes_and_locks_only_success(tmp_pat
     killed_after = finished_epochs(backup)
     assert 1 <= killed_after < EPOCHS
     assert "train" not in lock_stages(repo)  # the kill left nothing recorded as done
+    assert not (repo / params["paths"]["train"]).exists()  # no half-written model either
     assert {"materialize", "prepare"} <= set(lock_stages(repo))
 
     again = dvc("repro", "train", cwd=repo)
