@@ -266,3 +266,72 @@ def test_a_failed_run_leaves_the_previous_output_and_no_staging(tmp_path, make_c
     assert output_bytes(cfg) == before
     assert [p.name for p in Path(cfg.paths.prepared).parent.iterdir()
             if p.name.startswith(".")] == []
+
+
+def _distinct_pngs(folder: Path, n: int, offset: int = 0) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.new("L", (8, 8), (offset + i * 7) % 256).save(folder / f"img{i:02d}.png")
+
+
+def test_symlink_out_of_image_dir_is_quarantined_not_copied(tmp_path, make_cfg):
+    root = tmp_path / "own"
+    _distinct_pngs(root / "a", 12)
+    _distinct_pngs(root / "b", 12, offset=100)
+    _distinct_pngs(tmp_path / "private", 1, offset=50)
+    (root / "a" / "leak.png").symlink_to(tmp_path / "private" / "img00.png")
+    cfg = make_cfg(data={"image_dir": str(root), "max_bad_fraction": 0.2},
+                   tracking={"enabled": False})
+    metrics = prepare.run(cfg)
+    assert metrics["images_good"] == 24 and metrics["images_bad"] == 1
+    out = Path(cfg.paths.prepared)
+    quarantine = json.loads((out / "quarantine.json").read_text())
+    assert quarantine == [{"file": "a/leak.png", "label": "a",
+                           "reason": "symlink leading outside data.image_dir: not followed"}]
+    # its bytes are never read nor copied into the quarantine (a DVC output)
+    assert not [p for p in out.rglob("*") if p.is_file() and "quarantine/" in p.as_posix()]
+
+
+def test_a_class_too_small_for_every_split_errors_or_warns(tmp_path, make_cfg, caplog):
+    root = tmp_path / "own"
+    _distinct_pngs(root / "a", 12)
+    _distinct_pngs(root / "b", 2, offset=100)  # 2 images cannot reach train, val and test
+    cfg = make_cfg(data={"image_dir": str(root)}, tracking={"enabled": False})
+    with pytest.raises(DataError, match=r"class 'b' is missing from a split \(train 1, val 1, "
+                                        r"test 0\).*data.split.too_few: warn"):
+        prepare.run(cfg)
+    assert not Path(cfg.paths.prepared).exists()
+    cfg = make_cfg(data={"image_dir": str(root), "split": {"too_few": "warn"}},
+                   tracking={"enabled": False})
+    prepare.run(cfg)
+    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    assert manifest["class_counts"]["test"] == {"a": 2, "b": 0}
+    assert any(r.levelname == "WARNING" and "class 'b' is missing from a split" in r.message
+               for r in caplog.records)
+    _distinct_pngs(root / "b", 3, offset=100)  # a third image: every split has one
+    for i in range(3):  # unreadable files take no split's place, whatever their hash
+        (root / "b" / f"broken{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes([i]) * 40)
+    cfg = make_cfg(data={"image_dir": str(root), "max_bad_fraction": 0.2},
+                   tracking={"enabled": False})
+    prepare.run(cfg)
+    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    assert all(manifest["class_counts"][s]["b"] == 1 for s in ("train", "val", "test"))
+    assert manifest["quarantined"] == 3
+
+
+def test_a_class_folder_name_not_utf8_exits_2_naming_it(tmp_path, make_cfg, capsys):
+    import os
+
+    from tfmlops.cli import main
+
+    root = tmp_path / "own"
+    _distinct_pngs(root / "a", 4)
+    bad = Path(os.fsdecode(os.fsencode(root) + b"/\xff\xfeclass"))
+    _distinct_pngs(bad, 4, offset=100)
+    make_cfg(data={"image_dir": str(root)}, tracking={"enabled": False})
+    assert main(["--params", str(tmp_path / "params.yaml"), "prepare"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "class folder b'\\xff\\xfeclass'" in err and "not a valid UTF-8 name" in err

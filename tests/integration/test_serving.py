@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,26 +115,106 @@ def test_a_float_array_matches_the_offline_model(server, exported_digits, export
     np.testing.assert_allclose(probs, off["probs"][7:9], atol=exported_digits.export.atol)
 
 
-@pytest.mark.parametrize("payload, words", [
+def _png(width: int, height: int, cut: float = 1.0) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    noise = np.random.default_rng(width).integers(0, 256, (height, width), dtype=np.uint8)
+    Image.fromarray(noise).save(buf, format="PNG")
+    return buf.getvalue()[: int(len(buf.getvalue()) * cut)]
+
+
+def _jpeg(cut: float) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()[: int(len(buf.getvalue()) * cut)]
+
+
+def _tiff() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8), 3).save(buf, format="TIFF")
+    return buf.getvalue()
+
+
+# One kind of bad row each: (payload, words its one-line reason holds). Every one is a
+# 400 with the project's own reason alone: no stack trace, no echo of the request.
+BAD_ROWS = [
     ({"dataframe_records": [{"image": b64(b"hello, not an image")}]}, "is not an image"),
     ({"dataframe_records": [{"image": "%%% not base64 %%%"}]}, "not valid base64"),
+    ({"dataframe_records": [{"image": ""}]}, "must be a non-empty base64 string"),
     ({"dataframe_records": [{"pixels": [0.5] * 17}]}, "holds 17 values (shape 17); the model "
                                                       "takes 256 = 16x16x1"),
-    ({"dataframe_records": [{"other": 1}]}, "no rows"),
+    ({"dataframe_records": [{"pixels": [0.5] * 256, "image": b64(b"x")}]},
+     "has both 'image' and 'pixels'"),
+    ({"dataframe_records": [{"other": 1}]}, "no rows"),  # MLflow drops unknown columns
     ({"dataframe_records": [{"image": b64(png_header(30_000, 30_000))}]}, "decompression bomb"),
-    (b"", "valid JSON"),
-    (b"{not json", "valid JSON"),
-])
-def test_bad_requests_get_a_clear_4xx_and_the_server_keeps_serving(server, exported_offline,
-                                                                   payload, words):
-    if isinstance(payload, bytes):
-        answer = requests.post(f"{server}/invocations", data=payload, timeout=30,
-                               headers={"Content-Type": "application/json"})
-    else:
-        answer = invoke(server, payload)
-    assert 400 <= answer.status_code < 500, answer.text
-    assert words in answer.json()["message"]
-    if words == "decompression bomb":  # refused on its header: the reason, no traceback
-        assert "Traceback" not in answer.text and "stack_trace" not in answer.json()
+    ({"dataframe_records": [{"image": b64(png_header(10_000, 10_000))}]}, "decompression bomb"),
+    ({"dataframe_records": [{"image": b64(_png(40, 40, cut=0.5))}]}, "corrupt or truncated"),
+    ({"dataframe_records": [{"image": b64(_jpeg(cut=0.3))}]}, "corrupt or truncated"),
+    ({"dataframe_records": [{"image": b64(png_header(64, 64))}]}, "corrupt or truncated"),
+    ({"dataframe_records": [{"image": b64(_tiff())}]}, "unsupported image format TIFF"),
+    # the caps (export.serving defaults), refused on the headers before any decoding
+    ({"dataframe_records": [{"image": b64(png_header(4097, 4096))}]},
+     "(export.serving.max_image_pixels)"),
+    ({"dataframe_records": [{"image": b64(png_header(4096, 4096))}] * 5},
+     "(export.serving.max_request_pixels)"),
+    ({"dataframe_records": [{"image": "x"}] * 1025}, "send at most 1024 (export.serving.max_rows)"),
+]
+
+
+@pytest.mark.parametrize("payload, words", BAD_ROWS)
+def test_every_bad_row_gets_a_one_line_400_without_a_trace(server, exported_offline,
+                                                           payload, words):
+    answer = invoke(server, payload)
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert words in body["message"], body["message"]
+    assert "\n" not in body["message"] and "Failed to predict" not in body["message"]
+    assert "stack_trace" not in body and "Traceback" not in answer.text
     good = invoke(server, {"dataframe_records": [{"image": b64(exported_offline["encoded"][0])}]})
     assert good.status_code == 200
+
+
+@pytest.mark.parametrize("payload", [b"", b"{not json"])
+def test_a_body_that_is_not_json_gets_a_4xx_and_the_server_keeps_serving(server,
+                                                                         exported_offline,
+                                                                         payload):
+    """MLflow's own parsing answers these, before any row reaches the model."""
+    answer = requests.post(f"{server}/invocations", data=payload, timeout=30,
+                           headers={"Content-Type": "application/json"})
+    assert 400 <= answer.status_code < 500, answer.text
+    assert "valid JSON" in answer.json()["message"]
+    good = invoke(server, {"dataframe_records": [{"image": b64(exported_offline["encoded"][0])}]})
+    assert good.status_code == 200
+
+
+def test_the_request_caps_come_from_serving_json(exported_digits, tmp_path):
+    """export wrote export.serving into serving.json; the Predictor enforces what it reads."""
+    import json
+
+    from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.preprocess import RequestError
+
+    out = Path(exported_digits.paths.export)
+    config = json.loads((out / CONFIG_FILE).read_text())
+    assert config["limits"] == {"max_rows": 1024, "max_image_pixels": 4096 * 4096,
+                                "max_request_pixels": 64 * 2**20}
+    config["limits"] = {"max_rows": 3, "max_image_pixels": 30 * 30, "max_request_pixels": 2000}
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
+    predictor = Predictor.from_files(out / config["file"], tmp_path / CONFIG_FILE)
+    ok = {"image": b64(_png(30, 30))}
+    assert predictor.inputs([ok, ok]).shape == (2, 16, 16, 1)
+    cases = [([ok] * 4, "4 rows in one request; send at most 3 (export.serving.max_rows)"),
+             ([ok, {"image": b64(_png(31, 30))}],
+              "row 1: 'image' of 31x30 = 930 pixels is too large; send at most 900 pixels per "
+              "image (export.serving.max_image_pixels)"),
+             ([ok, ok, ok], "the request's images claim 2,700 pixels in all; send at most 2,000 "
+                            "per request (export.serving.max_request_pixels)")]
+    for rows, message in cases:
+        with pytest.raises(RequestError) as caught:
+            predictor.inputs(rows)
+        assert str(caught.value).startswith(message), str(caught.value)

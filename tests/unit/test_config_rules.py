@@ -24,6 +24,14 @@ from tfmlops.model import search_space
     # SplitConfig: val + test leave a train split
     ({"data": {"split": {"val": 0.5, "test": 0.45}}},
      "data.split.val + data.split.test = 0.95; keep it below 0.9"),
+    ({"data": {"split": {"too_few": "ignore"}}},
+     "data.split.too_few: 'ignore' is not accepted; use one of 'error', 'warn'"),
+    # ServingLimits: one image fits in a request
+    ({"export": {"serving": {"max_image_pixels": 5000, "max_request_pixels": 4000}}},
+     "export.serving.max_image_pixels 5000 is above export.serving.max_request_pixels 4000; "
+     "one image must fit in a request"),
+    ({"export": {"serving": {"max_rows": 0}}},
+     "export.serving.max_rows: 0 is out of range; accepted: [1, 1000000]"),
     # DataConfig: channels as written (Literal alone takes true and 1.0)
     ({"data": {"channels": True}}, "data.channels: True is not accepted; use one of 1, 3"),
     ({"data": {"channels": 1.0}}, "data.channels: 1.0 is not accepted; use one of 1, 3"),

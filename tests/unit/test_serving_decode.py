@@ -173,3 +173,66 @@ def test_the_savedmodels_in_graph_decoding_reduces_as_prepare_does(stored_size, 
         pil = decode_image(data, channels, stored_size).astype(int)
         assert graph.shape == pil.shape
         assert np.abs(graph - pil).max() <= (0 if stored_size is None else 1)
+
+
+# ------------------------------------------- request cost (issue 14, item 5)
+
+def _resize_float_first(image_uint8: np.ndarray, size: int) -> np.ndarray:
+    """The former path, kept as the reference: the whole image to float32, then the taps."""
+    from tfmlops.data.decode import bilinear_taps
+
+    image = image_uint8.astype(np.float32)
+    y_lo, y_hi, y_lerp = bilinear_taps(image.shape[0], size)
+    x_lo, x_hi, x_lerp = bilinear_taps(image.shape[1], size)
+    x_lerp = x_lerp[None, :, None]
+    top, bottom = image[y_lo], image[y_hi]
+    top = top[:, x_lo] + (top[:, x_hi] - top[:, x_lo]) * x_lerp
+    bottom = bottom[:, x_lo] + (bottom[:, x_hi] - bottom[:, x_lo]) * x_lerp
+    return top + (bottom - top) * y_lerp[:, None, None]
+
+
+@pytest.mark.parametrize("shape, size", [((200, 300, 3), 32), ((37, 53, 1), 16),
+                                         ((8, 5, 3), 32), ((16, 16, 1), 16), ((1, 999, 3), 7)])
+def test_the_8_bit_resize_gives_exactly_the_float_first_numbers(shape, size):
+    from tfmlops.serving.preprocess import normalize, resize_bilinear
+
+    image = np.random.default_rng(sum(shape)).integers(0, 256, shape, dtype=np.uint8)
+    expected = _resize_float_first(image, size)
+    got = resize_bilinear(image, size)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
+    c = shape[2]
+    reference = (expected / np.float32(255.0) - np.asarray(MEAN[:c], np.float32)) \
+        / np.asarray(STD[:c], np.float32)
+    np.testing.assert_array_equal(normalize(image, size, MEAN[:c], STD[:c]), reference)
+
+
+def test_a_big_request_image_is_never_converted_to_float_whole():
+    """Peak memory of resizing a 2048x2048 RGB image to 32x32: the taps only (a few
+    KB), not the 48 MB float32 copy of the whole image the former path made."""
+    import tracemalloc
+
+    from tfmlops.serving.preprocess import normalize
+
+    image = np.random.default_rng(0).integers(0, 256, (2048, 2048, 3), dtype=np.uint8)
+    tracemalloc.start()
+    try:
+        normalize(image, 32, MEAN, STD)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, peak
+
+
+def test_export_writes_the_request_caps_into_serving_json(tmp_path):
+    from tfmlops.data.pipeline import Prepared
+    from tfmlops.serving.formats import write_serving_config
+
+    prepared = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3,
+                        MEAN, STD)
+    caps = {"max_rows": 3, "max_image_pixels": 100, "max_request_pixels": 250}
+    write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared, caps)
+    assert json.loads((tmp_path / "serving.json").read_text())["limits"] == caps
+    write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
+    assert json.loads((tmp_path / "serving.json").read_text())["limits"] == {
+        "max_rows": 1024, "max_image_pixels": 4096 * 4096, "max_request_pixels": 64 * 2**20}

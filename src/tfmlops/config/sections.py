@@ -72,6 +72,9 @@ class SyntheticConfig:
 class SplitConfig:
     val: Float = Field(0.15, gt=0.0, le=0.5)
     test: Float = Field(0.15, gt=0.0, le=0.5)
+    # A class with no image in some split (too few images: 3 reach every split):
+    # error stops prepare naming the class; warn logs that and goes on.
+    too_few: Literal["error", "warn"] = "error"
 
     @model_validator(mode="after")
     def _leaves_a_train_split(self):
@@ -459,11 +462,32 @@ class QuantizeConfig:
 
 
 @section
+class ServingLimits:
+    """What one request to the served model may cost. Export writes them into
+    serving.json; the served model refuses beyond them with HTTP 400, naming the key."""
+
+    max_rows: Int = Field(1024, ge=1, le=1_000_000)
+    # Pixels one image row's header may claim (width x height), checked before decoding.
+    max_image_pixels: Int = Field(4096 * 4096, ge=64, le=2**31)
+    # The image rows' header pixels summed over one request: bounds its CPU time.
+    max_request_pixels: Int = Field(64 * 2**20, ge=64, le=2**40)
+
+    @model_validator(mode="after")
+    def _one_image_fits_a_request(self):
+        if self.max_image_pixels > self.max_request_pixels:
+            raise Rule(f"{{p}}max_image_pixels {self.max_image_pixels} is above "
+                       f"{{p}}max_request_pixels {self.max_request_pixels}; one image must fit "
+                       "in a request")
+        return self
+
+
+@section
 class ExportConfig:
     model_name: Text = "digits"  # one folder name: saved_model/<model_name>/<version>
     onnx_opset: Int = Field(17, ge=9, le=23)
     atol: Float = Field(1e-4, ge=0.0, le=1.0)
     latency_runs: Int = Field(200, ge=1, le=1_000_000)
+    serving: ServingLimits = Field(default_factory=ServingLimits)
 
     @field_validator("model_name")
     @classmethod

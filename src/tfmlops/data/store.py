@@ -201,6 +201,10 @@ class ImageCache:
     def has(self, sha256: str) -> bool:
         return sha256 in self.index
 
+    def reason(self, sha256: str) -> str | None:
+        """A held entry's refusal reason (None: a usable image), from its header alone."""
+        return self.index[sha256][2].get("reason")
+
     def get(self, sha256: str) -> Stored | None:
         import google_crc32c
 

@@ -1,10 +1,13 @@
 """prepare's streaming core: files in, TFRecord shards and a small tally out.
 
-Two passes over the file list, both in a fixed order. The first hashes every
-file (its split and its cache key). The second takes each file's result from
-the cache or from a process pool decoding the others (`data.store.store_image`,
-results in submission order), writes it to its split's shards at once and
-keeps only counts, sums and one small row per file: memory does not grow with
+Three passes over the file list, each in a fixed order. The first hashes
+every file (its cache key). The second decodes every file the cache does not
+hold yet with a process pool (`data.store.store_image`, results in submission
+order) into the cache, keeping only whether each file is usable. The split
+is stratified among the usable files of each class (`images.assign_splits`),
+which is why it waits for the second pass. The third takes each usable
+file's result from the cache and writes it to its split's shards, keeping
+only counts, sums and one small row per file: memory does not grow with
 image size, and what is written does not depend on the worker count.
 """
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmlops.config import Config
-from tfmlops.data.images import SPLITS, assign_split, file_sha256, unsupported
+from tfmlops.data.images import SPLITS, assign_splits, file_sha256, unsupported
 from tfmlops.data.store import ImageCache, Stored, StoreSpec, one_blas_thread, store_chunk, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
@@ -117,21 +120,30 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
     tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
-    keys = _hash_all(files, tally)
+    try:
+        keys = _hash_all(files, tally)
+        reasons = _decode_pass(files, keys, tally, spec, cfg)
+    finally:
+        tally.cache.close()  # what was decoded stays cached, even if this run fails
+    tally.cache = ImageCache(cfg.paths.prepare_cache, spec)  # indexes this run's entries too
+    good = [(sha, label) for (_, label), sha, reason in zip(files, keys, reasons, strict=True)
+            if reason is None]
+    splits = assign_splits(good, cfg.seed, cfg.data.split.val, cfg.data.split.test)
     label_index = {c: i for i, c in enumerate(classes)}
     writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
-    progress = Progress(len(files), "prepare: images")
+    progress = Progress(len(files), "prepare: writing")
     try:
-        results = _results(files, keys, tally, spec, cfg)
-        for (path, label), sha, (stored, cached) in zip(files, keys, results, strict=True):
+        for (path, label), sha, reason in zip(files, keys, reasons, strict=True):
             rel = str(path.relative_to(image_dir))
-            if cached is False:  # decoded now: good or bad, remembered for the next run
-                tally.cache.put(sha, stored)
-            if not stored.ok:
+            stored = None if reason else tally.cache.get(sha)
+            if stored is None and not reason:  # damaged since it was written: decode again
+                stored = store_image(str(path), spec)
+                reason = stored.reason
+            if reason:
                 _quarantine(out, image_dir, path)
-                tally.bad.append({"file": rel, "label": label, "reason": stored.reason})
+                tally.bad.append({"file": rel, "label": label, "reason": reason})
             else:
-                split = assign_split(sha, cfg.seed, cfg.data.split.val, cfg.data.split.test)
+                split = splits[sha]
                 writers[split].write(encode_example({
                     "image": stored.data, "label": label_index[label], "sha256": sha.encode()}))
                 _count(tally, stored, split)
@@ -140,9 +152,22 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     finally:
         for w in writers.values():
             w.close()
-        tally.cache.close()  # what was decoded stays cached, even if this run fails
+        tally.cache.close()
     progress.close()
     return tally
+
+
+def _decode_pass(files, keys, tally: Tally, spec: StoreSpec, cfg: Config) -> list[str | None]:
+    """Every file's refusal reason (None: usable); what is decoded now goes to the cache."""
+    reasons = []
+    progress = Progress(len(files), "prepare: decoding")
+    for sha, (stored, cached) in zip(keys, _results(files, keys, tally, spec, cfg), strict=True):
+        if cached is False:  # decoded now: good or bad, remembered for this run and the next
+            tally.cache.put(sha, stored)
+        reasons.append(stored.reason)
+        progress.update()
+    progress.close()
+    return reasons
 
 
 def _count(tally: Tally, stored: Stored, split: str) -> None:
@@ -183,13 +208,11 @@ def _results(files, keys, tally: Tally, spec: StoreSpec, cfg: Config):
         if sha is None:
             yield Stored(reason=unsupported(path)), None
             continue
-        stored = tally.cache.get(sha) if hit else None
-        if stored is not None:
+        if hit:  # its facts are in the index; its bytes are read (and checked) when written
             tally.cached += 1
-            yield stored, True
+            yield Stored(reason=tally.cache.reason(sha)), True
             continue
-        # A miss, or an entry that went bad since the first pass: decode it here.
-        stored = next(decoded) if not hit else store_image(str(path), spec)
+        stored = next(decoded)
         tally.decoded += 1
         yield stored, False
 

@@ -209,14 +209,21 @@ def choose_serving(rows: list[dict], parities) -> dict:
             "accuracy": best["accuracy"], "latency_p50_ms": best["p50_ms"]}
 
 
-def write_serving_config(out: Path, serving: dict, prepared) -> None:
+def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None = None) -> None:
+    """serving.json: what the served model needs, with `export.serving`'s request caps
+    (None: their defaults)."""
+    import dataclasses
+
+    from tfmlops.config.sections import ServingLimits
     from tfmlops.serving.predictor import CONFIG_FILE
+
+    limits = limits if limits is not None else dataclasses.asdict(ServingLimits())
 
     write_json(out / CONFIG_FILE, {
         "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,
         "image_size": prepared.image_size, "channels": prepared.channels,
         "mean": prepared.mean, "std": prepared.std, "stored_size": prepared.stored_size,
-        "threads": LATENCY_THREADS})
+        "threads": LATENCY_THREADS, "limits": limits})
 
 
 def check_served(cfg, out: Path, serving: dict, encoded, y, keras_probs, parities) -> dict:

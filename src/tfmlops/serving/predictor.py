@@ -9,6 +9,9 @@ export. A request is a table of rows, each with either
   operation, a nested one element by element, ~40x slower).
 Every row is checked before any inference, so a bad row refuses the whole
 request with one clear line (`RequestError`) and nothing else is affected.
+What a request may cost is capped by `export.serving` (rows, header pixels
+per image, header pixels per request), from `serving.json`: every image's
+header is read and counted before the first pixel of any is decoded.
 """
 
 from __future__ import annotations
@@ -20,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmlops.serving.preprocess import RequestError, decode_base64, image_input
+from tfmlops.serving.preprocess import RequestError, decode_base64, image_input, image_size
 
-MAX_ROWS = 1024
 CONFIG_FILE = "serving.json"
 MODEL_ARTIFACT, CONFIG_ARTIFACT = "model", "config"  # the pyfunc model's artifact names
 REQUEST_HELP = ('send {"dataframe_records": [{"image": "<base64 PNG or JPEG>"}]} '
@@ -40,6 +42,7 @@ class Predictor:
         self.mean, self.std = config["mean"], config["std"]
         # prepare's stored short side: a request image is reduced the same way (None: not)
         self.stored_size = config.get("stored_size")
+        self.limits = _limits(config.get("limits"))
         threads = int(config.get("threads", 1))
         self.model = (TFLiteModel(str(model_path), threads) if runtime == "tflite"
                       else OnnxModel(str(model_path), threads))
@@ -61,28 +64,55 @@ class Predictor:
     def image_input(self, data: bytes) -> np.ndarray:
         """Encoded image bytes -> this model's float input, as training saw such an image."""
         return image_input(data, self.channels, self.image_size, self.mean, self.std,
-                           self.stored_size)
+                           self.stored_size, self.limits.max_image_pixels)
 
     def inputs(self, rows: list[dict]) -> np.ndarray:
-        """Request rows -> float32 [N, H, W, C]; raises RequestError naming the bad row."""
+        """Request rows -> float32 [N, H, W, C]; raises RequestError naming the bad row.
+
+        Two passes: every row is parsed and every image's header read and counted
+        first (cheap), so a request over a cap costs no decoding at all."""
         if not rows:
             raise RequestError(f"the request holds no rows; {REQUEST_HELP}")
-        if len(rows) > MAX_ROWS:
-            raise RequestError(f"{len(rows)} rows in one request; send at most {MAX_ROWS}")
-        return np.stack([self._row(i, row) for i, row in enumerate(rows)])
+        cap = self.limits
+        if len(rows) > cap.max_rows:
+            raise RequestError(f"{len(rows)} rows in one request; send at most {cap.max_rows} "
+                               "(export.serving.max_rows)")
+        parsed = [self._checked(i, row, self._parse) for i, row in enumerate(rows)]
+        total = sum(pixels for kind, _, pixels in parsed if kind == "image")
+        if total > cap.max_request_pixels:
+            raise RequestError(f"the request's images claim {total:,} pixels in all; send at most "
+                               f"{cap.max_request_pixels:,} per request "
+                               "(export.serving.max_request_pixels): fewer or smaller images")
+        return np.stack([self._checked(i, p, self._finish) for i, p in enumerate(parsed)])
 
-    def _row(self, i: int, row: dict) -> np.ndarray:
-        image, pixels = _present(row.get("image")), _present(row.get("pixels"))
+    @staticmethod
+    def _checked(i: int, item, step):
         try:
-            if image is not None and pixels is not None:
-                raise RequestError("has both 'image' and 'pixels'; send one of them")
-            if image is not None:
-                return self.image_input(decode_base64(image))
-            if pixels is not None:
-                return self._pixels(pixels)
-            raise RequestError(f"has neither 'image' nor 'pixels'; {REQUEST_HELP}")
+            return step(item)
         except RequestError as exc:
             raise RequestError(f"row {i}: {exc}") from None
+
+    def _parse(self, row: dict) -> tuple[str, object, int]:
+        """("image", bytes, header pixels) or ("pixels", float array, 0), checked."""
+        image, pixels = _present(row.get("image")), _present(row.get("pixels"))
+        if image is not None and pixels is not None:
+            raise RequestError("has both 'image' and 'pixels'; send one of them")
+        if image is not None:
+            data = decode_base64(image)
+            width, height = image_size(data)
+            cap = self.limits.max_image_pixels
+            if width * height > cap:
+                raise RequestError(f"'image' of {width}x{height} = {width * height:,} pixels is "
+                                   f"too large; send at most {cap:,} pixels per image "
+                                   "(export.serving.max_image_pixels)")
+            return "image", data, width * height
+        if pixels is not None:
+            return "pixels", self._pixels(pixels), 0
+        raise RequestError(f"has neither 'image' nor 'pixels'; {REQUEST_HELP}")
+
+    def _finish(self, parsed: tuple[str, object, int]) -> np.ndarray:
+        kind, value, _ = parsed
+        return self.image_input(value) if kind == "image" else value
 
     def _pixels(self, pixels) -> np.ndarray:
         h, w, c = self.input_shape
@@ -107,6 +137,13 @@ class Predictor:
         return {"label": [self.classes[i] for i in index],
                 "label_index": [int(i) for i in index],
                 "probabilities": [[float(p) for p in row] for row in probs]}
+
+
+def _limits(values: dict | None):
+    """export.serving from serving.json; a model exported before the caps gets the defaults."""
+    from tfmlops.config.sections import ServingLimits
+
+    return ServingLimits(**(values or {}))
 
 
 def _present(value):

@@ -5,16 +5,40 @@ the runtime file and `serving.json` as artifacts and the `tfmlops` package as
 `code_paths`, so loading needs no pickle and works with
 MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. A bad request raises an
 MlflowException with INVALID_PARAMETER_VALUE: the server answers 400 with the
-reason and keeps serving.
+one-line reason alone (no stack trace, no echo of the request) and keeps
+serving; an unexpected failure is logged here with its traceback and answered
+500 with one line.
 """
 
 from __future__ import annotations
 
+import logging
+
 import mlflow
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
 from tfmlops.serving.predictor import CONFIG_ARTIFACT, MODEL_ARTIFACT, Predictor, RequestError
+
+log = logging.getLogger(__name__)
+
+
+class Refused(MlflowException):
+    """An error answer whose message stays the reason it was raised with.
+
+    MLflow's scoring server rewrites the message of an MlflowException that predict
+    raises into "Failed to predict data '<the request as a DataFrame>'. Error: ..."
+    (several lines, the client's payload echoed back): later assignments are ignored.
+    """
+
+    @property
+    def message(self):
+        return self._reason
+
+    @message.setter
+    def message(self, value):
+        if not hasattr(self, "_reason"):
+            self._reason = value
 
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):
@@ -34,7 +58,11 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         try:
             return pd.DataFrame(self.predictor.predict_rows(rows))
         except RequestError as exc:
-            raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
+            raise Refused(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
+        except Exception as exc:  # noqa: BLE001 - the traceback goes to the log, not the client
+            log.exception("tfmlops serving: a request failed unexpectedly")
+            raise Refused(f"the model failed on this request ({type(exc).__name__}); the "
+                          "server's log has the details", error_code=INTERNAL_ERROR) from None
 
 
 mlflow.models.set_model(ImageClassifier())

@@ -17,6 +17,7 @@ Reports: `reports/export.json` (metrics) and `reports/export_formats.csv`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -62,7 +63,8 @@ def run(cfg: Config) -> dict:
         rows, parities = fmt.measure(cfg, model, out, formats, x, y, keras_probs)
         parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
         serving = fmt.choose_serving(rows, parities)
-        fmt.write_serving_config(out, serving, prepared)
+        fmt.write_serving_config(out, serving, prepared,
+                                 dataclasses.asdict(cfg.export.serving))
         log.info("export: checking the served path (PNG decode, preprocessing, %s) on the test "
                  "split", serving["runtime"])
         rows.append(fmt.check_served(cfg, out, serving, encoded, y, keras_probs, parities))

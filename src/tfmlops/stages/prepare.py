@@ -37,11 +37,14 @@ log = logging.getLogger(__name__)
 def run(cfg: Config) -> dict[str, float]:
     tracking.preflight(cfg)  # a dead server fails in seconds, before the scan
     image_dir = Path(cfg.data.image_dir)
-    classes, files = list_files(image_dir)
+    classes, files, refused = list_files(image_dir)
     out = staging_dir(cfg.paths.prepared)
     try:
         started = time.perf_counter()
         tally = prepare_stream(cfg, image_dir, classes, files, out)
+        # Refused by what they are (symlinks out of image_dir): listed, never read or copied.
+        tally.bad.extend({"file": str(b.path.relative_to(image_dir)), "label": b.label,
+                          "reason": b.reason} for b in refused)
         _check(cfg, image_dir, classes, tally)
         manifest = _manifest(cfg, image_dir, classes, tally)
         write_json(out / "manifest.json", manifest)
@@ -93,6 +96,24 @@ def _check(cfg: Config, image_dir: Path, classes: list[str], tally) -> None:
                 f"the {s} split is empty ({tally.good} good images); add images or raise "
                 f"data.split.{s if s != 'train' else 'val/test'}"
             )
+    _check_class_splits(cfg, image_dir, classes, tally)
+
+
+def _check_class_splits(cfg: Config, image_dir: Path, classes: list[str], tally) -> None:
+    """Every class in every split, or an error/warning (data.split.too_few) naming it."""
+    per_class = Counter((label, split) for _, _, label, split in tally.rows)
+    short = [c for c in classes if any(per_class[(c, s)] == 0 for s in SPLITS)]
+    if not short:
+        return
+    c = short[0]
+    counts = ", ".join(f"{s} {per_class[(c, s)]}" for s in SPLITS)
+    others = f" (and {len(short) - 1} more class(es))" if len(short) > 1 else ""
+    message = (f"class {c!r}{others} is missing from a split ({counts}): each class needs at "
+               f"least 3 readable images to reach train, val and test; add images to "
+               f"{image_dir / c}")
+    if cfg.data.split.too_few == "error":
+        raise DataError(f"{message}, or set data.split.too_few: warn to go on")
+    log.warning(f"prepare: {message}; going on (data.split.too_few: warn)")
 
 
 def _params(cfg: Config) -> dict:
