@@ -115,6 +115,14 @@ def test_frozen_then_top_layers_only_and_batchnorm_stats_kept():
     keras.utils.set_random_seed(2)
     model = build_model(_spec(), keras, INPUT, 4, input_stats=STATS)
     layers = backbones.backbone_layers(model)
+    # "Pretrained" BN statistics: a random backbone's default ones (mean 0, var 1) make
+    # its inference-mode features vanish (~1e-11), and then nothing learns.
+    bns = [layer for layer in layers if type(layer).__name__ == "BatchNormalization"]
+    for bn in bns:
+        bn.momentum = 0.0  # moving statistics := the batch's
+    _fit_one_epoch(model, keras, lr=1e-4)
+    for bn in bns:
+        bn.momentum = 0.999
 
     def snapshot():
         return [[w.copy() for w in layer.get_weights()] for layer in layers]
