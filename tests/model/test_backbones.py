@@ -72,7 +72,7 @@ def test_a_saved_weights_file_loads_into_the_backbone(tmp_path):
     got = [w for layer in backbones.backbone_layers(model) for w in layer.get_weights()]
     want = source.get_weights()
     assert len(got) == len(want)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not backbones.load_pretrained(model, _spec(), keras)  # null: random init kept
 
@@ -128,8 +128,8 @@ def test_frozen_then_top_layers_only_and_batchnorm_stats_kept():
         return [[w.copy() for w in layer.get_weights()] for layer in layers]
 
     def changed(before):
-        return [any(not np.array_equal(a, b) for a, b in zip(old, layer.get_weights()))
-                for old, layer in zip(before, layers)]
+        return [any(not np.array_equal(a, b) for a, b in zip(old, layer.get_weights(), strict=True))
+                for old, layer in zip(before, layers, strict=True)]
 
     head = model.get_layer("logits").get_weights()[0].copy()
     before = snapshot()
@@ -147,6 +147,6 @@ def test_frozen_then_top_layers_only_and_batchnorm_stats_kept():
     first_top = len(layers) - top
     assert not any(moved[:first_top])  # below the top: untouched
     assert any(moved[first_top:])
-    for layer, did in zip(layers, moved):  # BN moving statistics stay in inference mode
+    for layer, did in zip(layers, moved, strict=True):  # BN moving statistics stay in inference mode
         if type(layer).__name__ == "BatchNormalization":
             assert not did, layer.name

@@ -200,7 +200,7 @@ def load_pretrained(model, spec: ModelSpec, keras) -> bool:
     dst = [layer for layer in backbone_layers(model) if layer.weights]
     if [len(a.weights) for a in src] != [len(b.weights) for b in dst]:
         raise ValueError(f"{spec.backbone}: the weights file's layers do not match the backbone")
-    for a, b in zip(src, dst):
+    for a, b in zip(src, dst, strict=True):
         b.set_weights(a.get_weights())
     if spec.backbone == "efficientnet_b0" and source_name == IMAGENET:
         # Keras adds Rescaling(1/sqrt(std)) after the Normalization for ImageNet weights

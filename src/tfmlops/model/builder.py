@@ -20,7 +20,6 @@ from tfmlops.model import backbones
 from tfmlops.model.custom import squeeze_excite_layer
 
 
-
 def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_classes: int,
                 name: str = "classifier", input_stats=None):
     """The model for `spec`, built with `keras` (the Keras 3 or the tf_keras module).
