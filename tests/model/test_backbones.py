@@ -150,3 +150,22 @@ def test_frozen_then_top_layers_only_and_batchnorm_stats_kept():
     for layer, did in zip(layers, moved, strict=True):  # BN moving statistics stay in inference mode
         if type(layer).__name__ == "BatchNormalization":
             assert not did, layer.name
+
+
+def test_train_offline_with_imagenet_exits_2_before_any_work(tmp_path):
+    import yaml
+
+    from conftest import run_cli
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "model": {"backbone": "efficientnet_b0", "backbone_weights": "imagenet"},
+        "train": {"use_tuned": False}, "tracking": {"enabled": False}}))
+    # an unreachable proxy: offline whatever the machine's network (never a download)
+    proxy = "http://127.0.0.1:9"
+    proc = run_cli("train", cwd=tmp_path, check=False, timeout=120,
+                   env={"KERAS_HOME": str(tmp_path / "keras"), "https_proxy": proxy,
+                        "HTTPS_PROXY": proxy, "no_proxy": "", "NO_PROXY": ""})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.strip().splitlines() if "backbone_weights" in x]
+    assert "efficientnetb0_notop.h5" in line and "https://storage.googleapis.com" in line
+    assert not (tmp_path / "models").exists() and not (tmp_path / "reports").exists()

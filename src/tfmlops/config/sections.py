@@ -612,6 +612,18 @@ class Config:
         return self
 
     @model_validator(mode="after")
+    def _backbones_fit_the_images(self):
+        # Keras applications take inputs of at least 32x32 (model/builder.check_buildable)
+        size = self.data.image_size
+        for key, names in (("model.backbone", [self.model.backbone]),
+                           ("tune.space.backbone", self.tune.space.backbone or [])):
+            big = [n for n in names if n != "none"]
+            if big and size < 32:
+                raise Rule(f"{key}: {big[0]} needs inputs of at least 32x32, data.image_size is "
+                           f"{size}; raise data.image_size or use backbone: none")
+        return self
+
+    @model_validator(mode="after")
     def _paths_do_not_overlap(self):
         # Outputs are swapped in whole (files.swap_in): an output folder that equals
         # or holds another path, or the user's images, would move it aside and
