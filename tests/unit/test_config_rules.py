@@ -180,8 +180,13 @@ def test_blocks_too_wide_to_double_are_not_the_searched_shape():
     # model.backbone_weights: a file that exists
     ({"model": {"backbone": "mobilenet_v3_small", "backbone_weights": "no/such/weights.h5"}},
      "model.backbone_weights: 'no/such/weights.h5' is not a file"),
-    ({"model": {"backbone": "mobilenet_v3_small", "backbone_weights": "imagenet"}},
-     "model.backbone_weights: 'imagenet' is not a file"),
+    # "imagenet" is Keras' own (checked at tune/train's start); a near miss is a file
+    ({"model": {"backbone": "mobilenet_v3_small", "backbone_weights": "imagenet1k"}},
+     "model.backbone_weights: 'imagenet1k' is not a file"),
+    ({"train": {"fine_tune": {"unfreeze": 1.5}}},
+     "train.fine_tune.unfreeze: 1.5 is neither a fraction"),
+    ({"data": {"image_size": 16}, "tune": {"space": {"backbone": ["none", "resnet50"]}}},
+     "tune.space.backbone: resnet50 needs inputs of at least 32x32"),
 ])
 def test_what_used_to_fail_minutes_in_fails_at_the_boundary(raw, message):
     with pytest.raises(ConfigError) as err:
@@ -201,6 +206,8 @@ def test_valid_overrides_names_and_weights_pass(tmp_path):
         "model": {"backbone": "mobilenet_v3_small", "backbone_weights": str(weights)},
     })
     assert cfg.train.overrides["model.dropout"] == 0.2 and cfg.train.optimizer.clipnorm == 1.0
+    # Keras' own ImageNet weights: fetched (or refused offline) at tune/train's start
+    assert config_from_dict({"model": {"backbone": "resnet50", "backbone_weights": "imagenet"}})
 
 
 def test_check_refuses_an_override_typo_with_exit_2(tmp_path):

@@ -21,7 +21,8 @@ def test_declares_every_key_with_the_params_ranges():
     hp = kt.HyperParameters()
     search_space.declare(hp, Config().tune.space)
     by_name = {p.name: p for p in hp.space}
-    assert set(by_name) == set(search_space.HP_NAMES)
+    # the transfer-learning keys are searched only when tune.space gives them
+    assert set(by_name) == set(search_space.HP_NAMES) - set(search_space.OPTIONAL)
     lr = by_name["learning_rate"].get_config()
     assert (lr["min_value"], lr["max_value"], lr["sampling"]) == (5e-4, 5e-3, "log")
     blocks = by_name["blocks"].get_config()
@@ -280,3 +281,30 @@ def test_a_resumed_search_does_not_add_the_baseline_again(tmp_path):
     assert [searched(t.hyperparameters.values) == base
             for t in sorted(resumed.trials.values(), key=lambda t: t.trial_id)] == [
         True, False, False]
+
+
+def test_backbone_and_fine_tune_settings_are_searched_when_given():
+    cfg = config_from_dict({
+        "model": {"backbone": "mobilenet_v3_small"},
+        "train": {"fine_tune": {"unfreeze": 20, "head_epochs": 2, "lr_factor": 0.1}},
+        "tune": {"space": {"backbone": ["mobilenet_v3_small", "efficientnet_b0"],
+                           "head_epochs": {"min": 1, "max": 3},
+                           "unfreeze": {"min": 0.1, "max": 0.5},
+                           "lr_factor": {"min": 0.01, "max": 0.5}}}})
+    hp = kt.HyperParameters()
+    values = search_space.declare(hp, cfg.tune.space)
+    by_name = {p.name: p for p in hp.space}
+    assert by_name["backbone"].values == ["mobilenet_v3_small", "efficientnet_b0"]
+    assert by_name["lr_factor"].get_config()["sampling"] == "log"
+    trial = search_space.config_from_values(
+        cfg, {**values, "backbone": "efficientnet_b0", "unfreeze": 0.3, "head_epochs": 3})
+    assert trial.model.backbone == "efficientnet_b0"
+    # the params' unfreeze is a layer count; the searched one a fraction, kept as a float
+    assert trial.train.fine_tune.unfreeze == 0.3 and trial.train.fine_tune.head_epochs == 3
+    # the params' own values lie in the space: the baseline trial holds them
+    base, why = search_space.baseline(cfg)
+    assert why is None or "unfreeze" in why
+    merged, _ = hparams.merge(cfg, hparams.tuned_tree(trial))
+    assert merged.train.fine_tune.unfreeze == 0.3 and merged.model.backbone == "efficientnet_b0"
+    with pytest.raises(ConfigError, match="backbone"):
+        config_from_dict({"tune": {"space": {"backbone": ["vgg16"]}}})

@@ -19,7 +19,9 @@ from pydantic import ValidationError
 from tfmlops.compress.variants import TFLITE_VARIANTS
 from tfmlops.config.messages import one_line
 from tfmlops.config.sections import (
+    BACKBONES,
     HP_NAMES,
+    IMAGENET,
     OPTIMIZERS,
     SCHEDULES,
     SEARCHED_PARAMS,
@@ -28,6 +30,7 @@ from tfmlops.config.sections import (
     Config,
     DataConfig,
     ExportConfig,
+    FineTuneConfig,
     FloatRange,
     GateConfig,
     IntRange,
@@ -52,9 +55,9 @@ from tfmlops.config.sections import (
 from tfmlops.errors import ConfigError
 
 __all__ = [
-    "HP_NAMES", "OPTIMIZERS", "SCHEDULES", "SEARCHED_PARAMS", "TFLITE_VARIANTS",
+    "BACKBONES", "HP_NAMES", "IMAGENET", "OPTIMIZERS", "SCHEDULES", "SEARCHED_PARAMS", "TFLITE_VARIANTS",
     "AugmentConfig", "BlockSpec", "Config", "ConfigError", "DataConfig", "ExportConfig",
-    "FloatRange", "GateConfig", "IntRange", "LossConfig", "ModelSpec", "OptimizerConfig",
+    "FineTuneConfig", "FloatRange", "GateConfig", "IntRange", "LossConfig", "ModelSpec", "OptimizerConfig",
     "PathsConfig", "PipelineConfig", "ProfilingConfig", "PromoteConfig", "PruneConfig",
     "QuantizeConfig", "ScheduleConfig", "SearchSpace", "SplitConfig", "StoreConfig", "SyntheticConfig",
     "TrackingConfig", "TrainConfig", "TuneConfig",

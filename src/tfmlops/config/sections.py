@@ -48,8 +48,12 @@ Optimizer = Literal["adam", "adamw", "rmsprop", "sgd", "lamb"]
 Schedule = Literal[
     "constant", "exponential_decay", "cosine_decay", "cosine_warmup", "piecewise_constant"
 ]
+Backbone = Literal["none", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
+                   "resnet50"]
 OPTIMIZERS = typing.get_args(Optimizer)
 SCHEDULES = typing.get_args(Schedule)
+BACKBONES = typing.get_args(Backbone)
+IMAGENET = "imagenet"  # model.backbone_weights: Keras' own ImageNet weights
 
 
 def _copies(*values):
@@ -179,8 +183,12 @@ class BlockSpec:
 class ModelSpec:
     """The architecture as data; `tfmlops.model.builder.build_model` builds it."""
 
-    backbone: Literal["none", "mobilenet_v3_small", "efficientnet_b0"] = "none"
-    backbone_weights: Text | None = None  # a local weights file; never a hub download
+    # Keras applications that build in Keras 3 and tf_keras with equal weight lists
+    # (model/backbones.py; prune rebuilds the trained model in tf_keras).
+    backbone: Backbone = "none"
+    # "imagenet" (Keras' cache, downloaded when online), a local weights file of the
+    # backbone without its top (Keras' *_notop.h5 or a saved .weights.h5), or null.
+    backbone_weights: Text | None = None
     blocks: list[BlockSpec] = _copies(BlockSpec(32, 3, False), BlockSpec(64, 3, False))
     convs_per_block: Int = Field(2, ge=1, le=4)
     batch_norm: Bool = True
@@ -196,11 +204,11 @@ class ModelSpec:
     @field_validator("backbone_weights")
     @classmethod
     def _weights_file_exists(cls, path):
-        # Keras would take "imagenet" as a download (no network here) and a missing
-        # file fails only when the first model is built, minutes into tune.
-        if path is not None and not Path(path).is_file():
+        # A missing file would fail only when the first model is built, minutes into
+        # tune. "imagenet" is checked at the start of tune/train (it may need the network).
+        if path is not None and path != IMAGENET and not Path(path).is_file():
             raise Rule(f"{{path}}: {path!r} is not a file (relative paths start at the "
-                       "project root); give a local weights file or null")
+                       "project root); give a local weights file, imagenet or null")
         return path
 
     @model_validator(mode="after")
@@ -250,6 +258,26 @@ class LossConfig:
 
 
 @section
+class FineTuneConfig:
+    """Two-phase transfer learning; only used when model.backbone is not none."""
+
+    enabled: Bool = True  # false: one phase, the whole backbone trainable
+    head_epochs: Int = Field(5, ge=0, le=10_000)  # phase 1: backbone frozen, head only
+    # phase 2: the top layers of the backbone trainable: a count (int) or a fraction
+    # of its layers (float in [0, 1]); BatchNormalization stays in inference mode.
+    unfreeze: Int | Float = Field(0.25, ge=0, le=10_000)
+    lr_factor: Float = Field(0.1, gt=0.0, le=10.0)  # phase 2 learning rate = this x peak
+
+    @field_validator("unfreeze")
+    @classmethod
+    def _count_or_fraction(cls, value):
+        if isinstance(value, float) and value > 1.0:
+            raise Rule(f"{{path}}: {value} is neither a fraction in [0, 1] nor a whole number "
+                       "of layers; give e.g. 0.25 or 20")
+        return value
+
+
+@section
 class TrainConfig:
     epochs: Int = Field(20, ge=1, le=10_000)
     batch_size: Int = Field(64, ge=1, le=65_536)  # per replica
@@ -263,6 +291,7 @@ class TrainConfig:
     replicas: Int = Field(1, ge=1, le=64)
     jit_compile: Literal["auto", "true", "false"] = "false"
     use_tuned: Bool = True
+    fine_tune: FineTuneConfig = Field(default_factory=FineTuneConfig)
     # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that
     # win over the tune stage's best hyperparameters.
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -331,6 +360,7 @@ _BatchSizes = _nonempty(Annotated[Int, Field(ge=1, le=65_536)])
 _Flags = _nonempty(Bool)
 _Optimizers = _nonempty(Optimizer)
 _Schedules = _nonempty(Schedule)
+_Backbones = _nonempty(Backbone)
 
 
 @section
@@ -351,6 +381,12 @@ class SearchSpace:
     warmup_fraction: FloatRange = Field(default_factory=lambda: FloatRange(0.0, 0.2))
     decay_rate: FloatRange = Field(default_factory=lambda: FloatRange(0.3, 0.9))
     batch_size: _BatchSizes = _copies(32, 64)
+    # Transfer learning; null: not searched (params' own value). A backbone trial
+    # ignores blocks/filters/separable/batch_norm.
+    backbone: _Backbones | None = None
+    head_epochs: IntRange | None = None
+    unfreeze: FloatRange | None = None  # a fraction of the backbone's layers
+    lr_factor: FloatRange | None = None  # sampled on a log scale
 
     @model_validator(mode="after")
     def _each_value_once(self):
@@ -386,6 +422,8 @@ SEARCHED_PARAMS = {
     "learning_rate": "train.optimizer.learning_rate", "schedule": "train.schedule.name",
     "warmup_fraction": "train.schedule.warmup_fraction",
     "decay_rate": "train.schedule.decay_rate", "batch_size": "train.batch_size",
+    "backbone": "model.backbone", "head_epochs": "train.fine_tune.head_epochs",
+    "unfreeze": "train.fine_tune.unfreeze", "lr_factor": "train.fine_tune.lr_factor",
 }
 
 
@@ -595,6 +633,18 @@ class Config:
             raise Rule(f"tune.space.filters: {max(space.filters)} doubled over "
                        f"{space.blocks.max} blocks is {widest} filters, above {most}; "
                        "lower tune.space.filters or tune.space.blocks.max")
+        return self
+
+    @model_validator(mode="after")
+    def _backbones_fit_the_images(self):
+        # Keras applications take inputs of at least 32x32 (model/builder.check_buildable)
+        size = self.data.image_size
+        for key, names in (("model.backbone", [self.model.backbone]),
+                           ("tune.space.backbone", self.tune.space.backbone or [])):
+            big = [n for n in names if n != "none"]
+            if big and size < 32:
+                raise Rule(f"{key}: {big[0]} needs inputs of at least 32x32, data.image_size is "
+                           f"{size}; raise data.image_size or use backbone: none")
         return self
 
     @model_validator(mode="after")

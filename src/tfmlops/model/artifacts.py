@@ -51,8 +51,12 @@ def load_keras3(path: str | Path):
 
 def rebuild(model, cfg: Config, keras_module, input_shape, num_classes):
     """The same architecture built in `keras_module`, carrying `model`'s weights."""
+    from tfmlops.model import backbones
     from tfmlops.model.builder import build_model
 
-    twin = build_model(cfg.model, keras_module, input_shape, num_classes)
+    # a backbone's input layers carry the prepared data's mean/std (not weights): read back
+    twin = build_model(cfg.model, keras_module, input_shape, num_classes,
+                       input_stats=backbones.input_stats_of(model))
     twin.set_weights(model.get_weights())
+    backbones.refresh(twin)
     return twin

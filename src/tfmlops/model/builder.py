@@ -6,27 +6,33 @@ Keras 3 (`keras`, used by tune and train) or tf_keras (used by prune and QAT,
 since tfmot only works on Keras 2). Same spec, same layer and weight order,
 so `set_weights(get_weights())` moves a trained model between the worlds.
 The final softmax always computes in float32 (mixed precision safety).
+A backbone (model/backbones.py) needs the prepared data's mean/std
+(`input_stats`): the model's input stays normalised, the model turns it back
+into the pixels the backbone expects. Pretrained weights are loaded by
+`backbones.load_pretrained`, not here: a twin rebuilt to receive weights loads nothing.
 """
 
 from __future__ import annotations
 
 from tfmlops.config import ModelSpec
 from tfmlops.errors import ConfigError
+from tfmlops.model import backbones
 from tfmlops.model.custom import squeeze_excite_layer
-
-BACKBONES = {
-    "mobilenet_v3_small": "MobileNetV3Small",
-    "efficientnet_b0": "EfficientNetB0",
-}
 
 
 def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_classes: int,
-                name: str = "classifier"):
-    """The model for `spec`, built with `keras` (the Keras 3 or the tf_keras module)."""
+                name: str = "classifier", input_stats=None):
+    """The model for `spec`, built with `keras` (the Keras 3 or the tf_keras module).
+
+    `input_stats`: (mean, std) per channel of the prepared data; needed with a backbone.
+    """
     check_buildable(spec, input_shape)
     layers = keras.layers
     inputs = keras.Input(shape=input_shape, name="image")
-    x = _backbone(spec, keras, inputs) if spec.backbone != "none" else _conv_blocks(spec, keras, inputs)
+    if spec.backbone != "none":
+        x = backbones.features(spec, keras, inputs, input_stats)
+    else:
+        x = _conv_blocks(spec, keras, inputs)
     x = layers.GlobalAveragePooling2D(name="gap")(x)
     if spec.dropout:
         x = layers.Dropout(spec.dropout, name="head_dropout")(x)
@@ -54,15 +60,6 @@ def _conv_blocks(spec: ModelSpec, keras, x):
             pool = layers.MaxPooling2D if spec.pooling == "max" else layers.AveragePooling2D
             x = pool(2, name=f"block{b}_pool")(x)
     return x
-
-
-def _backbone(spec: ModelSpec, keras, inputs):
-    cls = getattr(keras.applications, BACKBONES[spec.backbone])
-    kwargs = {"include_top": False, "weights": spec.backbone_weights, "input_tensor": inputs}
-    if spec.backbone == "mobilenet_v3_small":
-        kwargs["include_preprocessing"] = False  # the input pipeline normalizes
-    base = cls(**kwargs)
-    return base.output
 
 
 def check_buildable(spec: ModelSpec, input_shape: tuple[int, int, int]) -> None:

@@ -31,7 +31,7 @@ FINGERPRINT_FILE = "fingerprint.json"
 BACKUP_META = "training_metadata.json"
 BACKUP_WEIGHTS = "latest.weights.h5"
 HISTORY_COLUMNS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate",
-                   "epoch_seconds", "images_per_s")
+                   "epoch_seconds", "images_per_s", "phase")  # phase: fine-tuning runs only
 
 
 # ------------------------------------------------------------ backup folder
@@ -103,7 +103,9 @@ class EpochRecorder(keras.callbacks.Callback):
 
     Rows are persisted in the backup folder (a resumed run keeps its earlier
     epochs) and sent to the run's MLflow (`run.log_metrics(step=epoch)`; the
-    run is a no-op off the chief). `epoch` counts from 1.
+    run is a no-op off the chief). `epoch` counts from 1; the epochs of a
+    two-phase fine-tuning run carry its `phase` (1: backbone frozen, 2: top unfrozen),
+    one MLflow history whose steps continue across the phases.
     """
 
     def __init__(self, backup_dir: str | Path, train_images: int, run, rows: list[dict]):
@@ -115,6 +117,7 @@ class EpochRecorder(keras.callbacks.Callback):
         self._started = False
         self._epoch_start = 0.0
         self._train_seconds: float | None = None
+        self.phase: int | None = None  # set by the fit of each fine-tuning phase
 
     def on_epoch_begin(self, epoch, logs=None):
         if not self._started:
@@ -137,6 +140,8 @@ class EpochRecorder(keras.callbacks.Callback):
                "learning_rate": self.learning_rate(),
                "epoch_seconds": round(epoch_seconds, 4),
                "images_per_s": round(self.train_images / max(train_seconds, 1e-9), 1)}
+        if self.phase is not None:
+            row["phase"] = self.phase
         self.rows.append(row)
         write_json(self.history_file, self.rows)
         self.run.log_metrics(metrics_of(row), step=row["epoch"])

@@ -1,7 +1,7 @@
 """How tune's best hyperparameters and train's explicit overrides become one config.
 
 `best_hparams.yaml` (written by tune) is a partial params tree with the
-sections `model` and `train` (batch_size, optimizer, schedule). Train merges:
+sections `model` and `train` (batch_size, optimizer, schedule, fine_tune). Train merges:
 params.yaml <- tuned values (when train.use_tuned) <- train.overrides.
 The merge is returned as a list of changes so the train run can log it.
 """
@@ -18,7 +18,7 @@ from tfmlops.config import Config, config_from_dict, flatten, set_dotted
 from tfmlops.errors import ConfigError, DataError
 
 BEST_FILE = "best_hparams.yaml"
-TUNABLE_TRAIN_KEYS = ("batch_size", "optimizer", "schedule")
+TUNABLE_TRAIN_KEYS = ("batch_size", "optimizer", "schedule", "fine_tune")
 
 
 def best_path(cfg: Config) -> Path:

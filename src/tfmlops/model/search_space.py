@@ -10,7 +10,10 @@ best trial, what `best_hparams.yaml` holds):
   `separable` or standard convolutions, `batch_norm`, `dropout`, `head_units`;
 - optimisation: `optimizer`, peak `learning_rate` (log scale), `schedule` and
   its own parameters (`warmup_fraction` only for cosine_warmup, `decay_rate`
-  only for exponential_decay: conditional hyperparameters), `batch_size`.
+  only for exponential_decay: conditional hyperparameters), `batch_size`;
+- transfer learning, only when given (null: not searched, the params' value):
+  `backbone` (a backbone trial ignores the conv blocks), and train.fine_tune's
+  `head_epochs`, `unfreeze` (a fraction of the backbone's layers), `lr_factor`.
 
 `values_from_config` is the inverse: the point of the space that is the
 params' own settings, which tune runs as its first ("baseline") trial when
@@ -43,12 +46,14 @@ from tfmlops.errors import ConfigError
 
 # HP_NAMES (the SearchSpace fields, in order) is also the column order of
 # reports/tune_trials.csv and of the MLflow params of a trial.
-__all__ = ["HP_NAMES", "baseline", "check_fits", "config_from_values", "declare",
+__all__ = ["HP_NAMES", "OPTIONAL", "baseline", "check_fits", "config_from_values", "declare",
            "is_baseline", "outside_space", "reference_values", "values_from_config"]
 MAX_FILTERS = field_bounds(field_info(BlockSpec, ["filters"]))[1]
 # Schedule parameters and the one schedule that uses each.
 SCHEDULE_PARAMS = {"warmup_fraction": "cosine_warmup", "decay_rate": "exponential_decay"}
-LOG_SCALE = ("learning_rate",)  # sampled on a log scale
+LOG_SCALE = ("learning_rate", "lr_factor")  # sampled on a log scale
+# Searched only when tune.space gives them (null by default: the params' value).
+OPTIONAL = ("backbone", "head_epochs", "unfreeze", "lr_factor")
 # Declared unconditionally, in HP_NAMES order (keras-tuner's space order).
 ALWAYS = tuple(n for n in HP_NAMES if n not in SCHEDULE_PARAMS)
 # Where each searched value lives in params.yaml (for messages). The first
@@ -91,7 +96,9 @@ def config_from_values(cfg: Config, values: dict[str, Any]) -> Config:
         if name in values:
             *sections, last = key.split(".")
             node = functools.reduce(dict.__getitem__, sections, tree)
-            node[last] = _plain(values[name], type(node[last]))
+            # unfreeze is a count (int) or a fraction (float): the space searches fractions
+            kind = float if name == "unfreeze" else type(node[last])
+            node[last] = _plain(values[name], kind)
     return config_from_dict(copy.deepcopy(tree))
 
 
@@ -115,7 +122,7 @@ def values_from_config(cfg: Config) -> dict[str, Any]:
                          "kernel size and one convolution type, the shape tune searches")
     shape = {"blocks": len(m.blocks), "filters": first.filters, "separable": first.separable}
     values = {name: shape[name] if name in shape else _at(cfg, SEARCHED_PARAMS[name])
-              for name in ALWAYS}
+              for name in ALWAYS if getattr(cfg.tune.space, name) is not None}
     for name, schedule in SCHEDULE_PARAMS.items():
         if cfg.train.schedule.name == schedule:
             values[name] = _at(cfg, SEARCHED_PARAMS[name])
@@ -128,6 +135,8 @@ def outside_space(values: dict[str, Any], space: SearchSpace) -> str | None:
         if name not in values:
             continue
         value, allowed = values[name], getattr(space, name)
+        if allowed is None:  # not searched
+            continue
         if isinstance(allowed, IntRange):
             inside = (allowed.min <= value <= allowed.max
                       and (value - allowed.min) % allowed.step == 0)
@@ -169,7 +178,7 @@ def reference_values(space: SearchSpace) -> dict[str, Any]:
     tune's search key hashes besides the space itself.
     """
     values = {name: (r.min if isinstance(r, (IntRange, FloatRange)) else r[0])
-              for name in ALWAYS for r in [getattr(space, name)]}
+              for name in ALWAYS for r in [getattr(space, name)] if r is not None}
     for name, schedule in SCHEDULE_PARAMS.items():
         if schedule in space.schedule:
             values[name] = getattr(space, name).min
@@ -196,6 +205,8 @@ def check_fits(space: SearchSpace, image_size: int) -> None:
 # ------------------------------------------------------------------ helpers
 
 def _declare_one(hp, name: str, allowed):
+    if allowed is None:  # an optional key left out of tune.space: the params' value
+        return None
     if isinstance(allowed, IntRange):
         return _int(hp, name, allowed)
     if isinstance(allowed, FloatRange):

@@ -7,7 +7,8 @@ classification_report.json, confusion_matrix.png, training_curves.png,
 mlflow_run.json), `reports/train.json` and `reports/train_history.csv`.
 
 Order of work, and why:
-1. bad input fails before TensorFlow does anything (missing tune output,
+1. bad input fails before TensorFlow does anything (missing tune output, ImageNet
+   weights neither in Keras' cache nor downloadable,
    missing or stale prepared data, a spec that cannot build, a batch larger
    than the data);
 2. devices and the strategy come before any other TensorFlow op (logical CPUs
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from tfmlops import tracking
 from tfmlops.config import Config
-from tfmlops.model import hparams
+from tfmlops.model import backbones, hparams
 from tfmlops.model.artifacts import MODEL_FILE
 from tfmlops.training.context import TrainContext
 
@@ -43,6 +44,8 @@ def run(cfg: Config) -> dict:
     started = time.perf_counter()
     tuned = hparams.read_best(cfg) if cfg.train.use_tuned else None
     merged, changes = hparams.merge(cfg, tuned)
+    backbones.ensure_weights(merged.model)  # ImageNet weights: in Keras' cache, or fetched now
+
 
     from tfmlops.data import pipeline  # imports TensorFlow (no op runs yet)
     from tfmlops.model import strategy as dist

@@ -54,7 +54,7 @@ import yaml
 from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
-from tfmlops.model import hparams, search_space
+from tfmlops.model import backbones, hparams, search_space
 from tfmlops.tuning import final_round, report
 from tfmlops.tuning.records import TrialRecord
 from tfmlops.tuning.search import distributed_role, project_name, search_key
@@ -69,6 +69,8 @@ def run(cfg: Config) -> dict[str, Any]:
     search_space.check_fits(cfg.tune.space, cfg.data.image_size)
     if not cfg.tune.enabled:
         return _write_untuned(cfg)
+    # every backbone a trial or the final round may build: ImageNet weights fetched first
+    backbones.ensure_weights(cfg.model, [cfg.model.backbone, *(cfg.tune.space.backbone or [])])
     role = distributed_role()
     if role == "worker":
         return _run_worker(cfg)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tfmlops import profiling, tracking
@@ -72,22 +73,93 @@ def datasets(merged: Config, prepared, global_batch: int):
     return train_ds, val_ds, steps_per_epoch
 
 
-def compiled_model(merged: Config, prepared, keras, total_steps: int):
-    """Build and compile inside the strategy scope and dtype policy of the caller.
-
-    `keras` is Keras 3 or tf_keras (multi-worker training): the same build and compile.
-    """
+def built_model(merged: Config, prepared, keras, *, pretrained: bool = True):
+    """The model of `merged.model` for this data, its backbone's weights loaded."""
+    from tfmlops.model import backbones
     from tfmlops.model.builder import build_model
+
+    model = build_model(merged.model, keras, prepared.input_shape, prepared.num_classes,
+                        input_stats=(prepared.mean, prepared.std))
+    if pretrained:
+        backbones.load_pretrained(model, merged.model, keras)
+    return model
+
+
+def compile_model(model, merged: Config, prepared, keras, total_steps: int,
+                  lr_factor: float = 1.0):
+    """Compile with train's optimizer, schedule (peak x `lr_factor`) and loss; a fresh
+    optimizer each call (a fine-tuning phase changes which variables it trains)."""
     from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
 
     t = merged.train
-    model = build_model(merged.model, keras, prepared.input_shape, prepared.num_classes)
-    schedule = make_schedule(t.schedule, t.optimizer.learning_rate, total_steps, keras)
+    schedule = make_schedule(t.schedule, t.optimizer.learning_rate * lr_factor, total_steps, keras)
     model.compile(optimizer=make_optimizer(t.optimizer, schedule, keras),
                   loss=make_loss(t.loss, prepared.num_classes, keras),
                   metrics=["accuracy"],  # by keyword: the third positional is loss_weights
                   jit_compile=(JIT if keras.__version__[0] == "3" else JIT_TF_KERAS)[t.jit_compile])
     return model
+
+
+def compiled_model(merged: Config, prepared, keras, total_steps: int, *, pretrained: bool = True):
+    """Build and compile inside the strategy scope and dtype policy of the caller.
+
+    `keras` is Keras 3 or tf_keras (multi-worker training): the same build and compile.
+    One phase, everything trainable: `fit_in_phases` freezes and recompiles.
+    """
+    model = built_model(merged, prepared, keras, pretrained=pretrained)
+    return compile_model(model, merged, prepared, keras, total_steps)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One fit of a run: epochs [first, last), which backbone layers train, its lr."""
+
+    number: int
+    first: int
+    last: int
+    unfreeze: int | float | None  # top backbone layers trainable; None: all (no fine-tuning)
+    lr_factor: float = 1.0
+
+
+def phases(merged: Config, epochs: int | None = None) -> list[Phase]:
+    """The fits of a run of `epochs` (default train.epochs).
+
+    Two-phase fine-tuning needs a backbone with pretrained weights: a random backbone
+    has nothing to keep (and its default BN statistics in inference mode make its
+    features vanish), so it trains in one phase, fully trainable.
+    """
+    epochs = merged.train.epochs if epochs is None else epochs
+    ft, m = merged.train.fine_tune, merged.model
+    if m.backbone == "none" or m.backbone_weights is None or not ft.enabled:
+        return [Phase(1, 0, epochs, None)]
+    head = min(ft.head_epochs, epochs)
+    out = [Phase(1, 0, head, 0)] if head else []
+    if epochs > head:
+        out.append(Phase(2, head, epochs, ft.unfreeze, ft.lr_factor))
+    return out
+
+
+def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, fit_one,
+                  plan: list[Phase], done: int = 0):
+    """Run `plan`: per phase, set what trains, recompile, `fit_one(phase)`. Phases a
+    resumed run has finished (`done` epochs) are skipped. Returns the last fit's result."""
+    from tfmlops.model import backbones
+
+    result = None
+    for phase in plan:
+        if phase.last <= done:
+            continue
+        if merged.model.backbone != "none":
+            trainable = backbones.set_trainable_top(model, phase.unfreeze)
+            if len(plan) > 1:
+                log.info(f"train: phase {phase.number}, epochs {phase.first + 1}-{phase.last}: "
+                         f"{trainable} backbone layers trainable, learning rate x{phase.lr_factor:g}")
+        compile_model(model, merged, prepared, keras, steps_per_epoch * (phase.last - phase.first),
+                      phase.lr_factor)
+        result = fit_one(phase)
+    if merged.model.backbone != "none":
+        backbones.set_trainable_top(model, None)  # saved whole: later stages train it all
+    return result
 
 
 def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
@@ -109,7 +181,8 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
         train_ds = pipeline_train(merged, prepared, batch_size)
         steps = math.ceil(prepared.counts["train"] / batch_size)
         return precision.time_policies(
-            lambda: compiled_model(merged, prepared, keras, steps * merged.train.epochs),
+            lambda: compiled_model(merged, prepared, keras, steps * merged.train.epochs,
+                                   pretrained=False),  # timing: the weights' values do not matter
             next(iter(train_ds)), keras)
 
     decision, now = precision.decide_cached(merged.train.precision, key, flags,
@@ -151,7 +224,7 @@ def best_val_loss(rows: list[dict]) -> float | None:
 
 
 def fit(ctx: TrainContext):
-    """Build, compile (in the strategy's scope) and fit; returns (model, recorder, seconds)."""
+    """Build (in the strategy's scope), then fit in phases; returns (model, recorder, seconds)."""
     import keras
 
     from tfmlops.model import callbacks as cb
@@ -159,23 +232,33 @@ def fit(ctx: TrainContext):
 
     merged, prepared, folders = ctx.merged, ctx.prepared, ctx.folders
     train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, ctx.global_batch)
+    plan = phases(merged)
     with ctx.strategy.scope():
-        model = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+        model = built_model(merged, prepared, keras)
+        # compiled once here for the checks below; each phase recompiles in the scope
+        compile_model(model, merged, prepared, keras, steps_per_epoch * merged.train.epochs)
     scaled = loss_scaling(model, ctx.policy, keras)
     ctx.run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
-                                     "loss_scaling": scaled}})
+                                     "loss_scaling": scaled, "fine_tune_phases": len(plan)}})
 
     recorder = cb.EpochRecorder(folders.backup, prepared.counts["train"], ctx.run, ctx.rows)
-    callbacks = cb.training_callbacks(
-        backup_dir=folders.backup, profile_dir=folders.profile,
-        profile_batch=profiling.keras_profile_batch(ctx.cfg, steps_per_epoch),
-        recorder=recorder,
-        early_stopping_patience=merged.train.early_stopping_patience,
-        reduce_lr_on_plateau=merged.train.reduce_lr_on_plateau,
-        best_so_far=best_val_loss(ctx.rows),
-    )
+
+    def fit_one(phase: Phase):
+        recorder.phase = phase.number if len(plan) > 1 else None
+        callbacks = cb.training_callbacks(
+            backup_dir=folders.backup, profile_dir=folders.profile,
+            profile_batch=profiling.keras_profile_batch(ctx.cfg, steps_per_epoch),
+            recorder=recorder,
+            early_stopping_patience=merged.train.early_stopping_patience,
+            reduce_lr_on_plateau=merged.train.reduce_lr_on_plateau,
+            best_so_far=best_val_loss(recorder.rows),
+        )
+        return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                         initial_epoch=phase.first, callbacks=callbacks,
+                         verbose=keras_verbose() if tracking.is_chief() else 0,
+                         shuffle=False)  # the dataset shuffles itself (seeded)
+
     started = time.perf_counter()
-    model.fit(train_ds, validation_data=val_ds, epochs=merged.train.epochs, callbacks=callbacks,
-              verbose=keras_verbose() if tracking.is_chief() else 0,
-              shuffle=False)  # the dataset shuffles itself (seeded)
+    with ctx.strategy.scope():  # each phase compiles: its optimizer's variables in the scope
+        fit_in_phases(model, merged, prepared, keras, steps_per_epoch, fit_one, plan, ctx.done)
     return model, recorder, time.perf_counter() - started

@@ -52,6 +52,7 @@ from tfmlops.training.fit import (
     log_precision,
     loss_scaling,
     op_determinism,
+    phases,
 )
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,9 @@ def _fit(ctx: TrainContext, task: str):
     log.info(f"train: {task} of {_cluster_tasks()} workers, {ctx.strategy.num_replicas_in_sync} "
              f"replicas, global batch {ctx.global_batch}, auto-shard {shard_policy}")
 
+    if len(phases(merged)) > 1:  # not built for tf_keras fit across workers
+        log.warning("train: train.fine_tune is ignored across workers: one phase, the whole "
+                    "backbone trainable")
     with ctx.strategy.scope():
         model = compiled_model(merged, prepared, tf_keras, steps_per_epoch * merged.train.epochs)
     scaled = loss_scaling(model, ctx.policy, tf_keras)
@@ -279,11 +283,13 @@ def _keras3_twin(weights: list, merged: Config, prepared, best_weights: Path,
 
     from tfmlops.model.builder import build_model
 
-    local = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes)
+    local = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes,
+                        input_stats=(prepared.mean, prepared.std))
     local.set_weights(weights)
     if best_weights.is_file():  # the final model is the epoch with the lowest val_loss
         local.load_weights(best_weights)
-    twin = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+    twin = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs,
+                          pretrained=False)  # it receives the trained weights
     twin.set_weights(local.get_weights())
     # Built (zero slots), so loading the saved file finds the optimizer variables it expects.
     twin.optimizer.build(twin.trainable_variables)

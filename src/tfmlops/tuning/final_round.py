@@ -116,16 +116,24 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
         keras.utils.set_random_seed(merged.seed)
         with precision.global_policy(policy, keras):
             train_ds, val_ds, steps = fit.datasets(merged, prepared, t.batch_size)
-            model = fit.compiled_model(merged, prepared, keras, steps * t.epochs)
+            model = fit.built_model(merged, prepared, keras)
             if max_params and model.count_params() > max_params:  # as the search fails it
                 raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
                                  f"than tune.max_model_params {max_params}")
-            callbacks = [_log_epochs(keras, child),
-                         *cb.stopping_callbacks(t.early_stopping_patience,
-                                                t.reduce_lr_on_plateau)]
-            return model.fit(train_ds, validation_data=val_ds, epochs=t.epochs,
-                             callbacks=callbacks, verbose=keras_verbose(),
-                             shuffle=False).history
+            history: dict[str, list] = {}
+
+            def fit_one(phase):  # train's phases (fine-tuning), one history across them
+                callbacks = [_log_epochs(keras, child),
+                             *cb.stopping_callbacks(t.early_stopping_patience,
+                                                    t.reduce_lr_on_plateau)]
+                got = model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                                initial_epoch=phase.first, callbacks=callbacks,
+                                verbose=keras_verbose(), shuffle=False).history
+                for key, values in got.items():
+                    history.setdefault(key, []).extend(values)
+
+            fit.fit_in_phases(model, merged, prepared, keras, steps, fit_one, fit.phases(merged))
+            return history
 
 
 def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,

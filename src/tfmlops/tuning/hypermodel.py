@@ -3,6 +3,7 @@ project's tf.data pipeline. Imports Keras and keras-tuner: import this module la
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -15,8 +16,6 @@ from tfmlops import profiling
 from tfmlops.config import Config
 from tfmlops.data import pipeline
 from tfmlops.model import precision, search_space
-from tfmlops.model.builder import build_model
-from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
 from tfmlops.training import fit
 
 STAGE = "tune"  # the profile folder's name
@@ -57,8 +56,7 @@ class TrialModel(kt.HyperModel):
             cache_file=Path(self.cfg.paths.tuner) / fit.PRECISION_CACHE).policy
         keras.utils.set_random_seed(self.cfg.seed)  # same values, same initial weights
         with precision.global_policy(policy, keras):  # read when the layers are created
-            return build_model(trial_cfg.model, keras, self.prepared.input_shape,
-                               self.prepared.num_classes)
+            return fit.built_model(trial_cfg, self.prepared, keras)
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), verbose=2,
             **kwargs):
@@ -67,21 +65,31 @@ class TrialModel(kt.HyperModel):
         t = trial_cfg.train
         train_ds, val_ds = self._data(t.batch_size)
         steps = math.ceil(self.prepared.counts["train"] / t.batch_size)
-        # The schedule spans the epochs this fit runs (a hyperband round that
-        # continues an earlier trial starts a fresh optimizer too).
-        lr = make_schedule(t.schedule, t.optimizer.learning_rate,
-                           steps * max(epochs - initial_epoch, 1), keras)
-        model.compile(optimizer=make_optimizer(t.optimizer, lr, keras),
-                      loss=make_loss(t.loss, self.prepared.num_classes, keras),
-                      metrics=["accuracy"])
         extra = self._callbacks(steps)
-        with warnings.catch_warnings():
-            # tf.data of unknown length: Keras warns at the end of each first epoch
-            warnings.filterwarnings("ignore", message="Your input ran out of data")
-            return model.fit(train_ds, validation_data=val_ds, epochs=epochs,
-                             initial_epoch=initial_epoch,
-                             callbacks=[*callbacks, *extra],
-                             verbose=verbose, shuffle=False)  # the pipeline shuffles
+        history, merged = None, {}
+
+        def fit_one(phase):
+            # Each phase compiles a fresh optimizer whose schedule spans the epochs it
+            # runs (a hyperband round that continues an earlier trial starts one too).
+            nonlocal history
+            with warnings.catch_warnings():
+                # tf.data of unknown length: Keras warns at the end of each first epoch
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                history = model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                                    initial_epoch=max(phase.first, initial_epoch),
+                                    callbacks=[*callbacks, *extra],
+                                    verbose=verbose, shuffle=False)  # the pipeline shuffles
+            for key, values in history.history.items():
+                merged.setdefault(key, []).extend(values)
+            return history
+
+        # train's fine-tuning phases over this fit's epochs (none without a backbone)
+        plan = fit.phases(trial_cfg, epochs)
+        plan = [dataclasses.replace(p, first=max(p.first, initial_epoch)) for p in plan]
+        fit.fit_in_phases(model, trial_cfg, self.prepared, keras, steps, fit_one, plan,
+                          done=initial_epoch)
+        history.history = merged  # the tuner scores the trial on every epoch of both phases
+        return history
 
     def _callbacks(self, steps: int) -> list:
         """NaN and deadline stops, early stopping, and a profile of the first trial run."""
