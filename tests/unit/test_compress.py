@@ -121,11 +121,21 @@ def test_sparse_encoding_is_built_for_the_pruned_model_only():
     assert variants("trained") == ("float32", "dynamic", "float16", "int8")
 
 
+def test_quantize_variants_choose_what_is_converted_in_frontier_order():
+    assert variants("pruned", ["int8", "float32", "int8_sparse"]) == ("float32", "int8", "int8_sparse")
+    assert variants("trained", ["int8_sparse", "int8"]) == ("int8",)
+
+
 @pytest.mark.parametrize("section, message", [
     ({"prune": {"final_sparsity": 1.0}}, "prune.final_sparsity: 1.0 is out of range"),
     ({"prune": {"final_sparsity": -0.1}}, "prune.final_sparsity: -0.1 is out of range"),
     ({"quantize": {"required": ["qat_int8"]}}, "quantize.required: lists qat_int8 but"),
     ({"quantize": {"required": ["int4"]}}, "'int4' is not a variant"),
+    ({"quantize": {"variants": ["int4"]}}, "quantize.variants: 'int4' is not a converted variant"),
+    ({"quantize": {"variants": ["qat_int8"]}}, "'qat_int8' is not a converted variant"),
+    ({"quantize": {"variants": []}}, "quantize.variants: empty"),
+    ({"quantize": {"variants": ["float32"]}},
+     "quantize.required: lists int8 but quantize.variants does not build it"),
 ])
 def test_bad_compression_params_fail_at_load(section, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -10,9 +10,11 @@ FRONTIER_COLUMNS = ("variant", "accuracy", "agreement", "bytes", "gzip_bytes", "
 SOURCES = ("pruned", "trained")  # the pruned model first: the pipeline's main product
 
 
-def variants(src: str) -> tuple[str, ...]:
-    """The TFLite variants built from one source model, in frontier order."""
-    return BASE_VARIANTS + (PRUNED_ONLY_VARIANTS if src == "pruned" else ())
+def variants(src: str, chosen: list[str] | None = None) -> tuple[str, ...]:
+    """The TFLite variants built from one source model, in frontier order: those of
+    `chosen` (params' `quantize.variants`; None: all) that apply to it."""
+    every = BASE_VARIANTS + (PRUNED_ONLY_VARIANTS if src == "pruned" else ())
+    return every if chosen is None else tuple(v for v in every if v in chosen)
 
 
 def required_names(required: list[str]) -> list[str]:

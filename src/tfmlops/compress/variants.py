@@ -13,6 +13,8 @@ QAT_INT8 = "qat_int8"  # int8 of the quantization-aware fine-tuned pruned model
 BASE_VARIANTS = (FLOAT32, DYNAMIC, FLOAT16, INT8)
 # Sparse encoding only pays where pruning made zeros: built for the pruned model.
 PRUNED_ONLY_VARIANTS = (INT8_SPARSE,)
+# What `quantize.variants` may list (QAT's variant comes from `quantize.qat` instead).
+CONVERTED_VARIANTS = BASE_VARIANTS + PRUNED_ONLY_VARIANTS
 # Every name `quantize.required` accepts, in frontier order.
-TFLITE_VARIANTS = BASE_VARIANTS + PRUNED_ONLY_VARIANTS + (QAT_INT8,)
+TFLITE_VARIANTS = CONVERTED_VARIANTS + (QAT_INT8,)
 QAT_VARIANT = f"pruned_{QAT_INT8}"  # the QAT model is always the pruned one

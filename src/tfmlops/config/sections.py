@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from tfmlops.compress.variants import QAT_INT8, TFLITE_VARIANTS
+from tfmlops.compress.variants import CONVERTED_VARIANTS, QAT_INT8, TFLITE_VARIANTS
 from tfmlops.config.messages import Rule, field_bounds, field_info
 
 _SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -478,6 +478,9 @@ class QuantizeConfig:
     # The edge variant: the smallest file within the budget, or the fastest (p50).
     edge_pick: Literal["smallest", "fastest"] = "smallest"
     required: list[Text] = _copies("int8")  # variants whose failure fails the stage
+    # The variants converted from each model (trained and pruned); every conversion is
+    # evaluated and timed, so a shorter list is a faster stage.
+    variants: list[Text] = _copies(*CONVERTED_VARIANTS)
     latency_runs: Int = Field(200, ge=1, le=1_000_000)
     latency_warmup: Int = Field(20, ge=0, le=1_000_000)
     threads: Int = Field(1, ge=1, le=256)
@@ -491,11 +494,26 @@ class QuantizeConfig:
                        f"use some of {', '.join(TFLITE_VARIANTS)}")
         return required
 
+    @field_validator("variants")
+    @classmethod
+    def _converted_variants(cls, chosen):
+        bad = sorted(set(chosen) - set(CONVERTED_VARIANTS))
+        if bad:
+            raise Rule(f"{{path}}: {bad[0]!r} is not a converted variant; "
+                       f"use some of {', '.join(CONVERTED_VARIANTS)}")
+        if not chosen:
+            raise Rule(f"{{path}}: empty; list at least one of {', '.join(CONVERTED_VARIANTS)}")
+        return chosen
+
     @model_validator(mode="after")
     def _qat_variant_needs_qat(self):
         if QAT_INT8 in self.required and not self.qat:
             raise Rule(f"{{p}}required: lists {QAT_INT8} but {{p}}qat is false; "
                        f"set {{p}}qat: true or remove {QAT_INT8}")
+        missing = sorted(set(self.required) - set(self.variants) - {QAT_INT8})
+        if missing:
+            raise Rule(f"{{p}}required: lists {missing[0]} but {{p}}variants does not build it; "
+                       f"add it to {{p}}variants or remove it from {{p}}required")
         return self
 
 

@@ -118,7 +118,7 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
 
     failed: dict[str, str] = {}
     started = time.perf_counter()
-    built = _convert_all(models, calibration, out, q.qat, failed)
+    built = _convert_all(models, calibration, out, q, failed)
     if q.qat:
         log.info("quantize: [%d/%d] %s: QAT fine-tune (%d epoch(s)), then converting",
                  len(built) + len(failed) + 1, len(built) + len(failed) + 1, QAT_VARIANT,
@@ -156,12 +156,13 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
     return metrics, rows, edge
 
 
-def _convert_all(models: dict, calibration, out: Path, qat: bool, failed: dict) -> list[str]:
-    """Every source x variant converted into `out` (names of those built); one log line each."""
+def _convert_all(models: dict, calibration, out: Path, q, failed: dict) -> list[str]:
+    """Every source x variant of `quantize.variants` converted into `out` (names of those
+    built); one log line each."""
     from tfmlops.compress import tflite
 
-    planned = [(src, variant) for src in SOURCES for variant in variants(src)]
-    total = len(planned) + (1 if qat else 0)  # QAT's variant comes after these
+    planned = [(src, variant) for src in SOURCES for variant in variants(src, q.variants)]
+    total = len(planned) + (1 if q.qat else 0)  # QAT's variant comes after these
     built = []
     for k, (src, variant) in enumerate(planned, 1):
         name = f"{src}_{variant}"
