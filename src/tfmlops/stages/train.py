@@ -45,6 +45,9 @@ def run(cfg: Config) -> dict:
     merged, changes = hparams.merge(cfg, tuned)
 
     from tfmlops.data import pipeline  # imports TensorFlow (no op runs yet)
+
+    # MLflow's import and the store's opening, in a thread while TensorFlow sets up.
+    tracking.warm_up(cfg)
     from tfmlops.model import strategy as dist
     from tfmlops.model.builder import check_buildable
     from tfmlops.training.fit import checked_global_batch, op_determinism

@@ -27,15 +27,12 @@ REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST",
 
 def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
     """Send one op of run `run_id` through an MlflowClient."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Param, RunTag
 
     if op == "params":
         client.log_batch(run_id, params=[Param(k, v) for k, v in payload.items()])
     elif op == "metrics":
-        stamp = payload.get("timestamp") or now_ms()
-        step = payload.get("step") or 0
-        metrics = [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]
-        client.log_batch(run_id, metrics=metrics)
+        client.log_batch(run_id, metrics=metric_entities(payload))
     elif op == "tags":
         client.log_batch(run_id, tags=[RunTag(k, v) for k, v in payload.items()])
     elif op == "artifact":
@@ -52,6 +49,15 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
         client.set_terminated(run_id, payload["status"])
     else:
         raise ValueError(f"unknown outbox op {op}")
+
+
+def metric_entities(payload: dict[str, Any]) -> list:
+    """MLflow Metric objects of a `metrics` payload (stamped when measured)."""
+    from mlflow.entities import Metric
+
+    stamp = payload.get("timestamp") or now_ms()
+    step = payload.get("step") or 0
+    return [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]
 
 
 def now_ms() -> int:

@@ -4,6 +4,13 @@ Owns `StageRun` (every call retried, then queued in the outbox: a logging failur
 never destroys a stage's outputs), `_NullRun` (tracking off, or not the chief),
 `stage_run` (the context manager every stage opens: tags, params, lineage file)
 and `attach_run` (a tuner worker records into the run its chief opened).
+
+What keeps tracking cheap (issue 16): metrics are sent asynchronously (MLflow's
+async logging) and flushed before the run ends, a failed batch going through the
+retry/outbox path like any call; the model is logged in a thread
+(`start_keras_model`) while the stage works on, with its signature given so MLflow
+does not reload the model to validate the input example; MLflow's import and the
+store's opening start early in a thread (background.warm_up).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.background import Background, is_store_error, warmed_experiment
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import (
     EXPERIMENT_KIND,
@@ -27,7 +35,7 @@ from tfmlops.tracking.naming import (
     ensure_experiment_kind,
     stage_run_name,
 )
-from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
+from tfmlops.tracking.ops import PENDING, REFUSED, apply, metric_entities, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans_of, owner_tags
@@ -52,14 +60,19 @@ _REFUSED = REFUSED
 class StageRun:
     """One MLflow run. Every method is safe: failures are retried, then queued."""
 
-    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None):
+    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None,
+                 async_metrics: bool = False):
         self.cfg = cfg
+        # Only for a run whose end() is certain to run (stage_run's): end() flushes.
+        self._async_metrics = async_metrics
         self.stage = stage
         self.run_id = run_id
         self._outbox = outbox
         self._offline = False
         self.errors: list[str] = []
         self.queued = 0  # calls of this run written to the outbox
+        self._sent: list[tuple[dict[str, Any], Any]] = []  # (metrics payload, MLflow future)
+        self._jobs: list[ModelLogging] = []  # models being logged in a thread
 
     @property
     def active(self) -> bool:
@@ -74,9 +87,29 @@ class StageRun:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         clean = {k: float(v) for k, v in flatten(metrics).items() if _is_number(v)}
-        if clean:
-            # The time of the measurement, also when the outbox replays it later.
-            self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
+        if not clean:
+            return
+        # The time of the measurement, also when the outbox replays it later.
+        payload = {"metrics": clean, "step": step, "timestamp": now_ms()}
+        if self._async_metrics and self.active and not self._offline:
+            try:  # asynchronous: the epoch does not wait for the store; flush() checks it
+                future = client().log_batch(self.run_id, metrics=metric_entities(payload),
+                                            synchronous=False)
+                self._sent.append((payload, future))
+                return
+            except Exception:  # noqa: BLE001 - sent again below, retried, then queued
+                pass
+        self._do("metrics", payload)
+
+    def flush(self) -> None:
+        """Wait for the metrics sent asynchronously; a batch that failed is sent again
+        synchronously (retried, then queued in the outbox): none is lost."""
+        sent, self._sent = self._sent, []
+        for payload, future in sent:
+            try:
+                future.wait()
+            except Exception:  # noqa: BLE001 - the synchronous path decides and records
+                self._do("metrics", payload)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._do("tags", {k: str(v) for k, v in tags.items()})
@@ -100,20 +133,38 @@ class StageRun:
 
     def log_keras_model(self, model, saved_path: str | Path, **kwargs) -> None:
         """Log (and optionally register) a Keras model; on failure queue its saved file."""
+        self.start_keras_model(model, **kwargs).wait(saved_path)
 
+    def start_keras_model(self, model, **kwargs) -> ModelLogging:
+        """Start logging a Keras model in a thread; the caller goes on working and calls
+        `wait(saved_path)` (the run's end waits too). `input_example` without a
+        `signature`: the signature is computed here from one call of the model, and
+        MLflow's reload of the saved model to validate the example is skipped."""
         # Declared, not inferred: MLflow's inference reloads the model in a fresh
         # Python (~15 s of TensorFlow import) on every log.
         kwargs.setdefault("pip_requirements", pinned_requirements(
             "mlflow", "tensorflow", "keras", "numpy"))
+        if not self.active:
+            return ModelLogging(self, None)
+        bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
         def go(_client):
-            mlflow = import_mlflow()
-            with _resumed(mlflow, self.run_id):
-                mlflow.tensorflow.log_model(model, name="model", **kwargs)
+            try:
+                _log_keras_model(model, self.run_id, kwargs)
+            except Exception as exc:
+                if is_store_error(exc):
+                    raise  # retried, then the caller queues the saved file
+                bad.append(exc)
 
-        ok = self._call(go, "model", {"path": str(Path(saved_path).resolve())})
-        if self.active and not ok:
-            self._queue("artifact", {"path": str(Path(saved_path).resolve()), "artifact_path": "model_file"})
+        def job() -> bool:
+            sent = self._call(go, "model", {})
+            if bad:
+                raise bad[0]
+            return sent
+
+        logging_job = ModelLogging(self, Background(job, "log-model"))
+        self._jobs.append(logging_job)
+        return logging_job
 
     def call(self, fn, what: str) -> bool:
         """Run `fn(mlflow)` inside this run (for flavour-specific logging)."""
@@ -176,7 +227,14 @@ class StageRun:
         child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
+        """Finish what runs in the background, then end the run with `status`."""
         if self.active:
+            for job in list(self._jobs):  # a stage that failed before it waited for its model
+                try:
+                    job.wait(None)
+                except Exception as exc:  # noqa: BLE001 - the stage's own error is raised
+                    self._note(f"model logging failed: {first_line(exc)}")
+            self.flush()
             self._do("end", {"status": status})
 
     # -- machinery
@@ -227,6 +285,62 @@ class StageRun:
     def _note(self, msg: str) -> None:
         self.errors.append(msg)
         log.warning("tfmlops: MLflow logging problem (%s): %s", self.stage, msg)
+
+
+class ModelLogging:
+    """A model being logged in a thread (`StageRun.start_keras_model`)."""
+
+    def __init__(self, run: StageRun, job: Background | None):
+        self._run, self._job = run, job
+
+    def wait(self, saved_path: str | Path | None) -> bool:
+        """Wait; raise what went wrong that is not the store (a model that cannot be
+        saved, a bug). The store away: queue `saved_path` for `tfmlops sync`."""
+        if self._job is None:
+            return False
+        job, self._job = self._job, None
+        self._run._jobs.remove(self)
+        sent = job.join()
+        if not sent and saved_path is not None and self._run.active:
+            self._run._queue("artifact", {"path": str(Path(saved_path).resolve()),
+                                          "artifact_path": "model_file"})
+        return sent
+
+
+def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
+    """`mlflow.tensorflow.log_model` into `run_id`, from any thread (no fluent run)."""
+    mlflow = import_mlflow()
+    from mlflow.models import Model, infer_signature
+
+    kwargs = dict(kwargs)
+    example = kwargs.get("input_example")
+    if kwargs.get("signature") is None and example is not None:
+        kwargs["signature"] = infer_signature(example, model(example, training=False).numpy())
+    # The fluent run is thread-local: here the logged model is created in the run's
+    # experiment by id (log_model would put it in the default experiment), with the
+    # run's params, as log_model does.
+    run = client().get_run(run_id)
+    logged = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
+                                            params=dict(run.data.params),
+                                            experiment_id=run.info.experiment_id)
+    # The flavour's log_model is Model.log(flavor=mlflow.tensorflow); called directly it
+    # takes validate_serving_input, whose check reloads the model just saved (~1 s),
+    # needless when the signature already says what the input is.
+    Model.log(artifact_path=None, name="model", flavor=_TensorflowFlavor(mlflow.tensorflow),
+              run_id=run_id, model_id=logged.model_id, model=model,
+              validate_serving_input=kwargs.get("signature") is None, **kwargs)
+
+
+class _TensorflowFlavor:
+    """mlflow.tensorflow, whose save_model does not take Model.log's own options."""
+
+    __name__ = "mlflow.tensorflow"  # the logged model's flavour name
+
+    def __init__(self, module):
+        self._module = module
+
+    def save_model(self, path, mlflow_model=None, validate_serving_input=True, **kwargs):
+        return self._module.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
 
 
 class _NullRun(StageRun):
@@ -299,7 +413,7 @@ def stage_run(
     params = params if params is not None else cfg.to_dict()
     mlflow, run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
     outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
-    run = StageRun(cfg, stage, run_id, outbox)
+    run = StageRun(cfg, stage, run_id, outbox, async_metrics=True)
     close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
     write_run_file(out_dir, stage, run_id, uri)
     run.log_params(params)
@@ -324,10 +438,11 @@ def stage_run(
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
               run_name: str):
     """(mlflow, run id) of a new active run of `stage`; TrackingUnavailable if it cannot open."""
+    warmed = warmed_experiment(uri, cfg.tracking.experiment)  # joined before MLflow is used here
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow = use_uri(uri)
     try:
-        experiment_id = _experiment_id(mlflow, cfg.tracking.experiment, uri)
+        experiment_id = warmed or experiment_id_of(mlflow, cfg.tracking.experiment, uri)
         tags = run_tags(cfg, stage, upstream)
         # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
         # start_run would resume: every stage of `-e main` would share one run.
@@ -346,7 +461,8 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
     return mlflow, active.info.run_id
 
 
-def _experiment_id(mlflow, name: str, uri: str) -> str:
+def experiment_id_of(mlflow, name: str, uri: str) -> str:
+    """The id of experiment `name`, created (with its kind tag) if missing."""
     mlflow_client = mlflow.MlflowClient()
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:
