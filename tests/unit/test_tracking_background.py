@@ -22,17 +22,22 @@ def tiny_keras_model(layer=None):
     return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
 
 
-def test_asynchronous_metrics_are_all_in_the_run_when_it_ends(tmp_path, make_cfg):
+def test_asynchronous_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tmp_path, make_cfg):
     cfg = make_cfg()
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+    params = {f"p{i:03d}": i for i in range(150)}  # more than one batch of 100
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params=params) as run:
         for step in range(1, 41):
             run.log_metrics({"loss": 1.0 / step, "val_loss": 2.0 / step}, step=step)
-        assert run._sent, "metrics are sent asynchronously inside a stage's run"
+        run.set_tags({"tfmlops.precision": "float32"})
+        assert {op for op, _, _ in run._sent} == {"params", "metrics", "tags"}, (
+            "sent asynchronously inside a stage's run")
     (finished,) = stage_runs(cfg, "train")
     assert finished.info.status == "FINISHED"
     history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "val_loss")
     assert sorted(m.step for m in history) == list(range(1, 41))
     assert {m.step: m.value for m in history}[8] == pytest.approx(0.25)
+    assert finished.data.params == {k: str(v) for k, v in params.items()}
+    assert finished.data.tags["tfmlops.precision"] == "float32"
 
 
 def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg):
@@ -45,8 +50,8 @@ def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg):
             def wait(self):
                 raise OSError("the async queue lost this batch")
 
-        payload, _ = run._sent[0]
-        run._sent[0] = (payload, Failed())
+        (index, (op, payload, _)), = [(i, e) for i, e in enumerate(run._sent) if e[0] == "metrics"]
+        run._sent[index] = (op, payload, Failed())
     (finished,) = stage_runs(cfg, "train")
     history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "acc")
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]

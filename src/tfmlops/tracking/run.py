@@ -5,8 +5,8 @@ never destroys a stage's outputs), `_NullRun` (tracking off, or not the chief),
 `stage_run` (the context manager every stage opens: tags, params, lineage file)
 and `attach_run` (a tuner worker records into the run its chief opened).
 
-What keeps tracking cheap (issue 16): metrics are sent asynchronously (MLflow's
-async logging) and flushed before the run ends, a failed batch going through the
+What keeps tracking cheap (issue 16): metrics, params and tags are sent
+asynchronously (MLflow's async logging) and flushed before the run ends, a failed batch going through the
 retry/outbox path like any call; the model is logged in a thread
 (`start_keras_model`) while the stage works on, with its signature given so MLflow
 does not reload the model to validate the input example; MLflow's import and the
@@ -35,7 +35,7 @@ from tfmlops.tracking.naming import (
     ensure_experiment_kind,
     stage_run_name,
 )
-from tfmlops.tracking.ops import PENDING, REFUSED, apply, metric_entities, now_ms
+from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans_of, owner_tags
@@ -63,7 +63,8 @@ class StageRun:
     def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None,
                  async_metrics: bool = False):
         self.cfg = cfg
-        # Only for a run whose end() is certain to run (stage_run's): end() flushes.
+        # Metrics, params and tags sent asynchronously: only for a run whose end() is
+        # certain to run (stage_run's), as end() flushes them.
         self._async_metrics = async_metrics
         self.stage = stage
         self.run_id = run_id
@@ -71,7 +72,7 @@ class StageRun:
         self._offline = False
         self.errors: list[str] = []
         self.queued = 0  # calls of this run written to the outbox
-        self._sent: list[tuple[dict[str, Any], Any]] = []  # (metrics payload, MLflow future)
+        self._sent: list[tuple[str, dict[str, Any], Any]] = []  # (op, payload, MLflow future)
         self._jobs: list[ModelLogging] = []  # models being logged in a thread
 
     @property
@@ -90,26 +91,18 @@ class StageRun:
         if not clean:
             return
         # The time of the measurement, also when the outbox replays it later.
-        payload = {"metrics": clean, "step": step, "timestamp": now_ms()}
-        if self._async_metrics and self.active and not self._offline:
-            try:  # asynchronous: the epoch does not wait for the store; flush() checks it
-                future = client().log_batch(self.run_id, metrics=metric_entities(payload),
-                                            synchronous=False)
-                self._sent.append((payload, future))
-                return
-            except Exception:  # noqa: BLE001 - sent again below, retried, then queued
-                pass
-        self._do("metrics", payload)
+        self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
 
     def flush(self) -> None:
-        """Wait for the metrics sent asynchronously; a batch that failed is sent again
+        """Wait for the batches sent asynchronously; one that failed is sent again
         synchronously (retried, then queued in the outbox): none is lost."""
         sent, self._sent = self._sent, []
-        for payload, future in sent:
+        for op, payload, future in sent:
             try:
                 future.wait()
             except Exception:  # noqa: BLE001 - the synchronous path decides and records
-                self._do("metrics", payload)
+                self._call(lambda c, op=op, payload=payload: apply(c, self.run_id, op, payload),
+                           op, payload)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._do("tags", {k: str(v) for k, v in tags.items()})
@@ -146,6 +139,7 @@ class StageRun:
             "mlflow", "tensorflow", "keras", "numpy"))
         if not self.active:
             return ModelLogging(self, None)
+        self.flush()  # the logged model copies the run's params: all of them sent first
         bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
         def go(_client):
@@ -242,7 +236,21 @@ class StageRun:
         return client().get_run(self.run_id).info.experiment_id
 
     def _do(self, op: str, payload: dict[str, Any]) -> None:
+        if op in BATCH_OPS and self._send_async(op, payload):
+            return
         self._call(lambda c: apply(c, self.run_id, op, payload), op, payload)
+
+    def _send_async(self, op: str, payload: dict[str, Any]) -> bool:
+        """Hand a metrics/params/tags batch to MLflow's async queue: the stage does not
+        wait for the store; flush() checks each batch. False: send it synchronously."""
+        if not (self._async_metrics and self.active and not self._offline):
+            return False
+        try:
+            future = client().log_batch(self.run_id, **batch_of(op, payload), synchronous=False)
+        except Exception:  # noqa: BLE001 - sent synchronously instead: retried, then queued
+            return False
+        self._sent.append((op, payload, future))
+        return True
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
         """Send one call: retried with a bounded backoff, then queued in the outbox.
