@@ -61,11 +61,11 @@ class StageRun:
     """One MLflow run. Every method is safe: failures are retried, then queued."""
 
     def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None,
-                 async_metrics: bool = False):
+                 async_batches: bool = False):
         self.cfg = cfg
         # Metrics, params and tags sent asynchronously: only for a run whose end() is
         # certain to run (stage_run's), as end() flushes them.
-        self._async_metrics = async_metrics
+        self._async_batches = async_batches
         self.stage = stage
         self.run_id = run_id
         self._outbox = outbox
@@ -243,7 +243,7 @@ class StageRun:
     def _send_async(self, op: str, payload: dict[str, Any]) -> bool:
         """Hand a metrics/params/tags batch to MLflow's async queue: the stage does not
         wait for the store; flush() checks each batch. False: send it synchronously."""
-        if not (self._async_metrics and self.active and not self._offline):
+        if not (self._async_batches and self.active and not self._offline):
             return False
         try:
             future = client().log_batch(self.run_id, **batch_of(op, payload), synchronous=False)
@@ -421,7 +421,7 @@ def stage_run(
     params = params if params is not None else cfg.to_dict()
     mlflow, run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
     outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
-    run = StageRun(cfg, stage, run_id, outbox, async_metrics=True)
+    run = StageRun(cfg, stage, run_id, outbox, async_batches=True)
     close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
     write_run_file(out_dir, stage, run_id, uri)
     run.log_params(params)
