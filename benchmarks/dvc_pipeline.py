@@ -43,14 +43,23 @@ def git_repo(path: Path) -> Path:
 
 
 # --quick: a pipeline that reproduces in a fraction of the time (a check that the rows
-# run, not a figure): no search, few epochs.
+# run, not a figure): no search, few epochs, a gate its model passes (the serving row
+# needs an @production version).
 QUICK_PARAMS = {"tune": {"enabled": False}, "train": {"epochs": 4},
-                "prune": {"epochs": 2}, "quantize": {"qat_epochs": 1}}
+                "prune": {"epochs": 2}, "quantize": {"qat_epochs": 1},
+                "promote": {"gate": {"min_accuracy": 0.5}}}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def project_copy(dest: Path, params: dict | None = None) -> Path:
     """The project as a user has it: code, dvc.yaml, params.yaml (with `params`
-    merged in, section by section), committed."""
+    merged in), committed."""
     git_repo(dest)
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         if (ROOT / name).exists():
@@ -58,9 +67,7 @@ def project_copy(dest: Path, params: dict | None = None) -> Path:
     if params:
         import yaml
 
-        merged = yaml.safe_load((dest / "params.yaml").read_text())
-        for section, values in params.items():
-            merged.setdefault(section, {}).update(values)
+        merged = merge(yaml.safe_load((dest / "params.yaml").read_text()), params)
         (dest / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
     shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / ".dvc", dest / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))

@@ -51,7 +51,7 @@ def runners(cfg) -> dict:
     export = Path(cfg.paths.export)
     saved_dir = next((export / "saved_model").glob("*/*/saved_model.pb")).parent
     saved = tf.saved_model.load(str(saved_dir)).signatures["serve_preprocessed"]
-    saved_key = next(iter(saved.structured_outputs))
+    saved_key = "probabilities"  # its outputs also hold the label and its index
     saved_input = next(iter(saved.structured_input_signature[1]))
     tflite_dir = Path(cfg.paths.tflite)
     fp32 = TFLiteModel(tflite_dir / "trained_float32.tflite", threads=1)

@@ -119,7 +119,7 @@ def print_summary(r: dict) -> None:
           f"{ok(tt['met'])}")
     print(f"3 served ({inf['served_runtime']}) p50 / fastest faithful "
           f"({inf['fastest_faithful']}) {inf['served_p50_vs_fastest_faithful']}x <= "
-          f"{inf['target']}x {ok(inf['met'])}; INT8 edge file p50 "
+          f"{inf['target']}x {ok(inf['met'])}; edge file ({inf['edge'].get('variant')}) p50 "
           f"{inf['edge']['p50_vs_served']}x served, top-1 agreement "
           f"{inf['edge']['top1_agreement']}")
     if "cold_repro_s" in dp:
