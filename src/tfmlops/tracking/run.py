@@ -402,12 +402,19 @@ def stage_run(
     out_dir: str | Path,
     upstream: dict[str, str | Path] | None = None,
     params: dict[str, Any] | None = None,
+    *,
+    open_in_background: bool = False,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
     `upstream` maps stage names to the output folders this stage reads; their
     run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
     part of the resolved config this stage uses (default: all of it).
+    `open_in_background`: the store's reachability is checked now (a stage still
+    fails in seconds), the run opens in a thread while the stage works (MLflow's
+    import is Python work that overlaps TensorFlow's training steps, not its
+    import); calls made meanwhile wait, in order, and the run file is written
+    once the run is open: at the latest when the stage logs its model or ends.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -419,11 +426,19 @@ def stage_run(
 
     uri = tracking_uri(cfg)
     params = params if params is not None else cfg.to_dict()
-    mlflow, run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
-    outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
-    run = StageRun(cfg, stage, run_id, outbox, async_batches=True)
-    close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
-    write_run_file(out_dir, stage, run_id, uri)
+
+    def open_it() -> tuple[str, Outbox]:
+        run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params),
+                           fluent=not open_in_background)
+        close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
+        write_run_file(out_dir, stage, run_id, uri)
+        return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
+
+    if open_in_background:
+        ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+        run = _OpeningRun(cfg, stage, Background(open_it, "open-run"))
+    else:
+        run = StageRun(cfg, stage, *open_it(), async_batches=True)
     run.log_params(params)
     status = "FINISHED"
     try:
@@ -437,15 +452,65 @@ def stage_run(
     finally:
         run.end(status)
         with contextlib.suppress(Exception):
-            mlflow.end_run(status)
+            import_mlflow().end_run(status)
         if run.queued:
             log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
-                        stage, run.queued, outbox.path, redact(uri))
+                        stage, run.queued, run._outbox.path, redact(uri))
+
+
+class _OpeningRun(StageRun):
+    """A stage's run that opens in a thread (`stage_run(open_in_background=True)`).
+
+    Batched calls (params, metrics, tags, artifacts...) made before it is open wait
+    here, in order, and are sent once it is; a call that needs the run at once (a
+    model, a figure, a child run, the end) waits for the opening. A run that fails
+    to open raises TrackingUnavailable there, as `stage_run` would have at once.
+    """
+
+    def __init__(self, cfg: Config, stage: str, opening: Background):
+        super().__init__(cfg, stage, None, None, async_batches=True)
+        self._opening: Background | None = opening
+        self._held: list[tuple[str, dict[str, Any]]] = []
+
+    @property
+    def active(self) -> bool:
+        return self._opening is not None or self.run_id is not None
+
+    def _open(self) -> None:
+        """Wait for the opening, then send what waited."""
+        if self._opening is None:
+            return
+        job, self._opening = self._opening, None
+        self.run_id, self._outbox = job.join()
+        held, self._held = self._held, []
+        for op, payload in held:
+            StageRun._do(self, op, payload)
+
+    def _do(self, op: str, payload: dict[str, Any]) -> None:
+        if self._opening is not None and not self._opening.done:
+            self._held.append((op, payload))
+            return
+        self._open()
+        super()._do(op, payload)
+
+    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        self._open()
+        return super()._call(fn, op, payload)
+
+    def flush(self) -> None:
+        self._open()
+        super().flush()
+
+    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
+        self._open()
+        return super().start_child(name, tags)
 
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
-              run_name: str):
-    """(mlflow, run id) of a new active run of `stage`; TrackingUnavailable if it cannot open."""
+              run_name: str, fluent: bool = True) -> str:
+    """The id of a new run of `stage`, MLflow's active run with `fluent` (the fluent run
+    is thread-local: a run opened in a thread is created through the client, with the
+    same context tags start_run adds); TrackingUnavailable if it cannot open."""
     warmed = warmed_experiment(uri, cfg.tracking.experiment)  # joined before MLflow is used here
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow = use_uri(uri)
@@ -458,7 +523,13 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         launcher = os.environ.pop("MLFLOW_RUN_ID", None)
         if launcher:
             tags["mlflow.parentRunId"] = launcher
-        active = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+        if fluent:
+            return mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
+                                    tags=tags).info.run_id
+        from mlflow.tracking.context.registry import resolve_tags
+
+        return mlflow.MlflowClient().create_run(experiment_id, run_name=run_name,
+                                                tags=resolve_tags(tags)).info.run_id
     except TrackingUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start
@@ -466,7 +537,6 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
             f"MLflow tracking at {redact(uri)} failed to open a run ({first_line(exc, 160)}); "
             "check the server or set tracking.enabled: false"
         ) from None
-    return mlflow, active.info.run_id
 
 
 def experiment_id_of(mlflow, name: str, uri: str) -> str:

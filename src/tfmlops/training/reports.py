@@ -33,8 +33,10 @@ def open_run(ctx: TrainContext):
 
     cfg = ctx.cfg
     upstream = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned}
+    # Opened in a thread while the model builds and trains: MLflow's import and the
+    # store's first calls cost seconds (issue 16: tracking's fixed cost on a short run).
     with tracking.stage_run(cfg, STAGE, ctx.folders.out, upstream=upstream,
-                            params=params(ctx.merged)) as run:
+                            params=params(ctx.merged), open_in_background=True) as run:
         ctx.run = run
         _log_setup(ctx)
         for row in ctx.rows:  # the killed run's epochs, so this run holds the whole curve
