@@ -9,8 +9,9 @@ when the server goes away: retry with a bounded backoff (retry.py), then queue
 the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
 failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
 the next run of their stage (stale.py); URIs are written and logged without
-credentials (uri.redact). background.py keeps tracking's fixed cost out of the
-stage's way: MLflow warmed up in a thread, the model logged in one.
+credentials (uri.redact). Tracking's fixed cost is kept out of the stage's way
+(background.py, run.py): a run opened in a thread, batches sent asynchronously, the
+model logged in a thread.
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.
