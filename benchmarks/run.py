@@ -19,8 +19,9 @@ that they run; its figures are not the project's. `prepare` on photo-size images
 (issue 12 rows 1-4) runs on its own, as it generates thousands of photos:
 benchmarks/prepare_photos.py -> reports/benchmarks_prepare.json.
 
-Writes reports/benchmarks.json (all results, the machine, the command) and prints
-a summary; BENCHMARKS.md quotes a run of it.
+Writes reports/benchmarks.json (all results, the machine, the command; --quick:
+reports/benchmarks/run_quick.json, git-ignored) and prints a summary; BENCHMARKS.md
+quotes a run of it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import training  # noqa: E402
 from common import RESULTS, ROOT, machine  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks.json"
+QUICK_OUT = RESULTS / "run_quick.json"  # git-ignored: a check's figures never replace a run's
 
 
 def inference_in_own_process(repo: Path, runs: int, quick: bool) -> dict:
@@ -65,6 +67,7 @@ def main() -> None:
                         help="every row small: checks they run (not the project's figures)")
     args = parser.parse_args()
     quick = args.quick
+    out = QUICK_OUT if quick else OUT
     started = time.perf_counter()
     results: dict = {"command": " ".join(["benchmarks/run.py", *sys.argv[1:]]),
                      "machine": machine()}
@@ -75,8 +78,8 @@ def main() -> None:
         out = fn(*a, **kw)
         out["seconds"] = round(time.perf_counter() - t0, 1)
         results[name] = out
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(results, indent=2, default=str) + "\n")  # a crash keeps the rest
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")  # a crash keeps the rest
         return out
 
     small = training.QUICK if quick else {k: {} for k in training.QUICK}
@@ -97,9 +100,9 @@ def main() -> None:
     step("serving", serving_in_own_process, repo, quick)
     results["total_seconds"] = round(time.perf_counter() - started, 1)
 
-    OUT.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print_summary(results)
-    print(f"-> {OUT} ({results['total_seconds']} s)")
+    print(f"-> {out} ({results['total_seconds']} s)")
 
 
 def print_summary(r: dict) -> None:
