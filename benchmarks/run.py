@@ -75,12 +75,12 @@ def main() -> None:
     def step(name, fn, *a, **kw):
         t0 = time.perf_counter()
         print(f"== {name}", flush=True)
-        out = fn(*a, **kw)
-        out["seconds"] = round(time.perf_counter() - t0, 1)
-        results[name] = out
+        result = fn(*a, **kw)
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        results[name] = result
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2, default=str) + "\n")  # a crash keeps the rest
-        return out
+        return result
 
     small = training.QUICK if quick else {k: {} for k in training.QUICK}
     results["quick"] = quick
