@@ -2,7 +2,7 @@
 its no-op `dvc repro` against a no-op `dvc repro` of an empty two-stage pipeline,
 measured in the same run (median of N). Target: no-op within 1.5x of the empty one.
 
-    .venv/bin/python benchmarks/dvc_pipeline.py [--repeats 5] [--skip-cold REPO]
+    .venv/bin/python benchmarks/dvc_pipeline.py [--repeats 5] [--skip-cold REPO] [--quick]
 """
 
 from __future__ import annotations
@@ -42,12 +42,33 @@ def git_repo(path: Path) -> Path:
     return path
 
 
-def project_copy(dest: Path) -> Path:
-    """The project as a user has it: code, dvc.yaml, params.yaml, committed."""
+# --quick: a pipeline that reproduces in a fraction of the time (a check that the rows
+# run, not a figure): no search, few epochs, a gate its model passes (the serving row
+# needs an @production version).
+QUICK_PARAMS = {"tune": {"enabled": False}, "train": {"epochs": 4},
+                "prune": {"epochs": 2}, "quantize": {"qat_epochs": 1},
+                "promote": {"gate": {"min_accuracy": 0.5}}}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def project_copy(dest: Path, params: dict | None = None) -> Path:
+    """The project as a user has it: code, dvc.yaml, params.yaml (with `params`
+    merged in), committed."""
     git_repo(dest)
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, dest / name)
+    if params:
+        import yaml
+
+        merged = merge(yaml.safe_load((dest / "params.yaml").read_text()), params)
+        (dest / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
     shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / ".dvc", dest / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
     sh("git", "add", "-A", cwd=dest)
@@ -71,11 +92,12 @@ def noop_seconds(repo: Path, repeats: int) -> float:
     return statistics.median(sh(str(BIN / "dvc"), "repro", cwd=repo) for _ in range(repeats))
 
 
-def measure(repeats: int = 5, repo: Path | None = None) -> tuple[dict, Path]:
+def measure(repeats: int = 5, repo: Path | None = None,
+            quick: bool = False) -> tuple[dict, Path]:
     work = Path(tempfile.mkdtemp(prefix="tfmlops-bench-dvc-"))
-    result: dict = {"benchmark": "dvc_pipeline", "repeats": repeats}
+    result: dict = {"benchmark": "dvc_pipeline", "repeats": repeats, "quick": quick}
     if repo is None:
-        repo = project_copy(work / "project")
+        repo = project_copy(work / "project", QUICK_PARAMS if quick else None)
         result["cold_repro_s"] = round(sh(str(BIN / "dvc"), "repro", cwd=repo), 1)
     empty = empty_pipeline(work / "empty")
     project_noop = noop_seconds(repo, repeats)
@@ -95,8 +117,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-cold", type=Path, help="an already reproduced project copy")
+    parser.add_argument("--quick", action="store_true",
+                        help="reproduce a small pipeline (no search, few epochs), 1 repeat")
     args = parser.parse_args()
-    result, _ = measure(args.repeats, args.skip_cold)
+    result, _ = measure(1 if args.quick else args.repeats, args.skip_cold, args.quick)
     path = save("dvc_pipeline", result)
     cold = f"cold repro {result['cold_repro_s']} s; " if "cold_repro_s" in result else ""
     print(f"dvc pipeline: {cold}no-op {result['noop_repro_s']} s vs empty two-stage no-op "

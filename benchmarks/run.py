@@ -1,20 +1,27 @@
 """All benchmarks in one run: every figure a ratio measured side by side.
 
-    .venv/bin/python benchmarks/run.py [--skip-cold REPO]
+    .venv/bin/python benchmarks/run.py [--skip-cold REPO] [--quick]
 
-1. input pipeline vs a PIL generator, and the input-wait share of a training step
-   (from the cold repro's train profiler trace);
+1. input pipeline vs a PIL generator (mostly tf.data's cache), the same with the
+   cache off, and the input-wait share of a training step (from the cold repro's
+   train profiler trace);
 2. training throughput: pipeline vs in-memory tensors;
-3. inference: every format vs ONNX Runtime float32 (on the cold repro's exports);
+3. inference: the served runtime vs the fastest runtime passing float parity, the
+   INT8 edge file beside it (on the cold repro's exports);
 4. pipeline: cold `dvc repro` on the default data; no-op repro vs an empty two-stage one;
-5. tracking overhead of the train stage;
-6. scaling on the synthetic dataset at 1x/4x/16x.
+5. tracking overhead of the train stage (fresh processes, alternated, best of 3);
+6. scaling on the synthetic dataset at 1x/4x/16x, with accuracy beside time;
+7. HTTP: the served pyfunc vs MLflow's plain Keras flavor, and requests/s with 8
+   concurrent clients vs 1 (real `mlflow models serve` on the cold repro's model).
 
-`prepare` on photo-size images (issue 12 rows 1-4) runs on its own, as it generates
-thousands of photos: benchmarks/prepare_photos.py -> reports/benchmarks_prepare.json.
+`--quick` runs every row small (a reduced pipeline, few epochs and requests): it checks
+that they run; its figures are not the project's. `prepare` on photo-size images
+(issue 12 rows 1-4) runs on its own, as it generates thousands of photos:
+benchmarks/prepare_photos.py -> reports/benchmarks_prepare.json.
 
-Writes reports/benchmarks.json (all results, the machine, the command) and prints
-a summary; BENCHMARKS.md quotes a run of it.
+Writes reports/benchmarks.json (all results, the machine, the command; --quick:
+reports/benchmarks/run_quick.json, git-ignored) and prints a summary; BENCHMARKS.md
+quotes a run of it.
 """
 
 from __future__ import annotations
@@ -34,20 +41,33 @@ import training  # noqa: E402
 from common import RESULTS, ROOT, machine  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks.json"
+QUICK_OUT = RESULTS / "run_quick.json"  # git-ignored: a check's figures never replace a run's
 
 
-def inference_in_own_process(repo: Path, runs: int) -> dict:
+def inference_in_own_process(repo: Path, runs: int, quick: bool) -> dict:
     """TensorFlow's thread counts are fixed at its start: a fresh process sets them to 1."""
     subprocess.run([sys.executable, str(Path(__file__).with_name("inference.py")),
-                    "--repo", str(repo), "--runs", str(runs)], check=True)
+                    "--repo", str(repo), "--runs", str(runs), *(["--quick"] if quick else [])],
+                   check=True)
     return json.loads((RESULTS / "inference.json").read_text())
+
+
+def serving_in_own_process(repo: Path, quick: bool) -> dict:
+    """Its own process: it points MLflow at the repo's store and serves its @production."""
+    subprocess.run([sys.executable, str(Path(__file__).with_name("serving.py")),
+                    "--repo", str(repo), *(["--quick"] if quick else [])], check=True)
+    return json.loads((RESULTS / "serving.json").read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cold", type=Path,
                         help="reuse a project copy already reproduced by an earlier run")
+    parser.add_argument("--quick", action="store_true",
+                        help="every row small: checks they run (not the project's figures)")
     args = parser.parse_args()
+    quick = args.quick
+    out = QUICK_OUT if quick else OUT
     started = time.perf_counter()
     results: dict = {"command": " ".join(["benchmarks/run.py", *sys.argv[1:]]),
                      "machine": machine()}
@@ -55,49 +75,69 @@ def main() -> None:
     def step(name, fn, *a, **kw):
         t0 = time.perf_counter()
         print(f"== {name}", flush=True)
-        out = fn(*a, **kw)
-        out["seconds"] = round(time.perf_counter() - t0, 1)
-        results[name] = out
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(results, indent=2, default=str) + "\n")  # a crash keeps the rest
-        return out
+        result = fn(*a, **kw)
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        results[name] = result
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")  # a crash keeps the rest
+        return result
 
-    pipeline_result = step("dvc_pipeline", lambda: dvc_pipeline.measure(3, args.skip_cold)[0])
+    small = training.QUICK if quick else {k: {} for k in training.QUICK}
+    results["quick"] = quick
+    pipeline_result = step("dvc_pipeline", lambda: dvc_pipeline.measure(
+        1 if quick else 3, args.skip_cold, quick)[0])
     repo = Path(pipeline_result["repo"])
     train_report = json.loads((repo / "reports" / "train.json").read_text())
-    ip = step("input_pipeline", input_pipeline.measure)
+    ip = step("input_pipeline", lambda: input_pipeline.measure(3, 1) if quick
+              else input_pipeline.measure())
     ip["input_wait_share"] = train_report.get("profile_input_wait_share")
     ip["input_wait_target"] = 0.05
     ip["input_wait_met"] = ip["input_wait_share"] is not None and ip["input_wait_share"] < 0.05
-    step("training_throughput", training.throughput)
-    step("inference", inference_in_own_process, repo, 300)
-    step("training_tracking", training.tracking)
-    step("training_scaling", training.scaling)
+    step("training_throughput", training.throughput, **small["throughput"])
+    step("inference", inference_in_own_process, repo, 300, quick)
+    step("training_tracking", training.tracking, **small["tracking"])
+    step("training_scaling", training.scaling, **small["scaling"])
+    step("serving", serving_in_own_process, repo, quick)
     results["total_seconds"] = round(time.perf_counter() - started, 1)
 
-    OUT.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print_summary(results)
-    print(f"-> {OUT} ({results['total_seconds']} s)")
+    print(f"-> {out} ({results['total_seconds']} s)")
 
 
 def print_summary(r: dict) -> None:
     ok = lambda met: "met" if met else "MISSED"  # noqa: E731
     ip, tt, inf = r["input_pipeline"], r["training_throughput"], r["inference"]
-    dp, tr, sc = r["dvc_pipeline"], r["training_tracking"], r["training_scaling"]
-    print("\nfigure                                   measured            target      ")
-    print(f"input pipeline vs PIL generator          {ip['ratio']:>8}x          >= 20x  {ok(ip['met'])}")
+    dp, tr, sc, sv = r["dvc_pipeline"], r["training_tracking"], r["training_scaling"], r["serving"]
+    if r.get("quick"):
+        print("\n--quick: small sizes, a check that every row runs; not the project's figures")
+    print("\nfigure                                        measured         target      ")
+    print(f"1 input pipeline vs PIL generator (cache)     {ip['ratio']:>8}x        >= 20x  "
+          f"{ok(ip['met'])}")
+    print(f"1 the same, cache off (decode every epoch)    {ip['uncached_ratio']:>8}x")
     wait = ip["input_wait_share"]
-    print(f"input wait share of a train step         {wait if wait is None else f'{wait:.2%}':>9}"
-          f"          < 5%    {ok(ip['input_wait_met'])}")
-    print(f"train throughput pipeline/in-memory      {tt['ratio']:>8}x          >= 0.9x {ok(tt['met'])}")
-    print(f"served runtime p50 / ONNX Runtime fp32   {inf['served_p50_vs_onnx']:>8}x          <= 1x   "
-          f"{ok(inf['met'])}")
+    print(f"1 input wait share of a train step            {wait if wait is None else f'{wait:.2%}':>9}"
+          f"        < 5%    {ok(ip['input_wait_met'])}")
+    print(f"2 train throughput pipeline/in-memory         {tt['ratio']:>8}x        >= 0.9x "
+          f"{ok(tt['met'])}")
+    print(f"3 served ({inf['served_runtime']}) p50 / fastest faithful "
+          f"({inf['fastest_faithful']}) {inf['served_p50_vs_fastest_faithful']}x <= "
+          f"{inf['target']}x {ok(inf['met'])}; edge file ({inf['edge'].get('variant')}) p50 "
+          f"{inf['edge']['p50_vs_served']}x served, top-1 agreement "
+          f"{inf['edge']['top1_agreement']}")
     if "cold_repro_s" in dp:
-        print(f"cold dvc repro (default data)            {dp['cold_repro_s']:>8} s")
-    print(f"no-op repro / empty two-stage no-op      {dp['ratio']:>8}x          <= 1.5x {ok(dp['met'])}")
-    print(f"tracking overhead of train               {tr['extra']:>+8.1%}          <= +3%  {ok(tr['met'])}")
-    print(f"scaling growth / data ratio (worst)      {sc['worst_growth_over_data_ratio']:>8}"
-          f"           <= 1.2  {ok(sc['met'])}")
+        print(f"4 cold dvc repro                              {dp['cold_repro_s']:>8} s")
+    print(f"4 no-op repro / empty two-stage no-op         {dp['ratio']:>8}x        <= 1.5x "
+          f"{ok(dp['met'])}")
+    print(f"5 tracking overhead of train                  {tr['extra']:>+8.1%}         <= +3%  "
+          f"{ok(tr['met'])}")
+    accuracies = " / ".join(f"{row['test_accuracy']:.3f}" for row in sc["rows"])
+    print(f"6 scaling growth / data ratio (worst)         {sc['worst_growth_over_data_ratio']:>8}"
+          f"          <= 1.2  {ok(sc['met'])} (accuracy {accuracies})")
+    print(f"7 HTTP keras flavor p50 / served pyfunc p50   {sv['keras_over_pyfunc_p50']:>8}x")
+    print(f"7 pyfunc requests/s, 8 clients / 1 client     {sv['eight_over_one_client']:>8}x "
+          f"({sv['pyfunc_8_clients']['requests_per_s']} vs "
+          f"{sv['pyfunc_1_client']['requests_per_s']} req/s)")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
-"""Serving: the promoted pyfunc model vs the plain MLflow Keras flavor, over HTTP.
+"""Serving: the promoted pyfunc model vs the plain MLflow Keras flavor, over HTTP,
+and the pyfunc's requests/s with 8 concurrent clients against 1.
 
-Two `mlflow models serve --env-manager local` servers on 127.0.0.1: the
-registered model's @production version (ONNX Runtime or LiteRT behind the
-pyfunc) and the same trained Keras model logged with the plain Keras flavor
-(`Model.predict` per request). Each answers the same single-image float
-request; requests alternate between the two servers (so machine load hits
-both alike), `--requests` timed per server after a warm-up, one keep-alive
-connection each. Also timed: the pyfunc with a base64 PNG (decoding and
-preprocessing in the server). Prints p50s and the ratio, writes
-reports/benchmarks/serving.json.
+Two `mlflow models serve --env-manager local` servers on 127.0.0.1 (free ports,
+stopped after): the registered model's @production version (ONNX Runtime or LiteRT
+behind the pyfunc) and the same trained Keras model logged with the plain Keras
+flavor (`Model.predict` per request). Each answers the same single-image float
+request; requests alternate between the two servers (so machine load hits both
+alike), `--requests` timed per server after a warm-up, one keep-alive connection
+each. Also timed: the pyfunc with a base64 PNG (decoding and preprocessing in the
+server). Then the pyfunc alone: requests/s for `--seconds` with 1 client, then with
+8 clients at once (one connection each; the server runs MLflow's default uvicorn
+workers, one per core). The clients share this process and its 2 cores with the
+server: the concurrent figure is what one machine does, not the server's ceiling.
+Prints the figures, writes reports/benchmarks/serving.json.
 
     .venv/bin/python benchmarks/serving.py --scratch      # runs the stages first (minutes)
     .venv/bin/python benchmarks/serving.py                # uses params.yaml's @production
+    .venv/bin/python benchmarks/serving.py --repo PATH    # a reproduced project (run.py)
 """
 
 from __future__ import annotations
@@ -59,6 +64,34 @@ def timed(session, url: str, body: bytes) -> float:
     return elapsed * 1e3
 
 
+def requests_per_s(url: str, body: bytes, clients: int, seconds: float) -> dict:
+    """Requests/s of `clients` concurrent clients (one keep-alive connection each),
+    each sending requests back to back for `seconds`."""
+    import threading
+
+    import requests
+
+    counts = [0] * clients
+    start = time.perf_counter()
+    stop_at = start + seconds
+
+    def client(i: int) -> None:
+        with requests.Session() as session:
+            timed(session, url, body)  # connect before the clock matters
+            while time.perf_counter() < stop_at:
+                timed(session, url, body)
+                counts[i] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return {"clients": clients, "requests": sum(counts), "seconds": round(elapsed, 2),
+            "requests_per_s": round(sum(counts) / elapsed, 1)}
+
+
 def summary(times: list[float]) -> dict:
     return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95)),
             "requests": len(times)}
@@ -99,6 +132,9 @@ def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
                 t = timed(sessions[session_of[k]], urls[k], bodies[k])
                 if i >= args.warmup:
                     times[k].append(t)
+        server.stop(keras_srv)  # the concurrency figures: the pyfunc server alone
+        concurrency = {n: requests_per_s(pyfunc_url, bodies["pyfunc"], n, args.seconds)
+                       for n in (1, 8)}
     finally:
         server.stop(pyfunc)
         server.stop(keras_srv)
@@ -111,21 +147,47 @@ def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
         "pyfunc_png": summary(times["pyfunc_png"]),
         "keras_flavor_float": summary(times["keras"]),
     }
-    result["keras_over_pyfunc_p50"] = (result["keras_flavor_float"]["p50_ms"]
-                                       / result["pyfunc_float"]["p50_ms"])
+    result["keras_over_pyfunc_p50"] = round(result["keras_flavor_float"]["p50_ms"]
+                                             / result["pyfunc_float"]["p50_ms"], 2)
+    result["pyfunc_1_client"] = concurrency[1]
+    result["pyfunc_8_clients"] = concurrency[8]
+    result["eight_over_one_client"] = round(concurrency[8]["requests_per_s"]
+                                            / concurrency[1]["requests_per_s"], 2)
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--repo", type=Path, help="a reproduced project (its params.yaml, "
+                        "its store's @production); overrides --params")
     parser.add_argument("--scratch", action="store_true",
                         help="build a model in a scratch folder instead of using @production")
     parser.add_argument("--epochs", type=int, default=20, help="--scratch training epochs")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="duration of each requests/s measurement (1 and 8 clients)")
+    parser.add_argument("--quick", action="store_true", help="30 requests, 3 s per rate")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.warmup, args.seconds = 30, 5, 3.0
+    if args.repo is not None:
+        os.chdir(args.repo)  # params' paths and the store are the repo's
+        args.params = str(args.repo.resolve() / "params.yaml")
+    result = run(args)
+    path = save("serving", result)
+    print(f"served {result['model']}, one image {result['input_shape']}, "
+          f"{args.requests} requests each on 127.0.0.1")
+    for k in ("pyfunc_float", "pyfunc_png", "keras_flavor_float"):
+        print(f"  {k:<20} p50 {result[k]['p50_ms']:7.2f} ms   p95 {result[k]['p95_ms']:7.2f} ms")
+    print(f"keras flavor p50 / pyfunc p50 = {result['keras_over_pyfunc_p50']:.1f}x")
+    one, eight = result["pyfunc_1_client"], result["pyfunc_8_clients"]
+    print(f"pyfunc requests/s: 1 client {one['requests_per_s']}, 8 clients "
+          f"{eight['requests_per_s']} = {result['eight_over_one_client']}x -> {path}")
 
+
+def run(args) -> dict:
     from tfmlops.config import load_config
     from tfmlops.registry import PRODUCTION, Registry
     from tfmlops.serving.formats import load_test_split
@@ -143,13 +205,7 @@ def main() -> None:
 
     encoded, x, _ = load_test_split(load_prepared(cfg))
     with tempfile.TemporaryDirectory(prefix="tfmlops-serving-bench-") as folder:
-        result = measure(cfg, registry, version, encoded, x, Path(folder), args)
-    path = save("serving", result)
-    print(f"served {result['model']}, one image {result['input_shape']}, "
-          f"{args.requests} requests each on 127.0.0.1")
-    for k in ("pyfunc_float", "pyfunc_png", "keras_flavor_float"):
-        print(f"  {k:<20} p50 {result[k]['p50_ms']:7.2f} ms   p95 {result[k]['p95_ms']:7.2f} ms")
-    print(f"keras flavor p50 / pyfunc p50 = {result['keras_over_pyfunc_p50']:.1f}x -> {path}")
+        return measure(cfg, registry, version, encoded, x, Path(folder), args)
 
 
 if __name__ == "__main__":

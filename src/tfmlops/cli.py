@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="with --version: skip the gate (recorded as forced)")
     sub.add_parser("check", help="validate params.yaml and exit",
                    description="Validate params.yaml and exit.")
+    sub.add_parser("doctor", help="train 2 epochs on built-in digits in a temp folder; print "
+                   "the resolved precision, strategy and devices",
+                   description="Train the params' model for 2 epochs on the built-in digits "
+                   "in a temporary folder (the real stages, their own MLflow store) and print "
+                   "what this machine resolves: precision policy, strategy, replicas, devices, "
+                   "XLA. The check for GPU-only paths.")
     sub.add_parser("sync", help="upload MLflow calls queued while the server was away",
                    description="Replay reports/outbox/*.jsonl against the tracking store.")
     return parser

@@ -48,6 +48,10 @@ def run(cfg: Config) -> dict:
 
 
     from tfmlops.data import pipeline  # imports TensorFlow (no op runs yet)
+
+    # MLflow's import and the store's opening start now, in a thread; the run itself
+    # opens in a thread too (reports.open_run) and takes over what this one did.
+    tracking.warm_up(cfg)
     from tfmlops.model import strategy as dist
     from tfmlops.model.builder import check_buildable
     from tfmlops.training.fit import checked_global_batch, op_determinism

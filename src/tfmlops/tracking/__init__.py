@@ -9,13 +9,16 @@ when the server goes away: retry with a bounded backoff (retry.py), then queue
 the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
 failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
 the next run of their stage (stale.py); URIs are written and logged without
-credentials (uri.redact).
+credentials (uri.redact). Tracking's fixed cost is kept out of the stage's way
+(background.py, run.py): a run opened in a thread, batches sent asynchronously, the
+model logged in a thread.
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.
 """
 
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.background import warm_up
 from tfmlops.tracking.lineage import RUN_FILE, data_version, git_state, read_run_file
 from tfmlops.tracking.ops import REPLAYABLE
 from tfmlops.tracking.outbox import OUTBOX_DIR, sync
@@ -38,5 +41,5 @@ __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
     "attach_run", "data_version", "ensure_reachable", "git_state", "import_mlflow", "is_chief",
     "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "stage_run", "sync",
-    "tracking_uri", "use_uri",
+    "tracking_uri", "use_uri", "warm_up",
 ]

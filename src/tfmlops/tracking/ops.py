@@ -17,6 +17,8 @@ from typing import Any
 # `create_run` is the outbox's own: a child run (trial, finalist) opened while the
 # store was away, created by `sync`, which then sends its calls (outbox.py).
 REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end", "create_run"}
+# Ops sent as one `log_batch` (asynchronously inside a stage's run: run.py).
+BATCH_OPS = ("params", "metrics", "tags")
 # A run opened while the store was away has this local id until `sync` creates it.
 PENDING = "pending-"
 # Error codes of a store that answered and refused: sending again would be refused
@@ -27,17 +29,8 @@ REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST",
 
 def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
     """Send one op of run `run_id` through an MlflowClient."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    if op == "params":
-        client.log_batch(run_id, params=[Param(k, v) for k, v in payload.items()])
-    elif op == "metrics":
-        stamp = payload.get("timestamp") or now_ms()
-        step = payload.get("step") or 0
-        metrics = [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]
-        client.log_batch(run_id, metrics=metrics)
-    elif op == "tags":
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in payload.items()])
+    if op in BATCH_OPS:
+        client.log_batch(run_id, **batch_of(op, payload))
     elif op == "artifact":
         path = Path(payload["path"])
         if path.is_dir():
@@ -52,6 +45,21 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
         client.set_terminated(run_id, payload["status"])
     else:
         raise ValueError(f"unknown outbox op {op}")
+
+
+def batch_of(op: str, payload: dict[str, Any]) -> dict[str, list]:
+    """The `log_batch` keyword arguments of a params, metrics or tags op."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    if op == "metrics":
+        stamp = payload.get("timestamp") or now_ms()  # stamped when measured
+        step = payload.get("step") or 0
+        return {"metrics": [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]}
+    if op == "params":
+        return {"params": [Param(k, v) for k, v in payload.items()]}
+    if op == "tags":
+        return {"tags": [RunTag(k, v) for k, v in payload.items()]}
+    raise ValueError(f"{op} is not a batch op")
 
 
 def now_ms() -> int:

@@ -4,6 +4,13 @@ Owns `StageRun` (every call retried, then queued in the outbox: a logging failur
 never destroys a stage's outputs), `_NullRun` (tracking off, or not the chief),
 `stage_run` (the context manager every stage opens: tags, params, lineage file)
 and `attach_run` (a tuner worker records into the run its chief opened).
+
+What keeps tracking cheap (issue 16): metrics, params and tags are sent
+asynchronously (MLflow's async logging) and flushed before the run ends, a failed batch going through the
+retry/outbox path like any call; the model is logged in a thread
+(`start_keras_model`) while the stage works on, with its signature given so MLflow
+does not reload the model to validate the input example; MLflow's import and the
+store's opening start early in a thread (background.warm_up).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.background import Background, is_store_error, warmed_experiment
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import (
     EXPERIMENT_KIND,
@@ -27,7 +35,7 @@ from tfmlops.tracking.naming import (
     ensure_experiment_kind,
     stage_run_name,
 )
-from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
+from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans_of, owner_tags
@@ -52,14 +60,20 @@ _REFUSED = REFUSED
 class StageRun:
     """One MLflow run. Every method is safe: failures are retried, then queued."""
 
-    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None):
+    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None,
+                 async_batches: bool = False):
         self.cfg = cfg
+        # Metrics, params and tags sent asynchronously: only for a run whose end() is
+        # certain to run (stage_run's), as end() flushes them.
+        self._async_batches = async_batches
         self.stage = stage
         self.run_id = run_id
         self._outbox = outbox
         self._offline = False
         self.errors: list[str] = []
         self.queued = 0  # calls of this run written to the outbox
+        self._sent: list[tuple[str, dict[str, Any], Any]] = []  # (op, payload, MLflow future)
+        self._jobs: list[ModelLogging] = []  # models being logged in a thread
 
     @property
     def active(self) -> bool:
@@ -74,9 +88,21 @@ class StageRun:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         clean = {k: float(v) for k, v in flatten(metrics).items() if _is_number(v)}
-        if clean:
-            # The time of the measurement, also when the outbox replays it later.
-            self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
+        if not clean:
+            return
+        # The time of the measurement, also when the outbox replays it later.
+        self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
+
+    def flush(self) -> None:
+        """Wait for the batches sent asynchronously; one that failed is sent again
+        synchronously (retried, then queued in the outbox): none is lost."""
+        sent, self._sent = self._sent, []
+        for op, payload, future in sent:
+            try:
+                future.wait()
+            except Exception:  # noqa: BLE001 - the synchronous path decides and records
+                self._call(lambda c, op=op, payload=payload: apply(c, self.run_id, op, payload),
+                           op, payload)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._do("tags", {k: str(v) for k, v in tags.items()})
@@ -100,20 +126,39 @@ class StageRun:
 
     def log_keras_model(self, model, saved_path: str | Path, **kwargs) -> None:
         """Log (and optionally register) a Keras model; on failure queue its saved file."""
+        self.start_keras_model(model, **kwargs).wait(saved_path)
 
+    def start_keras_model(self, model, **kwargs) -> ModelLogging:
+        """Start logging a Keras model in a thread; the caller goes on working and calls
+        `wait(saved_path)` (the run's end waits too). `input_example` without a
+        `signature`: the signature is computed here from one call of the model, and
+        MLflow's reload of the saved model to validate the example is skipped."""
         # Declared, not inferred: MLflow's inference reloads the model in a fresh
         # Python (~15 s of TensorFlow import) on every log.
         kwargs.setdefault("pip_requirements", pinned_requirements(
             "mlflow", "tensorflow", "keras", "numpy"))
+        if not self.active:
+            return ModelLogging(self, None)
+        self.flush()  # the logged model copies the run's params: all of them sent first
+        bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
         def go(_client):
-            mlflow = import_mlflow()
-            with _resumed(mlflow, self.run_id):
-                mlflow.tensorflow.log_model(model, name="model", **kwargs)
+            try:
+                _log_keras_model(model, self.run_id, kwargs)
+            except Exception as exc:
+                if is_store_error(exc):
+                    raise  # retried, then the caller queues the saved file
+                bad.append(exc)
 
-        ok = self._call(go, "model", {"path": str(Path(saved_path).resolve())})
-        if self.active and not ok:
-            self._queue("artifact", {"path": str(Path(saved_path).resolve()), "artifact_path": "model_file"})
+        def job() -> bool:
+            sent = self._call(go, "model", {})
+            if bad:
+                raise bad[0]
+            return sent
+
+        logging_job = ModelLogging(self, Background(job, "log-model"))
+        self._jobs.append(logging_job)
+        return logging_job
 
     def call(self, fn, what: str) -> bool:
         """Run `fn(mlflow)` inside this run (for flavour-specific logging)."""
@@ -176,7 +221,14 @@ class StageRun:
         child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
+        """Finish what runs in the background, then end the run with `status`."""
         if self.active:
+            for job in list(self._jobs):  # a stage that failed before it waited for its model
+                try:
+                    job.wait(None)
+                except Exception as exc:  # noqa: BLE001 - the stage's own error is raised
+                    self._note(f"model logging failed: {first_line(exc)}")
+            self.flush()
             self._do("end", {"status": status})
 
     # -- machinery
@@ -184,7 +236,21 @@ class StageRun:
         return client().get_run(self.run_id).info.experiment_id
 
     def _do(self, op: str, payload: dict[str, Any]) -> None:
+        if op in BATCH_OPS and self._send_async(op, payload):
+            return
         self._call(lambda c: apply(c, self.run_id, op, payload), op, payload)
+
+    def _send_async(self, op: str, payload: dict[str, Any]) -> bool:
+        """Hand a metrics/params/tags batch to MLflow's async queue: the stage does not
+        wait for the store; flush() checks each batch. False: send it synchronously."""
+        if not (self._async_batches and self.active and not self._offline):
+            return False
+        try:
+            future = client().log_batch(self.run_id, **batch_of(op, payload), synchronous=False)
+        except Exception:  # noqa: BLE001 - sent synchronously instead: retried, then queued
+            return False
+        self._sent.append((op, payload, future))
+        return True
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
         """Send one call: retried with a bounded backoff, then queued in the outbox.
@@ -227,6 +293,62 @@ class StageRun:
     def _note(self, msg: str) -> None:
         self.errors.append(msg)
         log.warning("tfmlops: MLflow logging problem (%s): %s", self.stage, msg)
+
+
+class ModelLogging:
+    """A model being logged in a thread (`StageRun.start_keras_model`)."""
+
+    def __init__(self, run: StageRun, job: Background | None):
+        self._run, self._job = run, job
+
+    def wait(self, saved_path: str | Path | None) -> bool:
+        """Wait; raise what went wrong that is not the store (a model that cannot be
+        saved, a bug). The store away: queue `saved_path` for `tfmlops sync`."""
+        if self._job is None:
+            return False
+        job, self._job = self._job, None
+        self._run._jobs.remove(self)
+        sent = job.join()
+        if not sent and saved_path is not None and self._run.active:
+            self._run._queue("artifact", {"path": str(Path(saved_path).resolve()),
+                                          "artifact_path": "model_file"})
+        return sent
+
+
+def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
+    """`mlflow.tensorflow.log_model` into `run_id`, from any thread (no fluent run)."""
+    mlflow = import_mlflow()
+    from mlflow.models import Model, infer_signature
+
+    kwargs = dict(kwargs)
+    example = kwargs.get("input_example")
+    if kwargs.get("signature") is None and example is not None:
+        kwargs["signature"] = infer_signature(example, model(example, training=False).numpy())
+    # The fluent run is thread-local: here the logged model is created in the run's
+    # experiment by id (log_model would put it in the default experiment), with the
+    # run's params, as log_model does.
+    run = client().get_run(run_id)
+    logged = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
+                                            params=dict(run.data.params),
+                                            experiment_id=run.info.experiment_id)
+    # The flavour's log_model is Model.log(flavor=mlflow.tensorflow); called directly it
+    # takes validate_serving_input, whose check reloads the model just saved (~1 s),
+    # needless when the signature already says what the input is.
+    Model.log(artifact_path=None, name="model", flavor=_TensorflowFlavor(mlflow.tensorflow),
+              run_id=run_id, model_id=logged.model_id, model=model,
+              validate_serving_input=kwargs.get("signature") is None, **kwargs)
+
+
+class _TensorflowFlavor:
+    """mlflow.tensorflow, whose save_model does not take Model.log's own options."""
+
+    __name__ = "mlflow.tensorflow"  # the logged model's flavour name
+
+    def __init__(self, module):
+        self._module = module
+
+    def save_model(self, path, mlflow_model=None, validate_serving_input=True, **kwargs):
+        return self._module.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
 
 
 class _NullRun(StageRun):
@@ -280,12 +402,19 @@ def stage_run(
     out_dir: str | Path,
     upstream: dict[str, str | Path] | None = None,
     params: dict[str, Any] | None = None,
+    *,
+    open_in_background: bool = False,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
     `upstream` maps stage names to the output folders this stage reads; their
     run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
     part of the resolved config this stage uses (default: all of it).
+    `open_in_background`: the store's reachability is checked now (a stage still
+    fails in seconds), the run opens in a thread while the stage works (MLflow's
+    import is Python work that overlaps TensorFlow's training steps, not its
+    import); calls made meanwhile wait, in order, and the run file is written
+    once the run is open: at the latest when the stage logs its model or ends.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -297,11 +426,19 @@ def stage_run(
 
     uri = tracking_uri(cfg)
     params = params if params is not None else cfg.to_dict()
-    mlflow, run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
-    outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
-    run = StageRun(cfg, stage, run_id, outbox)
-    close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
-    write_run_file(out_dir, stage, run_id, uri)
+
+    def open_it() -> tuple[str, Outbox]:
+        run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params),
+                           fluent=not open_in_background)
+        close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
+        write_run_file(out_dir, stage, run_id, uri)
+        return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
+
+    if open_in_background:
+        ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+        run = _OpeningRun(cfg, stage, Background(open_it, "open-run"))
+    else:
+        run = StageRun(cfg, stage, *open_it(), async_batches=True)
     run.log_params(params)
     status = "FINISHED"
     try:
@@ -315,19 +452,70 @@ def stage_run(
     finally:
         run.end(status)
         with contextlib.suppress(Exception):
-            mlflow.end_run(status)
+            import_mlflow().end_run(status)
         if run.queued:
             log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
-                        stage, run.queued, outbox.path, redact(uri))
+                        stage, run.queued, run._outbox.path, redact(uri))
+
+
+class _OpeningRun(StageRun):
+    """A stage's run that opens in a thread (`stage_run(open_in_background=True)`).
+
+    Batched calls (params, metrics, tags, artifacts...) made before it is open wait
+    here, in order, and are sent once it is; a call that needs the run at once (a
+    model, a figure, a child run, the end) waits for the opening. A run that fails
+    to open raises TrackingUnavailable there, as `stage_run` would have at once.
+    """
+
+    def __init__(self, cfg: Config, stage: str, opening: Background):
+        super().__init__(cfg, stage, None, None, async_batches=True)
+        self._opening: Background | None = opening
+        self._held: list[tuple[str, dict[str, Any]]] = []
+
+    @property
+    def active(self) -> bool:
+        return self._opening is not None or self.run_id is not None
+
+    def _open(self) -> None:
+        """Wait for the opening, then send what waited."""
+        if self._opening is None:
+            return
+        job, self._opening = self._opening, None
+        self.run_id, self._outbox = job.join()
+        held, self._held = self._held, []
+        for op, payload in held:
+            StageRun._do(self, op, payload)
+
+    def _do(self, op: str, payload: dict[str, Any]) -> None:
+        if self._opening is not None and not self._opening.done:
+            self._held.append((op, payload))
+            return
+        self._open()
+        super()._do(op, payload)
+
+    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        self._open()
+        return super()._call(fn, op, payload)
+
+    def flush(self) -> None:
+        self._open()
+        super().flush()
+
+    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
+        self._open()
+        return super().start_child(name, tags)
 
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
-              run_name: str):
-    """(mlflow, run id) of a new active run of `stage`; TrackingUnavailable if it cannot open."""
+              run_name: str, fluent: bool = True) -> str:
+    """The id of a new run of `stage`, MLflow's active run with `fluent` (the fluent run
+    is thread-local: a run opened in a thread is created through the client, with the
+    same context tags start_run adds); TrackingUnavailable if it cannot open."""
+    warmed = warmed_experiment(uri, cfg.tracking.experiment)  # joined before MLflow is used here
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow = use_uri(uri)
     try:
-        experiment_id = _experiment_id(mlflow, cfg.tracking.experiment, uri)
+        experiment_id = warmed or experiment_id_of(mlflow, cfg.tracking.experiment, uri)
         tags = run_tags(cfg, stage, upstream)
         # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
         # start_run would resume: every stage of `-e main` would share one run.
@@ -335,7 +523,13 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         launcher = os.environ.pop("MLFLOW_RUN_ID", None)
         if launcher:
             tags["mlflow.parentRunId"] = launcher
-        active = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+        if fluent:
+            return mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
+                                    tags=tags).info.run_id
+        from mlflow.tracking.context.registry import resolve_tags
+
+        return mlflow.MlflowClient().create_run(experiment_id, run_name=run_name,
+                                                tags=resolve_tags(tags)).info.run_id
     except TrackingUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start
@@ -343,10 +537,10 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
             f"MLflow tracking at {redact(uri)} failed to open a run ({first_line(exc, 160)}); "
             "check the server or set tracking.enabled: false"
         ) from None
-    return mlflow, active.info.run_id
 
 
-def _experiment_id(mlflow, name: str, uri: str) -> str:
+def experiment_id_of(mlflow, name: str, uri: str) -> str:
+    """The id of experiment `name`, created (with its kind tag) if missing."""
     mlflow_client = mlflow.MlflowClient()
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:

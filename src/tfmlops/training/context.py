@@ -51,6 +51,7 @@ class TrainContext:
     done: int = 0  # epochs a killed run finished (resumed after)
     rows: list = field(default_factory=list)  # history rows of those epochs
     run: Any = None  # tracking.StageRun, once open
+    model_logging: Any = None  # tracking.ModelLogging: the model being logged in a thread
 
 
 def backup_fingerprint(merged: Config) -> dict:

@@ -9,8 +9,10 @@ import statistics
 from tfmlops.config import Config
 
 
-def evaluate_test(model, merged: Config, prepared, global_batch: int):
-    """(Keras metrics on the test split, its images, labels and predicted classes)."""
+def evaluate_test(model, merged: Config, prepared, global_batch: int, arrays=None):
+    """(Keras metrics on the test split, its images, labels and predicted classes).
+
+    `arrays`: the test split's (images, labels) if the caller has read them already."""
     import tensorflow as tf
 
     from tfmlops.data import pipeline
@@ -19,7 +21,7 @@ def evaluate_test(model, merged: Config, prepared, global_batch: int):
     test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
     test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(steps)),
                           verbose=0, return_dict=True)
-    x_test, y_test = pipeline.arrays(merged, prepared, "test")
+    x_test, y_test = arrays if arrays is not None else pipeline.arrays(merged, prepared, "test")
     predicted = model.predict(x_test, batch_size=global_batch, verbose=0).argmax(-1)
     return test, x_test, y_test, predicted
 

@@ -33,8 +33,10 @@ def open_run(ctx: TrainContext):
 
     cfg = ctx.cfg
     upstream = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned}
+    # Opened in a thread while the model builds and trains: MLflow's import and the
+    # store's first calls cost seconds (issue 16: tracking's fixed cost on a short run).
     with tracking.stage_run(cfg, STAGE, ctx.folders.out, upstream=upstream,
-                            params=params(ctx.merged)) as run:
+                            params=params(ctx.merged), open_in_background=True) as run:
         ctx.run = run
         _log_setup(ctx)
         for row in ctx.rows:  # the killed run's epochs, so this run holds the whole curve
@@ -69,12 +71,15 @@ def _log_setup(ctx: TrainContext) -> None:
 
 
 def evaluate_and_save(ctx: TrainContext, model):
-    """Test-split evaluation, then the model and its params into the staged outputs."""
-    evaluation = evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch)
-    model.save(ctx.folders.out / MODEL_FILE)
+    """The model and its params into the staged outputs, then the test-split evaluation,
+    while the model is logged to MLflow in a thread (`finish` waits for it)."""
+    model.save(ctx.folders.out / MODEL_FILE)  # saved locally before anything may fail
     write_resolved(ctx.merged, ctx.folders.out)
     write_json(ctx.folders.out / "tune_merge.json", ctx.changes)
-    return evaluation
+    x_test, y_test = pipeline.arrays(ctx.merged, ctx.prepared, "test")
+    ctx.model_logging = ctx.run.start_keras_model(model, input_example=x_test[:2])
+    return evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch,
+                         arrays=(x_test, y_test))
 
 
 def finish(ctx: TrainContext, model, evaluation, rows: list[dict], fit_seconds: float):
@@ -82,7 +87,7 @@ def finish(ctx: TrainContext, model, evaluation, rows: list[dict], fit_seconds: 
     plots and metrics, empty the backup, log it all; returns (metrics, final folder)."""
     from tfmlops.model import callbacks as cb
 
-    test, x_test, y_test, predicted = evaluation
+    test, _, y_test, predicted = evaluation
     # The model is now in paths.train: nothing after this line can lose it.
     final = swap_in(ctx.folders.out, ctx.cfg.paths.train)
     report = classification_report(y_test, predicted, ctx.prepared.classes)
@@ -95,12 +100,14 @@ def finish(ctx: TrainContext, model, evaluation, rows: list[dict], fit_seconds: 
     write_json(reports / "train.json", metrics)
     cb.clear(ctx.folders.backup)
     plot(final, rows, report, ctx.prepared.classes)
-    _log_results(ctx.run, model, metrics, final, reports, ctx.folders.profile, x_test[:2])
+    _log_results(ctx.run, metrics, final, reports, ctx.folders.profile)
+    # The model logged in a thread since evaluate_and_save: a failure other than the
+    # store being away (then its file is queued) fails the stage here.
+    ctx.model_logging.wait(final / MODEL_FILE)
     return metrics, final
 
 
-def _log_results(run, model, metrics, final: Path, reports: Path, profile_dir: Path,
-                 input_example) -> None:
+def _log_results(run, metrics, final: Path, reports: Path, profile_dir: Path) -> None:
     # `images_per_s` is also the per-epoch series: the summary gets its own name.
     run.log_metrics({("steady_images_per_s" if k == "images_per_s" else k): v
                      for k, v in metrics.items()})
@@ -110,7 +117,6 @@ def _log_results(run, model, metrics, final: Path, reports: Path, profile_dir: P
     run.log_artifact(reports / "train.json", "reports")
     if profiling.trace_files(profile_dir):
         run.log_artifact(profile_dir, "profile")
-    run.log_keras_model(model, final / MODEL_FILE, input_example=input_example)
 
 
 def plot(folder: Path, rows: list[dict], report: dict, classes: list[str]) -> None:

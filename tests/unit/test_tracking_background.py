@@ -1,0 +1,168 @@
+"""What keeps tracking cheap must not lose anything: asynchronous metrics are all in the
+run once it ends, the model logged in a thread is in the run, and a failure in that
+thread fails the stage instead of vanishing with it. Real MLflow on a temp SQLite store."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import mlflow_client, stage_runs
+from tfmlops import tracking
+from tfmlops.tracking.background import Background
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def tiny_keras_model(layer=None):
+    import keras
+
+    inputs = keras.Input((4,))
+    hidden = layer(inputs) if layer is not None else inputs
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+
+
+def test_asynchronous_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tmp_path, make_cfg):
+    cfg = make_cfg()
+    params = {f"p{i:03d}": i for i in range(150)}  # more than one batch of 100
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params=params) as run:
+        for step in range(1, 41):
+            run.log_metrics({"loss": 1.0 / step, "val_loss": 2.0 / step}, step=step)
+        run.set_tags({"tfmlops.precision": "float32"})
+        assert {op for op, _, _ in run._sent} == {"params", "metrics", "tags"}, (
+            "sent asynchronously inside a stage's run")
+    (finished,) = stage_runs(cfg, "train")
+    assert finished.info.status == "FINISHED"
+    history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "val_loss")
+    assert sorted(m.step for m in history) == list(range(1, 41))
+    assert {m.step: m.value for m in history}[8] == pytest.approx(0.25)
+    assert finished.data.params == {k: str(v) for k, v in params.items()}
+    assert finished.data.tags["tfmlops.precision"] == "float32"
+
+
+def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg):
+    """A batch MLflow's queue could not write goes through the retry/outbox path."""
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+        run.log_metrics({"acc": 0.5}, step=1)
+
+        class Failed:
+            def wait(self):
+                raise OSError("the async queue lost this batch")
+
+        (index, (op, payload, _)), = [(i, e) for i, e in enumerate(run._sent) if e[0] == "metrics"]
+        run._sent[index] = (op, payload, Failed())
+    (finished,) = stage_runs(cfg, "train")
+    history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "acc")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+
+
+def test_a_model_logged_in_a_thread_is_in_the_run_with_its_signature(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model = tiny_keras_model()
+    example = np.random.default_rng(0).random((2, 4), dtype=np.float32)
+    saved = tmp_path / "model.keras"
+    model.save(saved)
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+        job = run.start_keras_model(model, input_example=example)
+        run.log_metrics({"during": 1.0})  # the stage goes on while the model is logged
+        assert job.wait(saved) is True
+    (finished,) = stage_runs(cfg, "train")
+    client = mlflow_client(cfg)
+    (logged,) = client.search_logged_models([finished.info.experiment_id])
+    assert logged.source_run_id == finished.info.run_id
+    import mlflow
+
+    info = mlflow.models.get_model_info(f"models:/{logged.model_id}")
+    assert info.signature is not None
+    assert tuple(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == (-1, 4)
+    assert info.saved_input_example_info is not None  # the example is kept, only not reloaded
+    reloaded = mlflow.tensorflow.load_model(f"models:/{logged.model_id}")
+    np.testing.assert_allclose(reloaded(example).numpy(), model(example).numpy(), rtol=1e-6)
+    assert not (tmp_path / "reports" / "outbox").exists() or not any(
+        (tmp_path / "reports" / "outbox").iterdir())
+
+
+def test_a_failure_in_the_model_thread_fails_the_stage(tmp_path, make_cfg):
+    import keras
+
+    class Unsaveable(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+        def get_config(self):
+            raise RuntimeError("this layer cannot be saved")
+
+    cfg = make_cfg()
+    model = tiny_keras_model(Unsaveable())
+    with pytest.raises(RuntimeError, match="cannot be saved"):
+        with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+            job = run.start_keras_model(model, input_example=np.zeros((1, 4), np.float32))
+            job.wait(tmp_path / "model.keras")
+    (failed,) = stage_runs(cfg, "train")
+    assert failed.info.status == "FAILED"
+    # Not mistaken for the store being away: nothing queued for `tfmlops sync`.
+    outbox = tmp_path / "reports" / "outbox"
+    assert not outbox.exists() or not any(outbox.glob("*.jsonl"))
+
+
+def test_the_run_waits_for_a_model_the_stage_did_not_wait_for(tmp_path, make_cfg):
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+        run.start_keras_model(tiny_keras_model(), input_example=np.zeros((1, 4), np.float32))
+    (finished,) = stage_runs(cfg, "train")
+    assert finished.info.status == "FINISHED"
+    assert len(mlflow_client(cfg).search_logged_models([finished.info.experiment_id])) == 1
+
+
+def test_background_raises_its_error_in_the_joining_thread():
+    def boom():
+        raise ValueError("from the thread")
+
+    job = Background(boom, "test")
+    with pytest.raises(ValueError, match="from the thread"):
+        job.join()
+    assert Background(lambda: 7, "test").join() == 7
+
+
+def test_warm_up_opens_the_store_and_the_run_uses_its_experiment(tmp_path, make_cfg):
+    cfg = make_cfg()
+    tracking.warm_up(cfg)
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}):
+        pass
+    (finished,) = stage_runs(cfg, "train")
+    exp = mlflow_client(cfg).get_experiment(finished.info.experiment_id)
+    assert exp.name == cfg.tracking.experiment
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] == (
+        finished.info.run_id)
+
+
+def test_a_run_opened_in_the_background_gets_every_call_in_order(tmp_path, make_cfg):
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1},
+                            open_in_background=True) as run:
+        assert run.active
+        for step in (1, 2, 3):  # made while it may still be opening: held, then sent
+            run.log_metrics({"loss": 1.0 / step}, step=step)
+        run.set_tags({"tfmlops.precision": "float32"})
+        run.start_keras_model(tiny_keras_model(), input_example=np.zeros((1, 4), np.float32)
+                              ).wait(tmp_path / "model.keras")
+        # Open once the stage logs its model: the run file is there before outputs move.
+        written = json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())
+    (finished,) = stage_runs(cfg, "train")
+    assert written["run_id"] == finished.info.run_id
+    assert finished.info.status == "FINISHED" and finished.info.run_name.startswith("train-")
+    assert finished.data.params == {"a": "1"}
+    assert finished.data.tags["tfmlops.precision"] == "float32"
+    assert "mlflow.user" in finished.data.tags  # the context tags start_run would add
+    history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert len(mlflow_client(cfg).search_logged_models([finished.info.experiment_id])) == 1
+
+
+def test_a_background_opening_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):
+    cfg = make_cfg(tracking={"uri": "http://127.0.0.1:9", "connect_timeout_s": 2})
+    with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
+        with tracking.stage_run(cfg, "train", tmp_path / "out", open_in_background=True):
+            pytest.fail("the stage must not start")
