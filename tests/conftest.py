@@ -33,7 +33,10 @@ TINY = {
     "train": {"epochs": 2, "batch_size": 32, "early_stopping_patience": 0},
     "tune": {"max_trials": 2, "max_epochs": 1, "budget_minutes": 2.0},
     "prune": {"epochs": 1},
-    "quantize": {"representative_samples": 32, "latency_runs": 20, "latency_warmup": 2},
+    # Three conversions of each model, not five: every variant costs a conversion, a LiteRT
+    # pass over the test split and timing (test_prune_quantize builds all five).
+    "quantize": {"representative_samples": 32, "latency_runs": 20, "latency_warmup": 2,
+                 "variants": ["float32", "int8", "int8_sparse"]},
     "export": {"latency_runs": 20},
     "profiling": {"enabled": False},
 }

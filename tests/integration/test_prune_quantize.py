@@ -32,7 +32,8 @@ SECTIONS = {
     "prune": {"final_sparsity": FINAL_SPARSITY, "epochs": 3, "frequency": 10,
               "learning_rate": 0.001},
     "quantize": {"qat": True, "qat_epochs": 1, "representative_samples": 32,
-                 "accuracy_budget": 0.05},
+                 "accuracy_budget": 0.05,
+                 "variants": ["float32", "dynamic", "float16", "int8", "int8_sparse"]},
     "profiling": {"enabled": True, "start_step": 2, "steps": 2},
 }
 BASE_VARIANTS = ("float32", "dynamic", "float16", "int8")
