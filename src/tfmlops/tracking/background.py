@@ -75,7 +75,7 @@ def warm_up(cfg) -> None:
     key = (uri, cfg.tracking.experiment)
 
     def work() -> str:
-        from tfmlops.tracking.run import experiment_id_of
+        from tfmlops.tracking.naming import experiment_id_of
         from tfmlops.tracking.uri import ensure_reachable, use_uri
 
         ensure_reachable(uri, cfg.tracking.connect_timeout_s)

@@ -43,3 +43,22 @@ def ensure_experiment_kind(mlflow_client, experiment) -> None:
     except Exception as exc:  # noqa: BLE001 - a UI hint never stops a stage's run
         log.warning("tfmlops: could not tag experiment %s with %s: %s", experiment.name,
                     EXPERIMENT_KIND_TAG, str(exc).splitlines()[0] if str(exc) else exc)
+
+
+def experiment_id_of(mlflow, name: str, uri: str) -> str:
+    """The id of experiment `name`, created (with its kind tag) if missing."""
+    from tfmlops.tracking.uri import artifact_location as uri_artifacts
+
+    mlflow_client = mlflow.MlflowClient()
+    exp = mlflow_client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return mlflow_client.create_experiment(
+                name, artifact_location=uri_artifacts(uri),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # noqa: BLE001 - another process created it first
+            exp = mlflow_client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    ensure_experiment_kind(mlflow_client, exp)
+    return exp.experiment_id

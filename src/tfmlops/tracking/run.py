@@ -29,18 +29,12 @@ from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.background import Background, is_store_error, warmed_experiment
 from tfmlops.tracking.lineage import run_tags, write_run_file
-from tfmlops.tracking.naming import (
-    EXPERIMENT_KIND,
-    EXPERIMENT_KIND_TAG,
-    ensure_experiment_kind,
-    stage_run_name,
-)
+from tfmlops.tracking.naming import experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
 from tfmlops.tracking.outbox import Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans_of, owner_tags
 from tfmlops.tracking.uri import (
-    artifact_location,
     client,
     ensure_reachable,
     import_mlflow,
@@ -537,23 +531,6 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
             f"MLflow tracking at {redact(uri)} failed to open a run ({first_line(exc, 160)}); "
             "check the server or set tracking.enabled: false"
         ) from None
-
-
-def experiment_id_of(mlflow, name: str, uri: str) -> str:
-    """The id of experiment `name`, created (with its kind tag) if missing."""
-    mlflow_client = mlflow.MlflowClient()
-    exp = mlflow_client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return mlflow_client.create_experiment(
-                name, artifact_location=artifact_location(uri),
-                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-        except Exception:  # noqa: BLE001 - another process created it first
-            exp = mlflow_client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    ensure_experiment_kind(mlflow_client, exp)
-    return exp.experiment_id
 
 
 def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.0) -> StageRun:
