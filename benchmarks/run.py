@@ -1,6 +1,6 @@
 """All benchmarks in one run: every figure a ratio measured side by side.
 
-    .venv/bin/python benchmarks/run.py [--skip-cold REPO] [--quick]
+    .venv/bin/python benchmarks/run.py [--skip-cold REPO] [--quick] [--photos]
 
 1. input pipeline vs a PIL generator (mostly tf.data's cache), the same with the
    cache off, and the input-wait share of a training step (from the cold repro's
@@ -15,9 +15,11 @@
    concurrent clients vs 1 (real `mlflow models serve` on the cold repro's model).
 
 `--quick` runs every row small (a reduced pipeline, few epochs and requests): it checks
-that they run; its figures are not the project's. `prepare` on photo-size images
-(issue 12 rows 1-4) runs on its own, as it generates thousands of photos:
-benchmarks/prepare_photos.py -> reports/benchmarks_prepare.json.
+that they run; its figures are not the project's. `--photos` adds issue 12's rows on
+generated phone-size photos (made on first use, kept in the temp folder), each script in
+its own process and runnable alone: benchmarks/prepare_photos.py (rows 1-4: prepare vs a
+PIL loop, peak RSS at 1x/4x, bytes, incremental -> reports/benchmarks_prepare.json) and
+benchmarks/train_photos.py (row 5: train at 1x/4x with `cache: auto`).
 
 Writes reports/benchmarks.json (all results, the machine, the command; --quick:
 reports/benchmarks/run_quick.json, git-ignored) and prints a summary; BENCHMARKS.md
@@ -52,6 +54,19 @@ def inference_in_own_process(repo: Path, runs: int, quick: bool) -> dict:
     return json.loads((RESULTS / "inference.json").read_text())
 
 
+def photos_in_own_process(quick: bool) -> dict:
+    """Issue 12's photo rows, each script in its own process: `prepare` (rows 1-4: speed
+    vs a PIL loop, peak RSS at 1x/4x, bytes, incremental) and `train` (row 5: images/s
+    and peak RSS at 1x/4x with `cache: auto`) on generated phone-size photos."""
+    here = Path(__file__).parent
+    subprocess.run([sys.executable, str(here / "prepare_photos.py"),
+                    *(["--images", "200"] if quick else [])], check=True)
+    subprocess.run([sys.executable, str(here / "train_photos.py"),
+                    *(["--images", "60", "--epochs", "1"] if quick else [])], check=True)
+    return {"prepare": json.loads((ROOT / "reports" / "benchmarks_prepare.json").read_text()),
+            "train": json.loads((RESULTS / "train_photos.json").read_text())}
+
+
 def serving_in_own_process(repo: Path, quick: bool) -> dict:
     """Its own process: it points MLflow at the repo's store and serves its @production."""
     subprocess.run([sys.executable, str(Path(__file__).with_name("serving.py")),
@@ -65,6 +80,9 @@ def main() -> None:
                         help="reuse a project copy already reproduced by an earlier run")
     parser.add_argument("--quick", action="store_true",
                         help="every row small: checks they run (not the project's figures)")
+    parser.add_argument("--photos", action="store_true",
+                        help="also the photo rows (issue 12): generates thousands of photos "
+                             "on first use (kept in the temp folder), about 10 minutes more")
     args = parser.parse_args()
     quick = args.quick
     out = QUICK_OUT if quick else OUT
@@ -98,6 +116,8 @@ def main() -> None:
     step("training_tracking", training.tracking, **small["tracking"])
     step("training_scaling", training.scaling, **small["scaling"])
     step("serving", serving_in_own_process, repo, quick)
+    if args.photos:
+        step("photos", photos_in_own_process, quick)
     results["total_seconds"] = round(time.perf_counter() - started, 1)
 
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -138,6 +158,19 @@ def print_summary(r: dict) -> None:
     print(f"7 pyfunc requests/s, 8 clients / 1 client     {sv['eight_over_one_client']:>8}x "
           f"({sv['pyfunc_8_clients']['requests_per_s']} vs "
           f"{sv['pyfunc_1_client']['requests_per_s']} req/s)")
+    if "photos" in r:
+        print_photos(r["photos"])
+
+
+def print_photos(photos: dict) -> None:
+    """Issue 12's rows: prepare's own summary, then train's memory ratio per cache budget."""
+    import prepare_photos
+
+    prepare_photos.print_summary(photos["prepare"])
+    train = photos["train"]
+    for budget, ratio in train["peak_rss_ratio_by_budget"].items():
+        print(f"5. train peak RSS 4x / 1x, cache budget {budget} MB   {ratio}x   <= 1.5x   "
+              f"{'met' if ratio <= 1.5 else 'MISSED'}")
 
 
 if __name__ == "__main__":
