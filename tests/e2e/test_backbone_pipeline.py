@@ -48,8 +48,9 @@ def backbone_repo(tmp_path_factory):
         train={"epochs": 2, "precision": "float32",
                "fine_tune": {"head_epochs": 1, "unfreeze": 0.2, "lr_factor": 0.1}},
         tune={"enabled": False},
-        # Four conversions, not nine: each one of a backbone is evaluated and timed.
-        quantize={"representative_samples": 16, "variants": ["float32", "int8"]},
+        # Two conversions, not nine (each takes about 30 s on a backbone): full INT8 of the
+        # pruned and of the trained model.
+        quantize={"representative_samples": 16, "variants": ["int8"]},
         promote={"gate": {"min_accuracy": 0.0, "max_latency_ms": 1000.0,
                           "max_size_bytes": 100_000_000}},
     )
@@ -66,8 +67,7 @@ def test_every_stage_passes_with_a_backbone(backbone_repo):
     assert export["parity.passed"] == 1  # ONNX (and every other format) matches Keras
     quantize = json.loads((repo / "reports" / "quantize.json").read_text())
     assert quantize["failed"] == {}
-    assert sorted(quantize["variants"]) == ["pruned_float32", "pruned_int8",
-                                            "trained_float32", "trained_int8"]
+    assert sorted(quantize["variants"]) == ["pruned_int8", "trained_int8"]
     int8 = quantize["variants"]["trained_int8"]  # full INT8 of the backbone model
     assert int8["input_dtype"] == "int8" and 0.0 <= int8["accuracy"] <= 1.0, int8
 
