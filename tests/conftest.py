@@ -59,16 +59,6 @@ def tiny_params(workdir: Path, **sections) -> dict:
     return deep_merge(params, sections)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Under xdist (`--dist loadgroup`), a module's tests stay on one worker, so a module-
-    or session-scoped fixture is built once per module, not once per worker that runs one
-    of its tests; modules sharing a costly fixture name one group (`pipeline_repo`)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 @pytest.fixture(autouse=True)
 def _no_tracking_uri_in_env():
     """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI into this process, and the

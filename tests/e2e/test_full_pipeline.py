@@ -7,9 +7,7 @@ import yaml
 
 from conftest import dvc
 
-# One xdist worker runs both modules: they share the session fixture pipeline_repo.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("pipeline_repo")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 STAGES = ["materialize", "prepare", "tune", "train", "prune", "quantize", "export", "promote"]
 

@@ -29,9 +29,7 @@ import pytest
 from conftest import ROOT, VENV_BIN, dvc, free_port
 from tfmlops.serving import local_server
 
-# One xdist worker runs both modules: they share the session fixture pipeline_repo.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500),
-              pytest.mark.xdist_group("pipeline_repo")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 MARKER = re.compile(r"<!--\s*test:\s*(run|server\s+\d+|skip\b[^>]*?)\s*-->\s*\n```bash\n(.*?)```",
                     re.S)
