@@ -468,6 +468,14 @@ class PruneConfig:
         return self
 
 
+def _only_of(names: list, allowed: tuple, what: str) -> list:
+    """`names` if each is in `allowed`, else a Rule naming the first that is not."""
+    bad = sorted(set(names) - set(allowed))
+    if bad:
+        raise Rule(f"{{path}}: {bad[0]!r} is not {what}; use some of {', '.join(allowed)}")
+    return names
+
+
 @section
 class QuantizeConfig:
     representative_samples: Int = Field(200, ge=1, le=10_000_000)
@@ -488,22 +496,14 @@ class QuantizeConfig:
     @field_validator("required")
     @classmethod
     def _known_variants(cls, required):
-        bad = sorted(set(required) - set(TFLITE_VARIANTS))
-        if bad:
-            raise Rule(f"{{path}}: {bad[0]!r} is not a variant; "
-                       f"use some of {', '.join(TFLITE_VARIANTS)}")
-        return required
+        return _only_of(required, TFLITE_VARIANTS, "a variant")
 
     @field_validator("variants")
     @classmethod
     def _converted_variants(cls, chosen):
-        bad = sorted(set(chosen) - set(CONVERTED_VARIANTS))
-        if bad:
-            raise Rule(f"{{path}}: {bad[0]!r} is not a converted variant; "
-                       f"use some of {', '.join(CONVERTED_VARIANTS)}")
         if not chosen:
             raise Rule(f"{{path}}: empty; list at least one of {', '.join(CONVERTED_VARIANTS)}")
-        return chosen
+        return _only_of(chosen, CONVERTED_VARIANTS, "a converted variant")
 
     @model_validator(mode="after")
     def _qat_variant_needs_qat(self):
