@@ -1,6 +1,7 @@
 """The prepare stage on messy real images, tracked in a real MLflow store."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -225,6 +226,35 @@ def test_incremental_prepare_equals_a_cold_one(tmp_path, make_cfg):
     assert json.loads(warm_out["quarantine.json"])[0]["file"] == "c1/broken.jpg"
     # a second unchanged run decodes nothing, and the cache holds one entry per file
     assert prepare.run(warm)["images_decoded"] == 0
+
+
+def test_unchanged_files_are_not_read_again_to_hash(tmp_path, make_cfg):
+    files = photo_folder(tmp_path / "photos", per_class=6)
+    past = 1_700_000_000
+    for f in files:  # older than the memo's racy window (files written now are hashed again)
+        os.utime(f, (past, past))
+    cfg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", workers=1)
+    first = prepare.run(cfg)
+    assert first["files_hashed"] == 18
+    before = output_bytes(cfg)
+    again = prepare.run(cfg)
+    assert (again["files_hashed"], again["images_decoded"]) == (0, 0)
+
+    # new content of the same size, mtime moved on: hashed again, and so decoded again
+    data = bytearray(files[3].read_bytes())
+    data[-3] ^= 0x01
+    files[3].write_bytes(bytes(data))
+    os.utime(files[3], (past + 10, past + 10))
+    changed = prepare.run(cfg)
+    assert (changed["files_hashed"], changed["images_decoded"]) == (1, 1)
+    photo(np.random.default_rng(1), 40, 30, 0.3).save(tmp_path / "photos" / "c0" / "fresh.jpg")
+    assert prepare.run(cfg)["files_hashed"] == 1  # the new file only: files[3] was remembered
+
+    cold = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "cold", workers=1)
+    prepare.run(cold)
+    strip = lambda m: {k: v for k, v in json.loads(m).items() if k != "image_dir"}  # noqa: E731
+    assert strip(output_bytes(cfg)["manifest.json"]) == strip(output_bytes(cold)["manifest.json"])
+    assert before.keys() == output_bytes(cfg).keys()
 
 
 def test_phone_photos_are_read_as_phones_write_them(tmp_path, make_cfg):

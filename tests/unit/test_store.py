@@ -2,11 +2,13 @@
 cache's crash safety, one image's stored form, progress lines."""
 
 import logging
+import os
 
 import numpy as np
 import pytest
 
 from images import exif_rotated_jpeg, photo
+from tfmlops.data.hash_memo import HashMemo, stat_key
 from tfmlops.data.store import ImageCache, Stored, StoreSpec, resize_bilinear, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
@@ -128,3 +130,43 @@ def test_time_left_reads_well(seconds, text):
     from tfmlops.progress import _duration
 
     assert _duration(seconds) == text
+
+
+def test_hash_memo_trusts_only_the_same_stat_and_not_a_racy_one(tmp_path):
+    old = tmp_path / "old.jpg"
+    old.write_bytes(b"old")
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    fresh = tmp_path / "fresh.jpg"
+    fresh.write_bytes(b"fresh")
+    memo = HashMemo(tmp_path / "memo.sqlite")
+    assert memo.get(old, stat_key(old.stat())) is None  # no table yet
+    memo.replace([(old, stat_key(old.stat()), "a" * 64), (fresh, stat_key(fresh.stat()), "b" * 64)])
+    again = HashMemo(tmp_path / "memo.sqlite")
+    assert again.get(old, stat_key(old.stat())) == "a" * 64
+    # written within the last seconds: may change again within one timestamp tick
+    assert again.get(fresh, stat_key(fresh.stat())) is None
+    size, mtime, inode = stat_key(old.stat())
+    assert again.get(old, (size + 1, mtime, inode)) is None
+    assert again.get(old, (size, mtime + 1, inode)) is None
+    again.close()
+    (tmp_path / "memo.sqlite").write_bytes(b"not a database")
+    assert HashMemo(tmp_path / "memo.sqlite").get(old, stat_key(old.stat())) is None
+
+
+def test_cache_index_holds_a_few_values_per_entry_not_the_header(tmp_path):
+    import tracemalloc
+
+    cache = ImageCache(tmp_path, SPEC)
+    for i in range(2000):
+        cache.put(f"{i:064x}", Stored(data=b"x" * 50, encoding="jpeg", source_size=(1081, 910),
+                                      stored_size=(115, 96), sums=(0.1, 0.2, 0.3),
+                                      squares=(0.4, 0.5, 0.6), pixels=9216))
+    cache.close()
+    tracemalloc.start()
+    reopened = ImageCache(tmp_path, SPEC)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(reopened.index) == 2000
+    assert held / 2000 < 400  # bytes per entry; the parsed header alone was about 1,600
+    assert reopened.get(f"{7:064x}").sums == (0.1, 0.2, 0.3)
+    reopened.close()

@@ -88,7 +88,7 @@ def load_image_info(data: bytes, channels: int, short_side: int | None = None,
             # resize below still sees more pixels than it keeps (orientation-independent).
             img.draft("L" if channels == 1 else "RGB", (short_side, short_side))
         img.load()  # decodes every pixel: catches truncation
-        img = ImageOps.exif_transpose(img)
+        ImageOps.exif_transpose(img, in_place=True)  # a copy per image otherwise
         img = to_channels(img, channels)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
@@ -113,7 +113,8 @@ def to_channels(img: Image.Image, channels: int) -> Image.Image:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         img = Image.alpha_composite(white, rgba)  # transparent -> white, not black
-    return img.convert("L" if channels == 1 else "RGB")
+    mode = "L" if channels == 1 else "RGB"
+    return img if img.mode == mode else img.convert(mode)  # convert copies even to its mode
 
 
 def _sixteen_to_eight(img: Image.Image) -> Image.Image:

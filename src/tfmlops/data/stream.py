@@ -1,7 +1,8 @@
 """prepare's streaming core: files in, TFRecord shards and a small tally out.
 
 Three passes over the file list, each in a fixed order. The first hashes
-every file (its cache key). The second decodes every file the cache does not
+every file (its cache key) that `data.hash_memo` does not remember unchanged,
+while the decoding pool starts. The second decodes every file the cache does not
 hold yet with a process pool (`data.store.store_image`, results in submission
 order) into the cache, keeping only whether each file is usable. The split
 is stratified among the usable files of each class (`images.assign_splits`),
@@ -13,6 +14,7 @@ image size, and what is written does not depend on the worker count.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfmlops.config import Config
+from tfmlops.data.hash_memo import HashMemo, stat_key
 from tfmlops.data.images import SPLITS, assign_splits, file_sha256, unsupported
 from tfmlops.data.store import ImageCache, Stored, StoreSpec, one_blas_thread, store_chunk, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 # second): small images (digits: 1,797 files, 221 KB) decode faster in this process.
 POOL_MIN_BYTES = 8 * 2**20
 POOL_MIN_JOBS = 8  # per worker
+HASH_MEMO = "hashes.sqlite"  # in paths.prepare_cache, beside the spec folders
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Tally:
     stored_sizes: Extent = field(default_factory=Extent)
     decoded: int = 0
     cached: int = 0
+    hashed: int = 0
     source_bytes: int = 0
     stored_bytes: int = 0
     sums: list | None = None  # per channel, over the train split
@@ -105,14 +110,14 @@ def worker_count(cfg: Config) -> int:
         return os.cpu_count() or 1
 
 
-def pool_size(cfg: Config, misses: list[str]) -> int:
-    """Processes for decoding `misses`: data.workers when set, else every core when
-    the files are worth a pool, else 1 (this process)."""
+def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
+    """Processes for decoding files of `miss_bytes` sizes: data.workers when set, else
+    every core when the files are worth a pool, else 1 (this process)."""
     if cfg.data.workers:
-        return max(1, min(cfg.data.workers, len(misses)))
-    if sum(os.path.getsize(p) for p in misses) < POOL_MIN_BYTES:
+        return max(1, min(cfg.data.workers, len(miss_bytes)))
+    if sum(miss_bytes) < POOL_MIN_BYTES:
         return 1
-    return min(worker_count(cfg), max(1, len(misses) // POOL_MIN_JOBS))
+    return min(worker_count(cfg), max(1, len(miss_bytes) // POOL_MIN_JOBS))
 
 
 def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out: Path) -> Tally:
@@ -120,10 +125,21 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
     tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
+    memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     try:
-        keys = _hash_all(files, tally)
-        reasons = _decode_pass(files, keys, tally, spec, cfg)
+        stats = [None if unsupported(path) else path.stat() for path, _ in files]
+        known = [st and memo.get(path, stat_key(st)) for (path, _), st in zip(files, stats, strict=True)]
+        # Files not known to be cached: what the pool is sized for. It starts now, so the
+        # workers' start-up overlaps the hashing of the files not known yet.
+        likely = [st.st_size for st, sha in zip(stats, known, strict=True)
+                  if st and not (sha and tally.cache.has(sha))]
+        with decode_pool(pool_size(cfg, likely)) as pool:
+            keys = _hash_all(files, stats, known, tally)
+            memo.replace((path, stat_key(st), sha)
+                         for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha)
+            reasons = _decode_pass(files, keys, tally, spec, pool)
     finally:
+        memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
     tally.cache = ImageCache(cfg.paths.prepare_cache, spec)  # indexes this run's entries too
     good = [(sha, label) for (_, label), sha, reason in zip(files, keys, reasons, strict=True)
@@ -157,11 +173,11 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     return tally
 
 
-def _decode_pass(files, keys, tally: Tally, spec: StoreSpec, cfg: Config) -> list[str | None]:
+def _decode_pass(files, keys, tally: Tally, spec: StoreSpec, pool) -> list[str | None]:
     """Every file's refusal reason (None: usable); what is decoded now goes to the cache."""
     reasons = []
     progress = Progress(len(files), "prepare: decoding")
-    for sha, (stored, cached) in zip(keys, _results(files, keys, tally, spec, cfg), strict=True):
+    for sha, (stored, cached) in zip(keys, _results(files, keys, tally, spec, pool), strict=True):
         if cached is False:  # decoded now: good or bad, remembered for this run and the next
             tally.cache.put(sha, stored)
         reasons.append(stored.reason)
@@ -180,30 +196,31 @@ def _count(tally: Tally, stored: Stored, split: str) -> None:
         tally.add_train_stats(stored)
 
 
-def _hash_all(files, tally: Tally) -> list[str | None]:
-    progress = Progress(len(files), "prepare: hashing files")
+def _hash_all(files, stats, known, tally: Tally) -> list[str | None]:
+    """Each file's content hash: remembered (same size, mtime and inode) or read now."""
+    progress = Progress(sum(sha is None for sha in known), "prepare: hashing files")
     keys = []
-    for path, _ in files:
-        sha = None
-        if unsupported(path) is None:
-            sha = file_sha256(path)
+    for (path, _), st, sha in zip(files, stats, known, strict=True):
+        if st is not None:
+            if sha is None:
+                sha = file_sha256(path)
+                tally.hashed += 1
+                progress.update()
             tally.hashes.add(sha)
-            tally.source_bytes += path.stat().st_size
+            tally.source_bytes += st.st_size
         keys.append(sha)
-        progress.update()
     progress.close()
     return keys
 
 
-def _results(files, keys, tally: Tally, spec: StoreSpec, cfg: Config):
+def _results(files, keys, tally: Tally, spec: StoreSpec, pool):
     """(Stored, came from the cache?) per file, in the files' order."""
     hits = [sha is not None and tally.cache.has(sha) for sha in keys]
     misses = [str(path) for (path, _), sha, hit in zip(files, keys, hits, strict=True)
               if sha and not hit]
-    workers = pool_size(cfg, misses)
-    log.info(f"prepare: {len(files)} files, {len(misses)} to decode with {workers} "
+    log.info(f"prepare: {len(files)} files, {len(misses)} to decode with {pool.workers} "
              f"process(es), {sum(hits)} from the cache")
-    decoded = _decode_all(misses, spec, workers)
+    decoded = _decode_all(misses, spec, pool)
     for (path, _), sha, hit in zip(files, keys, hits, strict=True):
         if sha is None:
             yield Stored(reason=unsupported(path)), None
@@ -217,31 +234,50 @@ def _results(files, keys, tally: Tally, spec: StoreSpec, cfg: Config):
         yield stored, False
 
 
-def _decode_all(paths: list[str], spec: StoreSpec, workers: int, chunk: int = 8):
-    """store_image over `paths`, results in order. With several workers, a bounded
-    window of chunks is in flight (memory stays flat however many files there are);
-    a worker that dies (killed, out of memory) fails the run instead of hanging it."""
+@dataclass
+class Decoder:
+    workers: int
+    executor: object | None  # a ProcessPoolExecutor; None: decode in this process
+
+
+@contextlib.contextmanager
+def decode_pool(workers: int):
+    """A process pool of `workers` (1: decode in this process), started at once.
+
+    spawn, not fork: the parent may hold threads (MLflow, TensorFlow in tests). The
+    workers' entry points live in data.store, which imports neither the config
+    (pydantic: 0.7 s of CPU per spawned worker) nor this module.
+    """
     if workers <= 1:
+        yield Decoder(1, None)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=one_blas_thread) as pool:
+        for _ in range(workers):  # the pool starts a worker per task while none is idle
+            pool.submit(int)
+        yield Decoder(workers, pool)
+
+
+def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8):
+    """store_image over `paths`, results in order. With a pool, a bounded window of
+    chunks is in flight (memory stays flat however many files there are); a worker
+    that dies (killed, out of memory) fails the run instead of hanging it."""
+    if pool.executor is None:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(1):
             yield from (store_image(p, spec) for p in paths)
         return
-    from concurrent.futures import ProcessPoolExecutor
-
     chunks = (paths[i : i + chunk] for i in range(0, len(paths), chunk))
     window: deque = deque()
-    # spawn, not fork: the parent may hold threads (MLflow, TensorFlow in tests).
-    # The workers' entry points live in data.store, which imports neither the config
-    # (pydantic: 0.7 s of CPU per spawned worker) nor this module.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=one_blas_thread) as pool:
-        for part in chunks:
-            window.append(pool.submit(store_chunk, part, spec))
-            if len(window) >= 4 * workers:
-                yield from window.popleft().result()
-        while window:
+    for part in chunks:
+        window.append(pool.executor.submit(store_chunk, part, spec))
+        if len(window) >= 4 * pool.workers:
             yield from window.popleft().result()
+    while window:
+        yield from window.popleft().result()
 
 
 def _quarantine(out: Path, image_dir: Path, path: Path) -> None:

@@ -131,6 +131,7 @@ def _metrics(tally, write_seconds: float, classes: int) -> dict:
         **{f"{s}_images": tally.split_counts[s] for s in SPLITS},
         "images_decoded": tally.decoded,
         "images_cached": tally.cached,
+        "files_hashed": tally.hashed,  # the others' hashes were remembered (data.hash_memo)
         "source_bytes": tally.source_bytes,
         "stored_bytes": tally.stored_bytes,
         "write_seconds": round(write_seconds, 3),
