@@ -233,6 +233,8 @@ class ImageCache:
 
         if sha256 not in self.index:
             return None
+        if self._out is not None:
+            self._out.flush()  # the entry may be this run's, still in the write buffer
         number, pos, _ = self.index[sha256]
         seg = self._segments[number]
         fh = self._readers.get(seg) or self._readers.setdefault(seg, seg.open("rb"))
@@ -253,7 +255,10 @@ class ImageCache:
         if self._out is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             number = max((int(p.stem) for p in self.folder.glob("*.seg")), default=0) + 1
-            self._out = (self.folder / f"{number:06d}.seg").open("ab")
+            self._segments.append(self.folder / f"{number:06d}.seg")
+            self._out = self._segments[-1].open("ab")
+        # Indexed as written: the entries of this run are read back without a new scan.
+        self.index[sha256] = (len(self._segments) - 1, self._out.tell(), stored.reason)
         self._out.write(_entry(sha256, stored, google_crc32c.value(stored.data)))
 
     def close(self) -> None:
@@ -273,8 +278,6 @@ class ImageCache:
             for other in self.root.iterdir():
                 if other != self.folder and other.is_dir():  # files: data.hash_memo's
                     shutil.rmtree(other, ignore_errors=True)
-        self.index, self._segments = {}, []
-        self._scan_all()  # now with this run's segment
         segments = sorted(self.folder.glob("*.seg"))
         if len(segments) <= max_segments and set(self.index) <= keep:
             return

@@ -141,7 +141,6 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     finally:
         memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
-    tally.cache = ImageCache(cfg.paths.prepare_cache, spec)  # indexes this run's entries too
     good = [(sha, label) for (_, label), sha, reason in zip(files, keys, reasons, strict=True)
             if reason is None]
     splits = assign_splits(good, cfg.seed, cfg.data.split.val, cfg.data.split.test)
