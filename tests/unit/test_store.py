@@ -170,3 +170,14 @@ def test_cache_index_holds_a_few_values_per_entry_not_the_header(tmp_path):
     assert held / 2000 < 400  # bytes per entry; the parsed header alone was about 1,600
     assert reopened.get(f"{7:064x}").sums == (0.1, 0.2, 0.3)
     reopened.close()
+
+
+def test_resize_matrices_kept_are_bounded_however_many_sizes_are_met():
+    """One matrix per side length met: a photo set has hundreds, and an unbounded
+    cache made every worker's memory grow with the number of images."""
+    from tfmlops.data import store
+
+    for width in range(100, 100 + 3 * store.MATRICES_KEPT):
+        store.resize_bilinear(np.zeros((40, width, 3), np.uint8), 32)
+    assert store._resize_matrix_t.cache_info().currsize <= store.MATRICES_KEPT
+    assert store._resize_matrix.cache_info().currsize <= store.MATRICES_KEPT

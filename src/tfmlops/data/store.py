@@ -35,6 +35,7 @@ STORE_VERSION = 2  # 2: PNG compress level 1
 # about a tenth more bytes; the stored size is far below the source's either way.
 PNG_COMPRESS_LEVEL = 1
 JPEG_SOURCES = {"JPEG", "MPO"}
+MATRICES_KEPT = 32
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,9 @@ def _resized_planes(image: np.ndarray, size: int) -> np.ndarray:
     return planes
 
 
-@functools.lru_cache(maxsize=1024)
+# Bounded: one matrix per distinct side length met (photos have hundreds), each tens
+# of KB; 1024 of them made every worker's memory grow with the number of images.
+@functools.lru_cache(maxsize=MATRICES_KEPT)
 def _resize_matrix(in_size: int, out_size: int) -> np.ndarray:
     lower, upper, lerp = bilinear_taps(in_size, out_size)
     m = np.zeros((out_size, in_size), np.float32)
@@ -162,7 +165,7 @@ def _resize_matrix(in_size: int, out_size: int) -> np.ndarray:
     return m
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=MATRICES_KEPT)
 def _resize_matrix_t(in_size: int, out_size: int) -> np.ndarray:
     # A contiguous transpose: BLAS multiplies it without a strided copy per call.
     return np.ascontiguousarray(_resize_matrix(in_size, out_size).T)

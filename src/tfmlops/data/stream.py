@@ -127,15 +127,16 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     try:
-        stats = [None if unsupported(path) else path.stat() for path, _ in files]
-        known = [st and memo.get(path, stat_key(st)) for (path, _), st in zip(files, stats, strict=True)]
+        # (size, mtime, inode) per file: three numbers, not a stat result (memory per file)
+        stats = [None if unsupported(path) else stat_key(path.stat()) for path, _ in files]
+        known = [st and memo.get(path, st) for (path, _), st in zip(files, stats, strict=True)]
         # Files not known to be cached: what the pool is sized for. It starts now, so the
         # workers' start-up overlaps the hashing of the files not known yet.
-        likely = [st.st_size for st, sha in zip(stats, known, strict=True)
+        likely = [st[0] for st, sha in zip(stats, known, strict=True)
                   if st and not (sha and tally.cache.has(sha))]
         with decode_pool(pool_size(cfg, likely)) as pool:
             keys = _hash_all(files, stats, known, tally)
-            memo.replace((path, stat_key(st), sha)
+            memo.replace((path, st, sha)
                          for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha)
             reasons = _decode_pass(files, keys, tally, spec, pool)
     finally:
@@ -206,7 +207,7 @@ def _hash_all(files, stats, known, tally: Tally) -> list[str | None]:
                 tally.hashed += 1
                 progress.update()
             tally.hashes.add(sha)
-            tally.source_bytes += st.st_size
+            tally.source_bytes += st[0]
         keys.append(sha)
     progress.close()
     return keys
