@@ -228,17 +228,25 @@ def test_incremental_prepare_equals_a_cold_one(tmp_path, make_cfg):
     assert prepare.run(warm)["images_decoded"] == 0
 
 
-def test_unchanged_files_are_not_read_again_to_hash(tmp_path, make_cfg):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unchanged_files_are_not_read_again_to_hash(tmp_path, make_cfg, workers):
     files = photo_folder(tmp_path / "photos", per_class=6)
     past = 1_700_000_000
     for f in files:  # older than the memo's racy window (files written now are hashed again)
         os.utime(f, (past, past))
-    cfg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", workers=1)
+    cfg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", workers=workers)
     first = prepare.run(cfg)
     assert first["files_hashed"] == 18
     before = output_bytes(cfg)
     again = prepare.run(cfg)
     assert (again["files_hashed"], again["images_decoded"]) == (0, 0)
+    # touched and copied (same content, new stat or path): hashed again, found in the cache
+    os.utime(files[0], (past + 5, past + 5))
+    (tmp_path / "photos" / "c1" / "copy.jpg").write_bytes(files[1].read_bytes())
+    os.utime(tmp_path / "photos" / "c1" / "copy.jpg", (past, past))
+    same = prepare.run(cfg)
+    assert (same["files_hashed"], same["images_decoded"], same["images_cached"]) == (2, 0, 19)
+    (tmp_path / "photos" / "c1" / "copy.jpg").unlink()
 
     # new content of the same size, mtime moved on: hashed again, and so decoded again
     data = bytearray(files[3].read_bytes())

@@ -1,7 +1,8 @@
 """One image's work in `prepare`: decode, resize, re-encode, measure; and its cache.
 
-`store_image` runs in every worker of prepare's process pool (or in the main
-process): it reads one file, decodes it with `data.decode.load_image` (JPEG
+`hash_and_store` runs in every worker of prepare's process pool (or in the main
+process): it reads one file, hashes it (the cache's key) and, unless the cache
+holds that content, decodes it with `data.decode.load_image` (JPEG
 draft, EXIF orientation, 16-bit scaling, transparency onto white), keeps its
 short side at `StoreSpec.short_side`, encodes it as JPEG or PNG and measures
 the per-channel sums the train split's statistics need, at the model's input
@@ -75,13 +76,40 @@ class Stored:
 
 
 def store_image(path: str, spec: StoreSpec) -> Stored:
-    """Read, decode, resize, encode and measure one file (a pool worker's job)."""
-    from tfmlops.data.decode import ImageRejected, load_image_info
-
+    """Read, decode, resize, encode and measure one file."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         return Stored(reason=f"unreadable: {exc.strerror or exc}")
+    return store_bytes(data, spec)
+
+
+def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> tuple[str | None, Stored | None]:
+    """A pool worker's job: read the file once, hash it, and store it unless the cache
+    holds that content (`cached`: the sorted first 8 bytes of the cached hashes; None
+    then, and the caller checks the whole hash). An unreadable file: (None, reason)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return None, Stored(reason=f"unreadable: {exc.strerror or exc}")
+    digest = hashlib.sha256(data)
+    prefix = np.uint64(int.from_bytes(digest.digest()[:8], "big"))
+    i = int(np.searchsorted(cached, prefix))
+    if i < len(cached) and cached[i] == prefix:
+        return digest.hexdigest(), None
+    return digest.hexdigest(), store_bytes(data, spec)
+
+
+def cached_prefixes(shas) -> np.ndarray:
+    """What `hash_and_store` checks: 8 bytes per cached hash (0.8 MB per 100,000 images,
+    copied to each worker), sorted."""
+    return np.sort(np.array([int(sha[:16], 16) for sha in shas], dtype=np.uint64))
+
+
+def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
+    """Decode, resize, encode and measure one file's bytes."""
+    from tfmlops.data.decode import ImageRejected, load_image_info
+
     try:
         img, fmt, source = load_image_info(data, spec.channels, spec.short_side)
     except ImageRejected as exc:
@@ -110,17 +138,23 @@ def _decoded(encoded: bytes) -> np.ndarray:
         return np.asarray(img)
 
 
-def store_chunk(paths: list[str], spec: StoreSpec) -> list[Stored]:
-    """`store_image` over a chunk of files: a pool worker's task."""
-    return [store_image(p, spec) for p in paths]
+_CACHED = np.zeros(0, np.uint64)  # a pool worker's copy of cached_prefixes (setup_worker)
 
 
-def one_blas_thread() -> None:
-    """A pool worker's BLAS on one thread: the statistics' small matrix products ran 14x
-    slower with a thread per core, in every one of the pool's processes."""
+def setup_worker(cached: np.ndarray) -> None:
+    """A pool worker's start: the cached hashes' prefixes, and BLAS on one thread (the
+    statistics' small matrix products ran 14x slower with a thread per core, in every
+    one of the pool's processes)."""
     from threadpoolctl import threadpool_limits
 
+    global _CACHED
+    _CACHED = cached
     threadpool_limits(1)
+
+
+def hash_and_store_chunk(paths: list[str], spec: StoreSpec) -> list[tuple[str | None, Stored | None]]:
+    """`hash_and_store` over a chunk of files: a pool worker's task."""
+    return [hash_and_store(p, spec, _CACHED) for p in paths]
 
 
 def channel_sums(pixels: np.ndarray, size: int, channels: int):

@@ -1,15 +1,16 @@
 """prepare's streaming core: files in, TFRecord shards and a small tally out.
 
-Three passes over the file list, each in a fixed order. The first hashes
-every file (its cache key) that `data.hash_memo` does not remember unchanged,
-while the decoding pool starts. The second decodes every file the cache does not
-hold yet with a process pool (`data.store.store_image`, results in submission
-order) into the cache, keeping only whether each file is usable. The split
-is stratified among the usable files of each class (`images.assign_splits`),
-which is why it waits for the second pass. The third takes each usable
-file's result from the cache and writes it to its split's shards, keeping
-only counts, sums and one small row per file: memory does not grow with
-image size, and what is written does not depend on the worker count.
+Two passes over the file list, each in a fixed order. The first hands every
+file that `data.hash_memo` does not remember unchanged (with a cached content)
+to a process pool, which reads it once, hashes it (its cache key) and decodes
+it unless the cache holds that content (`data.store.hash_and_store`, results in
+submission order); what is decoded goes into the cache, and only each file's
+hash and whether it is usable are kept. The split is stratified among the
+usable files of each class (`images.assign_splits`), which is why it waits for
+the first pass. The second takes each usable file's result from the cache and
+writes it to its split's shards, keeping only counts, sums and one small row
+per file: memory does not grow with image size, and what is written does not
+depend on the worker count.
 """
 
 from __future__ import annotations
@@ -25,8 +26,17 @@ from pathlib import Path
 
 from tfmlops.config import Config
 from tfmlops.data.hash_memo import HashMemo, stat_key
-from tfmlops.data.images import SPLITS, assign_splits, file_sha256, unsupported
-from tfmlops.data.store import ImageCache, Stored, StoreSpec, one_blas_thread, store_chunk, store_image
+from tfmlops.data.images import SPLITS, assign_splits, unsupported
+from tfmlops.data.store import (
+    ImageCache,
+    Stored,
+    StoreSpec,
+    cached_prefixes,
+    hash_and_store,
+    hash_and_store_chunk,
+    setup_worker,
+    store_image,
+)
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
 
@@ -130,15 +140,9 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
         # (size, mtime, inode) per file: three numbers, not a stat result (memory per file)
         stats = [None if unsupported(path) else stat_key(path.stat()) for path, _ in files]
         known = [st and memo.get(path, st) for (path, _), st in zip(files, stats, strict=True)]
-        # Files not known to be cached: what the pool is sized for. It starts now, so the
-        # workers' start-up overlaps the hashing of the files not known yet.
-        likely = [st[0] for st, sha in zip(stats, known, strict=True)
-                  if st and not (sha and tally.cache.has(sha))]
-        with decode_pool(pool_size(cfg, likely)) as pool:
-            keys = _hash_all(files, stats, known, tally)
-            memo.replace((path, st, sha)
-                         for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha)
-            reasons = _decode_pass(files, keys, tally, spec, pool)
+        keys, reasons = _decode_pass(files, stats, known, tally, spec, cfg)
+        memo.replace((path, st, sha)
+                     for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha)
     finally:
         memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
@@ -173,17 +177,19 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     return tally
 
 
-def _decode_pass(files, keys, tally: Tally, spec: StoreSpec, pool) -> list[str | None]:
-    """Every file's refusal reason (None: usable); what is decoded now goes to the cache."""
-    reasons = []
+def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
+    """Every file's content hash and refusal reason (None: usable); what is decoded now
+    goes to the cache."""
+    keys, reasons = [], []
     progress = Progress(len(files), "prepare: decoding")
-    for sha, (stored, cached) in zip(keys, _results(files, keys, tally, spec, pool), strict=True):
-        if cached is False:  # decoded now: good or bad, remembered for this run and the next
+    for sha, stored, cached in _results(files, stats, known, tally, spec, cfg):
+        if cached is False and sha:  # decoded now: good or bad, remembered for the next run
             tally.cache.put(sha, stored)
+        keys.append(sha)
         reasons.append(stored.reason)
         progress.update()
     progress.close()
-    return reasons
+    return keys, reasons
 
 
 def _count(tally: Tally, stored: Stored, split: str) -> None:
@@ -196,84 +202,79 @@ def _count(tally: Tally, stored: Stored, split: str) -> None:
         tally.add_train_stats(stored)
 
 
-def _hash_all(files, stats, known, tally: Tally) -> list[str | None]:
-    """Each file's content hash: remembered (same size, mtime and inode) or read now."""
-    progress = Progress(sum(sha is None for sha in known), "prepare: hashing files")
-    keys = []
-    for (path, _), st, sha in zip(files, stats, known, strict=True):
-        if st is not None:
-            if sha is None:
-                sha = file_sha256(path)
-                tally.hashed += 1
-                progress.update()
-            tally.hashes.add(sha)
-            tally.source_bytes += st[0]
-        keys.append(sha)
-    progress.close()
-    return keys
-
-
-def _results(files, keys, tally: Tally, spec: StoreSpec, pool):
-    """(Stored, came from the cache?) per file, in the files' order."""
-    hits = [sha is not None and tally.cache.has(sha) for sha in keys]
-    misses = [str(path) for (path, _), sha, hit in zip(files, keys, hits, strict=True)
-              if sha and not hit]
-    log.info(f"prepare: {len(files)} files, {len(misses)} to decode with {pool.workers} "
-             f"process(es), {sum(hits)} from the cache")
-    decoded = _decode_all(misses, spec, pool)
-    for (path, _), sha, hit in zip(files, keys, hits, strict=True):
-        if sha is None:
-            yield Stored(reason=unsupported(path)), None
-            continue
-        if hit:  # its facts are in the index; its bytes are read (and checked) when written
-            tally.cached += 1
-            yield Stored(reason=tally.cache.reason(sha)), True
-            continue
-        stored = next(decoded)
-        tally.decoded += 1
-        yield stored, False
+def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
+    """(hash, Stored, came from the cache?) per file, in the files' order. A file whose
+    remembered hash the cache holds is not read; the others are read, hashed and (unless
+    the cache holds their content after all) decoded by the pool."""
+    cache = tally.cache
+    todo = [(str(path), st[0]) for (path, _), st, sha in zip(files, stats, known, strict=True)
+            if st and not (sha and cache.has(sha))]
+    workers = pool_size(cfg, [size for _, size in todo])
+    log.info(f"prepare: {len(files)} files, {len(todo)} to read with {workers} process(es), "
+             f"{len(files) - len(todo)} known unchanged")
+    with decode_pool(workers, cached_prefixes(cache.index)) as pool:
+        worked = _decode_all([p for p, _ in todo], spec, pool)
+        for (path, _), st, sha in zip(files, stats, known, strict=True):
+            if st is None:
+                yield None, Stored(reason=unsupported(path)), None
+                continue
+            stored = None
+            if not (sha and cache.has(sha)):
+                sha, stored = next(worked)
+                tally.hashed += sha is not None
+                if stored is None and not cache.has(sha):  # 8 bytes alike, not the hash
+                    stored = store_image(str(path), spec)
+            if sha is not None:
+                tally.hashes.add(sha)
+                tally.source_bytes += st[0]
+            if stored is not None:  # decoded now (or unreadable)
+                tally.decoded += sha is not None
+                yield sha, stored, False
+                continue
+            tally.cached += 1  # its facts are in the index; its bytes are read when written
+            yield sha, Stored(reason=cache.reason(sha)), True
 
 
 @dataclass
 class Decoder:
     workers: int
     executor: object | None  # a ProcessPoolExecutor; None: decode in this process
+    cached: object  # store.cached_prefixes of the cache
 
 
 @contextlib.contextmanager
-def decode_pool(workers: int):
-    """A process pool of `workers` (1: decode in this process), started at once.
+def decode_pool(workers: int, cached):
+    """A process pool of `workers` (1: decode in this process), each worker given the
+    cached hashes' prefixes once.
 
     spawn, not fork: the parent may hold threads (MLflow, TensorFlow in tests). The
     workers' entry points live in data.store, which imports neither the config
     (pydantic: 0.7 s of CPU per spawned worker) nor this module.
     """
     if workers <= 1:
-        yield Decoder(1, None)
+        yield Decoder(1, None, cached)
         return
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=one_blas_thread) as pool:
-        for _ in range(workers):  # the pool starts a worker per task while none is idle
-            pool.submit(int)
-        yield Decoder(workers, pool)
+                             initializer=setup_worker, initargs=(cached,)) as pool:
+        yield Decoder(workers, pool, cached)
 
 
 def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8):
-    """store_image over `paths`, results in order. With a pool, a bounded window of
+    """hash_and_store over `paths`, results in order. With a pool, a bounded window of
     chunks is in flight (memory stays flat however many files there are); a worker
     that dies (killed, out of memory) fails the run instead of hanging it."""
     if pool.executor is None:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(1):
-            yield from (store_image(p, spec) for p in paths)
+            yield from (hash_and_store(p, spec, pool.cached) for p in paths)
         return
     chunks = (paths[i : i + chunk] for i in range(0, len(paths), chunk))
     window: deque = deque()
     for part in chunks:
-        window.append(pool.executor.submit(store_chunk, part, spec))
+        window.append(pool.executor.submit(hash_and_store_chunk, part, spec))
         if len(window) >= 4 * pool.workers:
             yield from window.popleft().result()
     while window:
