@@ -100,16 +100,21 @@ def mpo_jpeg(path: Path, width: int = 50, height: int = 40) -> None:
     first.save(path, format="MPO", save_all=True, append_images=[second])
 
 
-def bomb_png(path: Path, side: int = 30000) -> None:
-    """A ~100-byte PNG whose header claims side x side pixels (a decompression bomb)."""
+def png_header(width: int, height: int, pixels: bytes | None = None) -> bytes:
+    """A PNG of ~60 bytes whose header claims width x height pixels (8-bit gray); with
+    `pixels`, an IDAT of those bytes follows (a header claiming more than it holds)."""
     import struct
     import zlib
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(
-            ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
 
-    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
-    idat = zlib.compress(b"\x00" * 16)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat)
-                     + chunk(b"IEND", b""))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    idat = chunk(b"IDAT", zlib.compress(pixels)) if pixels is not None else b""
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
+
+
+def bomb_png(path: Path, side: int = 30000) -> None:
+    """A ~100-byte PNG whose header claims side x side pixels (a decompression bomb)."""
+    path.write_bytes(png_header(side, side, b"\x00" * 16))

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from conftest import child_env
+from images import png_header
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -43,19 +44,6 @@ def invoke(url: str, payload) -> requests.Response:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A PNG header claiming width x height pixels, with none: a decompression bomb's."""
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return (struct.pack(">I", len(body)) + kind + body
-                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
 
 def test_real_test_images_as_base64_match_the_offline_model(server, exported_digits,

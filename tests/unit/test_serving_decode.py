@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 import json
-import struct
-import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from images import png_header
 from tfmlops.data.decode import load_image
 from tfmlops.serving.preprocess import RequestError, decode_image, image_input
 
@@ -115,16 +114,6 @@ def test_an_mpo_is_accepted_and_its_first_picture_used():
     trained = train_input(buf.getvalue(), 3, 32, 48)
     np.testing.assert_allclose(image_input(buf.getvalue(), 3, 32, MEAN, STD, 48), trained,
                                atol=1e-5)
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A ~60-byte PNG that claims width x height pixels (8-bit gray) and holds none."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return (struct.pack(">I", len(body)) + kind + body
-                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
 
 
 @pytest.mark.parametrize("side", [10_000, 30_000])  # above PIL's limit (warning) and twice it
