@@ -147,14 +147,6 @@ def unsupported(path: Path) -> str | None:
     return None
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_empty_classes(root: Path, classes: list[str], good_labels: set[str]) -> None:
     empty = [c for c in classes if c not in good_labels]
     if empty:

@@ -78,33 +78,41 @@ class Stored:
 
 def store_image(path: str, spec: StoreSpec) -> Stored:
     """Read, decode, resize, encode and measure one file."""
+    data = _read(path)
+    return data if isinstance(data, Stored) else store_bytes(data, spec)
+
+
+def _read(path: str) -> bytes | Stored:
+    """The file's bytes, or the reason it cannot be read."""
     try:
-        data = Path(path).read_bytes()
+        return Path(path).read_bytes()
     except OSError as exc:
         return Stored(reason=f"unreadable: {exc.strerror or exc}")
-    return store_bytes(data, spec)
+
+
+def _prefix(sha256: str) -> np.uint64:
+    """The first 8 bytes of a hash: what the workers hold of each cached one."""
+    return np.uint64(int(sha256[:16], 16))
 
 
 def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> tuple[str | None, Stored | None]:
     """A pool worker's job: read the file once, hash it, and store it unless the cache
     holds that content (`cached`: the sorted first 8 bytes of the cached hashes; None
     then, and the caller checks the whole hash). An unreadable file: (None, reason)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        return None, Stored(reason=f"unreadable: {exc.strerror or exc}")
-    digest = hashlib.sha256(data)
-    prefix = np.uint64(int.from_bytes(digest.digest()[:8], "big"))
-    i = int(np.searchsorted(cached, prefix))
-    if i < len(cached) and cached[i] == prefix:
-        return digest.hexdigest(), None
-    return digest.hexdigest(), store_bytes(data, spec)
+    data = _read(path)
+    if isinstance(data, Stored):
+        return None, data
+    sha = hashlib.sha256(data).hexdigest()
+    i = int(np.searchsorted(cached, _prefix(sha)))
+    if i < len(cached) and cached[i] == _prefix(sha):
+        return sha, None
+    return sha, store_bytes(data, spec)
 
 
 def cached_prefixes(shas) -> np.ndarray:
     """What `hash_and_store` checks: 8 bytes per cached hash (0.8 MB per 100,000 images,
     copied to each worker), sorted."""
-    return np.sort(np.array([int(sha[:16], 16) for sha in shas], dtype=np.uint64))
+    return np.sort(np.array([_prefix(sha) for sha in shas], dtype=np.uint64))
 
 
 def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
