@@ -31,6 +31,19 @@ def test_environment_uri_wins_over_params(monkeypatch):
     assert tracking.tracking_uri(cfg) == "http://127.0.0.1:5999"
 
 
+def test_an_exported_uri_stays_the_users_after_mlflow_is_pointed_at_it(monkeypatch, tmp_path):
+    """The sidecar points MLflow at the user's MLFLOW_TRACKING_URI before it opens the
+    run: that must not be mistaken for MLflow's own echo of a URI set here."""
+    cfg = Config(tracking=TrackingConfig(uri=f"sqlite:///{tmp_path / 'params.db'}"))
+    chosen = f"sqlite:///{tmp_path / 'exported.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", chosen)
+    tracking.use_uri(chosen)
+    assert tracking.tracking_uri(cfg) == chosen
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    tracking.use_uri(other)  # exported by set_tracking_uri, not by the user: params win
+    assert tracking.tracking_uri(cfg) == f"sqlite:///{tmp_path / 'params.db'}"
+
+
 def test_local_artifacts_sit_beside_the_database():
     assert tracking.artifact_location("sqlite:////srv/ml/mlflow.db") == "file:///srv/ml/mlartifacts"
     assert tracking.artifact_location("http://server:5000") is None

@@ -2,8 +2,6 @@
 run once it ends, the model logged in a thread is in the run, and a failure in that
 thread fails the stage instead of vanishing with it. Real MLflow on a temp SQLite store."""
 
-import json
-
 import numpy as np
 import pytest
 
@@ -123,46 +121,3 @@ def test_background_raises_its_error_in_the_joining_thread():
     with pytest.raises(ValueError, match="from the thread"):
         job.join()
     assert Background(lambda: 7, "test").join() == 7
-
-
-def test_warm_up_opens_the_store_and_the_run_uses_its_experiment(tmp_path, make_cfg):
-    cfg = make_cfg()
-    tracking.warm_up(cfg)
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}):
-        pass
-    (finished,) = stage_runs(cfg, "train")
-    exp = mlflow_client(cfg).get_experiment(finished.info.experiment_id)
-    assert exp.name == cfg.tracking.experiment
-    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] == (
-        finished.info.run_id)
-
-
-def test_a_run_opened_in_the_background_gets_every_call_in_order(tmp_path, make_cfg):
-    cfg = make_cfg()
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1},
-                            open_in_background=True) as run:
-        assert run.active
-        for step in (1, 2, 3):  # made while it may still be opening: held, then sent
-            run.log_metrics({"loss": 1.0 / step}, step=step)
-        run.set_tags({"tfmlops.precision": "float32"})
-        run.start_keras_model(tiny_keras_model(), input_example=np.zeros((1, 4), np.float32)
-                              ).wait(tmp_path / "model.keras")
-        # Open once the stage logs its model: the run file is there before outputs move.
-        written = json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())
-    (finished,) = stage_runs(cfg, "train")
-    assert written["run_id"] == finished.info.run_id
-    assert finished.info.status == "FINISHED" and finished.info.run_name.startswith("train-")
-    assert finished.data.params == {"a": "1"}
-    assert finished.data.tags["tfmlops.precision"] == "float32"
-    assert "mlflow.user" in finished.data.tags  # the context tags start_run would add
-    history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "loss")
-    assert sorted(m.step for m in history) == [1, 2, 3]
-    assert len(mlflow_client(cfg).search_logged_models([finished.info.experiment_id])) == 1
-
-
-def test_a_background_opening_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):
-    cfg = make_cfg(tracking={"uri": "http://127.0.0.1:9", "connect_timeout_s": 2})
-    with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
-        with tracking.stage_run(cfg, "train", tmp_path / "out", open_in_background=True):
-            pytest.fail("the stage must not start")

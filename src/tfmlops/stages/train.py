@@ -45,13 +45,10 @@ def run(cfg: Config) -> dict:
     tuned = hparams.read_best(cfg) if cfg.train.use_tuned else None
     merged, changes = hparams.merge(cfg, tuned)
     backbones.ensure_weights(merged.model)  # ImageNet weights: in Keras' cache, or fetched now
-
+    # The run's process starts now: it imports MLflow while this one imports TensorFlow.
+    tracking.start_sidecar(cfg)
 
     from tfmlops.data import pipeline  # imports TensorFlow (no op runs yet)
-
-    # MLflow's import and the store's opening start now, in a thread; the run itself
-    # opens in a thread too (reports.open_run) and takes over what this one did.
-    tracking.warm_up(cfg)
     from tfmlops.model import strategy as dist
     from tfmlops.model.builder import check_buildable
     from tfmlops.training.fit import checked_global_batch, op_determinism

@@ -9,20 +9,21 @@ when the server goes away: retry with a bounded backoff (retry.py), then queue
 the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
 failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
 the next run of their stage (stale.py); URIs are written and logged without
-credentials (uri.redact). Tracking's fixed cost is kept out of the stage's way
-(background.py, run.py): a run opened in a thread, batches sent asynchronously, the
-model logged in a thread.
+credentials (uri.redact). Tracking's fixed cost is kept out of the stage's way:
+batches sent asynchronously and the model logged in a thread (background.py,
+run.py); `train`'s run kept by a separate process (sidecar.py, keras_file.py).
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.
 """
 
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tracking.background import warm_up
 from tfmlops.tracking.lineage import RUN_FILE, data_version, git_state, read_run_file
 from tfmlops.tracking.ops import REPLAYABLE
 from tfmlops.tracking.outbox import OUTBOX_DIR, sync
 from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run
+from tfmlops.tracking.sidecar import sidecar_run
+from tfmlops.tracking.sidecar import start_early as start_sidecar
 from tfmlops.tracking.uri import (
     artifact_location,
     ensure_reachable,
@@ -40,6 +41,7 @@ _import_mlflow = import_mlflow  # the old private name, still used by tests/infr
 __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
     "attach_run", "data_version", "ensure_reachable", "git_state", "import_mlflow", "is_chief",
-    "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "stage_run", "sync",
-    "tracking_uri", "use_uri", "warm_up",
+    "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
+    "start_sidecar",
+    "stage_run", "sync", "tracking_uri", "use_uri",
 ]

@@ -9,8 +9,8 @@ What keeps tracking cheap (issue 16): metrics, params and tags are sent
 asynchronously (MLflow's async logging) and flushed before the run ends, a failed batch going through the
 retry/outbox path like any call; the model is logged in a thread
 (`start_keras_model`) while the stage works on, with its signature given so MLflow
-does not reload the model to validate the input example; MLflow's import and the
-store's opening start early in a thread (background.warm_up).
+does not reload the model to validate the input example. `train` keeps its run in
+a separate process (sidecar.py), so its process never imports MLflow.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tracking.background import Background, is_store_error, warmed_experiment
+from tfmlops.tracking.background import Background, is_store_error
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
@@ -122,15 +122,28 @@ class StageRun:
         """Log (and optionally register) a Keras model; on failure queue its saved file."""
         self.start_keras_model(model, **kwargs).wait(saved_path)
 
-    def start_keras_model(self, model, **kwargs) -> ModelLogging:
+    def start_keras_model(self, model, saved_path: str | Path | None = None,
+                          **kwargs) -> ModelLogging:
         """Start logging a Keras model in a thread; the caller goes on working and calls
         `wait(saved_path)` (the run's end waits too). `input_example` without a
         `signature`: the signature is computed here from one call of the model, and
-        MLflow's reload of the saved model to validate the example is skipped."""
+        MLflow's reload of the saved model to validate the example is skipped.
+        `saved_path` (the file the stage saved) is for the sidecar's runs."""
         # Declared, not inferred: MLflow's inference reloads the model in a fresh
         # Python (~15 s of TensorFlow import) on every log.
-        kwargs.setdefault("pip_requirements", pinned_requirements(
-            "mlflow", "tensorflow", "keras", "numpy"))
+        kwargs.setdefault("pip_requirements", model_requirements())
+        return self._start_model(lambda: _log_keras_model(model, self.run_id, kwargs))
+
+    def start_saved_keras_model(self, described: dict[str, Any]) -> ModelLogging:
+        """Start logging a model from its saved file (`keras_file.describe`), with no
+        TensorFlow in this process: the tracking sidecar's way."""
+        from tfmlops.tracking import keras_file
+
+        requirements = model_requirements()
+        return self._start_model(lambda: keras_file.log_saved(self.run_id, described,
+                                                              requirements))
+
+    def _start_model(self, log_it) -> ModelLogging:
         if not self.active:
             return ModelLogging(self, None)
         self.flush()  # the logged model copies the run's params: all of them sent first
@@ -138,7 +151,7 @@ class StageRun:
 
         def go(_client):
             try:
-                _log_keras_model(model, self.run_id, kwargs)
+                log_it()
             except Exception as exc:
                 if is_store_error(exc):
                     raise  # retried, then the caller queues the saved file
@@ -362,6 +375,11 @@ def _resumed(mlflow, run_id: str):
         yield
 
 
+def model_requirements() -> list[str]:
+    """What a logged Keras model needs to load (its pip requirements, pinned)."""
+    return pinned_requirements("mlflow", "tensorflow", "keras", "numpy")
+
+
 def pinned_requirements(*names: str) -> list[str]:
     """`name==installed version` for each installed distribution (a model's pip deps)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -396,19 +414,13 @@ def stage_run(
     out_dir: str | Path,
     upstream: dict[str, str | Path] | None = None,
     params: dict[str, Any] | None = None,
-    *,
-    open_in_background: bool = False,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
     `upstream` maps stage names to the output folders this stage reads; their
     run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
     part of the resolved config this stage uses (default: all of it).
-    `open_in_background`: the store's reachability is checked now (a stage still
-    fails in seconds), the run opens in a thread while the stage works (MLflow's
-    import is Python work that overlaps TensorFlow's training steps, not its
-    import); calls made meanwhile wait, in order, and the run file is written
-    once the run is open: at the latest when the stage logs its model or ends.
+    `sidecar.sidecar_run` is the same run kept by a separate process.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -422,94 +434,52 @@ def stage_run(
     params = params if params is not None else cfg.to_dict()
 
     def open_it() -> tuple[str, Outbox]:
-        run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params),
-                           fluent=not open_in_background)
+        run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
         close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
         write_run_file(out_dir, stage, run_id, uri)
         return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
 
-    if open_in_background:
-        ensure_reachable(uri, cfg.tracking.connect_timeout_s)
-        run = _OpeningRun(cfg, stage, Background(open_it, "open-run"))
-    else:
-        run = StageRun(cfg, stage, *open_it(), async_batches=True)
+    run = StageRun(cfg, stage, *open_it(), async_batches=True)
     run.log_params(params)
-    status = "FINISHED"
+    status: list[str] = []
     try:
-        yield run
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except BaseException:
-        status = "FAILED"
-        raise
+        with ending(run, status):
+            yield run
     finally:
-        run.end(status)
         with contextlib.suppress(Exception):
-            import_mlflow().end_run(status)
+            import_mlflow().end_run(status[0])
         if run.queued:
             log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
                         stage, run.queued, run._outbox.path, redact(uri))
 
 
-class _OpeningRun(StageRun):
-    """A stage's run that opens in a thread (`stage_run(open_in_background=True)`).
-
-    Batched calls (params, metrics, tags, artifacts...) made before it is open wait
-    here, in order, and are sent once it is; a call that needs the run at once (a
-    model, a figure, a child run, the end) waits for the opening. A run that fails
-    to open raises TrackingUnavailable there, as `stage_run` would have at once.
-    """
-
-    def __init__(self, cfg: Config, stage: str, opening: Background):
-        super().__init__(cfg, stage, None, None, async_batches=True)
-        self._opening: Background | None = opening
-        self._held: list[tuple[str, dict[str, Any]]] = []
-
-    @property
-    def active(self) -> bool:
-        return self._opening is not None or self.run_id is not None
-
-    def _open(self) -> None:
-        """Wait for the opening, then send what waited."""
-        if self._opening is None:
-            return
-        job, self._opening = self._opening, None
-        self.run_id, self._outbox = job.join()
-        held, self._held = self._held, []
-        for op, payload in held:
-            StageRun._do(self, op, payload)
-
-    def _do(self, op: str, payload: dict[str, Any]) -> None:
-        if self._opening is not None and not self._opening.done:
-            self._held.append((op, payload))
-            return
-        self._open()
-        super()._do(op, payload)
-
-    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
-        self._open()
-        return super()._call(fn, op, payload)
-
-    def flush(self) -> None:
-        self._open()
-        super().flush()
-
-    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
-        self._open()
-        return super().start_child(name, tags)
+@contextlib.contextmanager
+def ending(run: StageRun, status: list[str] | None = None) -> Iterator[None]:
+    """End `run` as the block ends: FINISHED, KILLED (KeyboardInterrupt) or FAILED; the
+    status is appended to `status` for the caller."""
+    ended = "FINISHED"
+    try:
+        yield
+    except KeyboardInterrupt:
+        ended = "KILLED"
+        raise
+    except BaseException:
+        ended = "FAILED"
+        raise
+    finally:
+        if status is not None:
+            status.append(ended)
+        run.end(ended)
 
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
-              run_name: str, fluent: bool = True) -> str:
-    """The id of a new run of `stage`, MLflow's active run with `fluent` (the fluent run
-    is thread-local: a run opened in a thread is created through the client, with the
-    same context tags start_run adds); TrackingUnavailable if it cannot open."""
-    warmed = warmed_experiment(uri, cfg.tracking.experiment)  # joined before MLflow is used here
+              run_name: str) -> str:
+    """The id of a new run of `stage`, MLflow's active run; TrackingUnavailable if it
+    cannot open."""
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow = use_uri(uri)
     try:
-        experiment_id = warmed or experiment_id_of(mlflow, cfg.tracking.experiment, uri)
+        experiment_id = experiment_id_of(mlflow, cfg.tracking.experiment, uri)
         tags = run_tags(cfg, stage, upstream)
         # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
         # start_run would resume: every stage of `-e main` would share one run.
@@ -517,13 +487,8 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         launcher = os.environ.pop("MLFLOW_RUN_ID", None)
         if launcher:
             tags["mlflow.parentRunId"] = launcher
-        if fluent:
-            return mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
-                                    tags=tags).info.run_id
-        from mlflow.tracking.context.registry import resolve_tags
-
-        return mlflow.MlflowClient().create_run(experiment_id, run_name=run_name,
-                                                tags=resolve_tags(tags)).info.run_id
+        return mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
+                                tags=tags).info.run_id
     except TrackingUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start

@@ -25,7 +25,8 @@ from tfmlops.errors import TrackingUnavailable
 _EXPS_TMP = os.sep + os.path.join(".dvc", "tmp", "exps") + os.sep
 SQLITE = "sqlite:///"
 
-_uri_set_here: str | None = None
+_uri_set_here: str | None = None  # the URI use_uri last pointed MLflow at
+_echo: str | None = None  # MLFLOW_TRACKING_URI as set_tracking_uri exported it, not the user
 
 # `scheme://user:password@` up to the last "@" of the token (a raw "@" or "/" in a
 # password must not leave its tail behind), and password-like query values.
@@ -64,7 +65,7 @@ def tracking_uri(cfg: Config) -> str:
     """MLFLOW_TRACKING_URI (a shared server) wins over params' tracking.uri."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
     # mlflow.set_tracking_uri exports the variable itself: ignore our own echo.
-    uri = env if env and env != _uri_set_here else cfg.tracking.uri
+    uri = env if env and env != _echo else cfg.tracking.uri
     if uri.startswith(SQLITE) and not uri.startswith("sqlite:////"):
         uri = SQLITE + str(repo_root() / uri[len(SQLITE):])
     elif "://" not in uri:  # a plain folder (file store)
@@ -127,10 +128,13 @@ def preflight(cfg: Config) -> None:
 
 def use_uri(uri: str):
     """Point MLflow at `uri` (the only place that does) and return the module."""
-    global _uri_set_here
+    global _uri_set_here, _echo
     mlflow = import_mlflow()
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     _uri_set_here = uri
+    if exported != uri:  # a value the user exported stays the user's choice
+        _echo = uri
     db = Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
     if db is not None and db.parent.is_dir():
         from filelock import FileLock

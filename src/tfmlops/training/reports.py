@@ -33,10 +33,10 @@ def open_run(ctx: TrainContext):
 
     cfg = ctx.cfg
     upstream = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned}
-    # Opened in a thread while the model builds and trains: MLflow's import and the
-    # store's first calls cost seconds (issue 16: tracking's fixed cost on a short run).
-    with tracking.stage_run(cfg, STAGE, ctx.folders.out, upstream=upstream,
-                            params=params(ctx.merged), open_in_background=True) as run:
+    # Kept by a separate process: MLflow's import and the store's first calls cost
+    # seconds of CPU (issue 16: tracking's fixed cost on a short run).
+    with tracking.sidecar_run(cfg, STAGE, ctx.folders.out, upstream=upstream,
+                              params=params(ctx.merged)) as run:
         ctx.run = run
         _log_setup(ctx)
         for row in ctx.rows:  # the killed run's epochs, so this run holds the whole curve
@@ -77,7 +77,8 @@ def evaluate_and_save(ctx: TrainContext, model):
     write_resolved(ctx.merged, ctx.folders.out)
     write_json(ctx.folders.out / "tune_merge.json", ctx.changes)
     x_test, y_test = pipeline.arrays(ctx.merged, ctx.prepared, "test")
-    ctx.model_logging = ctx.run.start_keras_model(model, input_example=x_test[:2])
+    ctx.model_logging = ctx.run.start_keras_model(model, saved_path=ctx.folders.out / MODEL_FILE,
+                                                  input_example=x_test[:2])
     return evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch,
                          arrays=(x_test, y_test))
 

@@ -1,0 +1,336 @@
+"""A stage's MLflow run kept in a separate process (issue 16: tracking under 3%).
+
+Importing MLflow costs about 3.5 s of CPU here, the SQLite store's first calls
+about 1.5 s, logging a model 1-2 s. In a thread of the training process that is
+Python work under the GIL, and an 8-epoch `train` got 15% slower with tracking
+on. TensorFlow leaves about a quarter of 2 cores idle while it trains, and one
+while it imports: a second process does the same work there, and the training
+process never imports MLflow. Once the run is open, the sidecar runs at a lower
+priority (NICENESS).
+
+- `SidecarRun` (the stage's side): the `StageRun` interface train uses. Calls are
+  sent over a pipe and return at once; the model goes as its saved file plus what
+  `keras_file.describe` took from it. The run's opening, the model's logging and
+  the end are waited for, so the run file is written before the outputs move, a
+  model that cannot be logged fails the stage, and the stage ends only when
+  everything is in the store or queued in the outbox.
+- `serve()` (the sidecar process, `main`): opens the run with `stage_run`
+  and replays every call into it: the same retries, outbox, async batches and
+  orphan rule as a run opened in the stage's process. Its log records are sent
+  back and logged by the stage's `tfmlops` loggers. If the stage dies, the pipe
+  closes and the run ends KILLED instead of staying RUNNING.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.run import StageRun, ending, stage_run
+from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri
+
+log = logging.getLogger(__name__)
+
+# Once its run is open, the sidecar yields to the stage: what is left (metrics, the
+# model at the end) takes the cores TensorFlow leaves idle. Not before: on a loaded
+# machine the run would open only after training, with no live metrics.
+NICENESS = 10
+# Not `-m`: the package imports this module before runpy would run it.
+_MAIN = "import sys; from tfmlops.tracking.sidecar import main; sys.exit(main(sys.argv[1:]))"
+_EOF = ("eof", None)
+
+
+_early: dict[str, Any] = {"process": None}
+
+
+def start_early(cfg) -> None:
+    """Spawn the sidecar now, at a stage's start: it imports MLflow and opens the
+    store while the stage imports TensorFlow (one core is idle then). `sidecar_run`
+    takes it over; a stage that fails before that closes the pipe and it exits."""
+    if cfg.tracking.enabled and is_chief() and _early["process"] is None:
+        _early["process"] = _Process(cfg)
+
+
+@contextlib.contextmanager
+def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = None,
+                params: dict[str, Any] | None = None) -> Iterator[StageRun]:
+    """`stage_run`, with the run kept by a sidecar process. The store is checked
+    here first, so a stage still fails within seconds when it is away."""
+    if not cfg.tracking.enabled or not is_chief():
+        with stage_run(cfg, stage, out_dir, upstream, params) as run:
+            yield run
+        return
+    ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    process, _early["process"] = _early["process"] or _Process(cfg), None
+    process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir),
+                           "upstream": upstream,
+                           "params": params if params is not None else cfg.to_dict(),
+                           "level": logging.getLogger("tfmlops").getEffectiveLevel()})
+    run = SidecarRun(cfg, stage, process)
+    with ending(run):
+        yield run
+
+
+class _Process:
+    """The sidecar process and its two pipes; log records it sends are logged here."""
+
+    def __init__(self, cfg):
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w)],
+            # The stage's stdout is its JSON result: nothing else may write there.
+            pass_fds=(to_child_r, from_child_w), stdout=subprocess.DEVNULL)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._out = Connection(to_child_w, readable=False)
+        self._replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(from_child_r,), name="tfmlops-sidecar",
+                         daemon=True).start()
+        self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
+
+    def send(self, kind: str, body: Any) -> None:
+        try:
+            self._out.send_bytes(pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:  # the sidecar is gone: its reason comes with the next reply
+            pass
+
+    def close(self) -> None:
+        self._out.close()
+
+    def _read(self, fd: int) -> None:
+        """Log records as they come; every other reply to the waiting stage."""
+        inbox = Connection(fd, writable=False)
+        while True:
+            try:
+                kind, body = pickle.loads(inbox.recv_bytes())
+            except (EOFError, OSError):
+                self._replies.put(_EOF)
+                return
+            if kind == "log":
+                logging.getLogger(body.name).handle(body)
+            else:
+                self._replies.put((kind, body))
+
+    def reply(self, expected: str) -> Any:
+        kind, body = self._replies.get()
+        if kind == expected:
+            return body
+        if kind == "unavailable":
+            raise TrackingUnavailable(body)
+        if kind == "failed":
+            raise RuntimeError(body)
+        code = self.proc.wait()
+        raise RuntimeError(f"the tracking sidecar exited (code {code}) before `{expected}`; "
+                           "its log is above")
+
+
+class SidecarRun(StageRun):
+    """The stage's side of a run opened and recorded by the sidecar process."""
+
+    def __init__(self, cfg, stage: str, process: _Process):
+        super().__init__(cfg, stage, None, None)
+        self._process = process
+        self._model_dir = Path(tempfile.mkdtemp(prefix="tfmlops-model-"))
+        self._opened = False
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def _do(self, op: str, payload: dict[str, Any]) -> None:
+        self._process.send("do", (op, payload))
+
+    def flush(self) -> None:
+        """Nothing to wait for here: the sidecar flushes before the model and the end."""
+
+    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        raise NotImplementedError(f"{op}: not available in a run kept by the tracking sidecar")
+
+    def start_keras_model(self, model, saved_path: str | Path | None = None,
+                          input_example=None, **kwargs) -> SidecarModel:
+        """Log `model` from `saved_path`, the file the stage just saved (a hard link
+        keeps it while the stage moves its outputs)."""
+        from tfmlops.tracking import keras_file
+
+        if saved_path is None or input_example is None or kwargs:
+            raise ValueError("the tracking sidecar logs a model from its saved file and an "
+                             "input example only")
+        self._wait_open()  # the run file is in the stage's output folder before it moves
+        link = self._model_dir / Path(saved_path).name
+        try:
+            os.link(saved_path, link)
+        except OSError:  # another filesystem
+            shutil.copyfile(saved_path, link)
+        self._process.send("model", keras_file.describe(model, input_example, link))
+        return SidecarModel(self)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """End the run with `status` and wait for the sidecar to finish."""
+        try:
+            self._process.send("end", status)
+            self._process.close()
+            result = self._process.reply("ended")
+            self.queued, self.errors = result["queued"], result["errors"]
+        except Exception as exc:
+            if status == "FINISHED":
+                raise
+            log.warning("tfmlops: MLflow run of %s not ended cleanly: %s", self.stage, exc)
+        finally:
+            self._process.proc.wait()
+            shutil.rmtree(self._model_dir, ignore_errors=True)
+
+    def _wait_open(self) -> None:
+        if not self._opened:
+            self.run_id = self._process.reply("opened")
+            self._opened = True
+
+
+class SidecarModel:
+    """A model the sidecar is logging: `wait(saved_path)` as `ModelLogging.wait`."""
+
+    def __init__(self, run: SidecarRun):
+        self._run: SidecarRun | None = run
+
+    def wait(self, saved_path: str | Path | None) -> bool:
+        """True once logged; False when the store is away (`saved_path` queued for
+        `tfmlops sync`); raises what went wrong otherwise (a model that cannot be logged)."""
+        run, self._run = self._run, None
+        if run is None:
+            return False
+        run._process.send("model_wait",
+                          None if saved_path is None else str(Path(saved_path).resolve()))
+        return run._process.reply("model")
+
+
+# ------------------------------------------------------------------ the sidecar's side
+
+class _Replies(logging.Handler):
+    """Log records of the sidecar, sent to the stage's process to be logged there."""
+
+    def __init__(self, out: Connection):
+        super().__init__()
+        self.out = out
+        self.lock_out = threading.Lock()
+
+    def send(self, kind: str, body: Any) -> None:
+        data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
+        with self.lock_out:
+            self.out.send_bytes(data)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None
+        record.exc_info = record.exc_text = None
+        try:
+            self.send("log", record)
+        except Exception:  # noqa: BLE001 - the stage is gone; nothing to tell
+            pass
+
+
+def _inbox(conn: Connection) -> queue.Queue:
+    """Read the stage's calls as they come, so its writes never wait on the pipe."""
+    calls: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                calls.put(pickle.loads(conn.recv_bytes()))
+            except (EOFError, OSError):
+                calls.put(_EOF)
+                return
+
+    threading.Thread(target=read, name="tfmlops-sidecar-inbox", daemon=True).start()
+    return calls
+
+
+class _Ended(Exception):
+    """The stage ended its run with a status other than FINISHED."""
+
+
+def serve(calls: queue.Queue, replies: _Replies) -> None:
+    """Open the stage's run and replay its calls into it until it ends."""
+    kind, start = calls.get()
+    if kind == "warm":
+        _warm(**start)
+        kind, start = calls.get()
+    if kind != "start":  # the stage ended before it opened its run
+        return
+    logger = logging.getLogger("tfmlops")
+    logger.addHandler(replies)
+    logger.setLevel(start["level"])
+    logger.propagate = False
+    run = None
+    try:
+        with stage_run(start["cfg"], start["stage"], start["out_dir"], start["upstream"],
+                       start["params"]) as run:
+            replies.send("opened", run.run_id)
+            with contextlib.suppress(OSError):
+                os.nice(NICENESS)
+            _replay(run, calls, replies)
+    except (_Ended, KeyboardInterrupt):  # ended FAILED or KILLED by stage_run
+        pass
+    except TrackingUnavailable as exc:
+        replies.send("unavailable", str(exc))
+        return
+    replies.send("ended", {"queued": run.queued if run else 0,
+                           "errors": run.errors if run else []})
+
+
+def _warm(uri: str, experiment: str) -> None:
+    """MLflow imported and the experiment found (or made) before the run is asked for."""
+    from tfmlops.tracking.naming import experiment_id_of
+    from tfmlops.tracking.uri import use_uri
+
+    with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
+        experiment_id_of(use_uri(uri), experiment, uri)
+
+
+def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> None:
+    job = None
+    while True:
+        kind, body = calls.get()
+        if kind == "do":
+            run._do(*body)
+        elif kind == "model":
+            job = run.start_saved_keras_model(body)
+        elif kind == "model_wait":
+            try:
+                replies.send("model", job.wait(body))
+            except Exception as exc:  # noqa: BLE001 - raised in the stage, not here
+                replies.send("failed", f"logging the model failed: {exc}")
+            job = None
+        elif kind == "end":
+            if body == "KILLED":
+                raise KeyboardInterrupt
+            if body != "FINISHED":
+                raise _Ended(body)
+            return
+        else:  # the stage is gone without ending its run
+            raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    calls = _inbox(Connection(int(argv[0]), writable=False))
+    replies = _Replies(Connection(int(argv[1]), readable=False))
+    try:
+        serve(calls, replies)
+    except OSError:  # the stage is gone: its run already ended KILLED
+        return 1
+    except Exception as exc:  # noqa: BLE001 - reported to the stage, which raises it
+        replies.send("failed", f"the tracking sidecar failed: {type(exc).__name__}: {exc}")
+        return 1
+    return 0

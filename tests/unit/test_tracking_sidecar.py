@@ -1,0 +1,192 @@
+"""`train`'s MLflow run kept by a separate process (tracking/sidecar.py) records what a
+run in the stage's own process records, the stage's process never imports MLflow, the
+model logged from its saved file is the flavour's own layout and loads, and a stage
+killed mid-run leaves its run KILLED, not RUNNING. Real MLflow on a temp SQLite store,
+real sidecar processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from conftest import mlflow_client, stage_runs
+from tfmlops import tracking
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def tiny_keras_model():
+    import keras
+
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
+
+
+def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model = tiny_keras_model()
+    example = np.random.default_rng(0).random((2, 4), dtype=np.float32)
+    saved = tmp_path / "out" / "model.keras"
+    with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+        assert isinstance(run, tracking.sidecar.SidecarRun)
+        for step in (1, 2, 3):  # sent while the sidecar may still be importing MLflow
+            run.log_metrics({"loss": 1.0 / step}, step=step)
+        run.set_tags({"tfmlops.precision": "float32"})
+        model.save(saved)
+        job = run.start_keras_model(model, saved_path=saved, input_example=example)
+        # The run file is in the output folder before the stage moves it.
+        written = json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())
+        moved = tmp_path / "final"
+        (tmp_path / "out").rename(moved)  # as train's swap_in does, while the model is logged
+        assert job.wait(moved / "model.keras") is True
+    (finished,) = stage_runs(cfg, "train")
+    assert written["run_id"] == finished.info.run_id == run.run_id
+    assert finished.info.status == "FINISHED" and finished.info.run_name.startswith("train-")
+    assert finished.data.params == {"a": "1"}
+    assert finished.data.tags["tfmlops.precision"] == "float32"
+    assert "mlflow.user" in finished.data.tags  # the context tags start_run adds
+    client = mlflow_client(cfg)
+    assert sorted(m.step for m in client.get_metric_history(finished.info.run_id, "loss")) == [
+        1, 2, 3]
+    (logged,) = client.search_logged_models([finished.info.experiment_id])
+    assert logged.source_run_id == finished.info.run_id
+    assert logged.params == {"a": "1"}
+    import mlflow
+
+    info = mlflow.models.get_model_info(f"models:/{logged.model_id}")
+    assert tuple(info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == (-1, 4)
+    assert info.saved_input_example_info is not None
+    expected = model(example).numpy()
+    keras_model = mlflow.tensorflow.load_model(f"models:/{logged.model_id}")
+    np.testing.assert_allclose(keras_model(example).numpy(), expected, rtol=1e-6)
+    served = mlflow.pyfunc.load_model(f"models:/{logged.model_id}")
+    np.testing.assert_allclose(np.asarray(served.predict(example)), expected, rtol=1e-6)
+
+
+def test_the_model_written_from_its_file_is_the_flavours_own_layout(tmp_path):
+    """The same files and MLmodel flavours as mlflow.tensorflow.save_model writes."""
+    import keras
+    import mlflow
+    from mlflow.models import Model, infer_signature
+
+    from tfmlops.model.custom import custom_objects  # registers tfmlops' Keras objects
+    from tfmlops.tracking import keras_file
+
+    custom_objects(keras)
+    model = tiny_keras_model()
+    example = np.ones((2, 4), np.float32)
+    model.save(tmp_path / "model.keras")
+    signature = infer_signature(example, model(example).numpy())
+    requirements = tracking.pinned_requirements("mlflow", "tensorflow")
+    mlflow.tensorflow.save_model(model, tmp_path / "stock", signature=signature,
+                                 input_example=example, pip_requirements=requirements)
+    described = keras_file.describe(model, example, tmp_path / "model.keras")
+    assert described["custom_objects"] is not None  # SqueezeExcite, FocalLoss go along
+    keras_file._SavedKerasFlavor(described).save_model(
+        tmp_path / "ours", Model(), signature, example, requirements)
+
+    def files(root):
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+    assert files(tmp_path / "ours") == files(tmp_path / "stock")
+    for name in ("data/keras_module.txt", "data/save_format.txt", "requirements.txt",
+                 "conda.yaml", "python_env.yaml"):
+        assert (tmp_path / "ours" / name).read_text() == (tmp_path / "stock" / name).read_text()
+    ours, stock = (Model.load(tmp_path / d / "MLmodel") for d in ("ours", "stock"))
+    assert ours.flavors == stock.flavors
+    assert ours.signature == stock.signature
+    assert ours.saved_input_example_info == stock.saved_input_example_info
+
+
+def test_the_stage_process_never_imports_mlflow(tmp_path, make_cfg):
+    """What the sidecar is for: MLflow's import cost is not paid in the stage's process."""
+    cfg = make_cfg()
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import keras
+        from tfmlops.config import load_config
+        from tfmlops import tracking
+        cfg = load_config({str(tmp_path / "params.yaml")!r})
+        tracking.start_sidecar(cfg)
+        inputs = keras.Input((4,))
+        model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+        with tracking.sidecar_run(cfg, "train", {str(tmp_path / "out")!r}, params={{"a": 1}}) as run:
+            run.log_metrics({{"loss": 0.5}}, step=1)
+            model.save({str(tmp_path / "model.keras")!r})
+            run.start_keras_model(model, saved_path={str(tmp_path / "model.keras")!r},
+                                  input_example=np.zeros((1, 4), np.float32)).wait(None)
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "mlflow"))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+    (finished,) = stage_runs(cfg, "train")
+    assert finished.info.status == "FINISHED"
+    assert len(mlflow_client(cfg).search_logged_models([finished.info.experiment_id])) == 1
+
+
+def test_a_stage_that_fails_ends_its_run_failed(tmp_path, make_cfg):
+    cfg = make_cfg()
+    with pytest.raises(ValueError, match="the stage broke"):
+        with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+            run.log_metrics({"loss": 0.5}, step=1)
+            raise ValueError("the stage broke")
+    (failed,) = stage_runs(cfg, "train")
+    assert failed.info.status == "FAILED"
+    history = mlflow_client(cfg).get_metric_history(failed.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+
+
+def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make_cfg):
+    cfg = make_cfg()
+    script = textwrap.dedent(f"""
+        import time
+        from tfmlops.config import load_config
+        from tfmlops import tracking
+        cfg = load_config({str(tmp_path / "params.yaml")!r})
+        with tracking.sidecar_run(cfg, "train", {str(tmp_path / "out")!r}, params={{"a": 1}}) as run:
+            run.log_metrics({{"loss": 0.5}}, step=1)
+            print("training", flush=True)
+            time.sleep(600)
+    """)
+    stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path,
+                             stdout=subprocess.PIPE, text=True)
+    assert stage.stdout.readline().strip() == "training"
+    deadline = time.monotonic() + 120
+    while not stage_runs(cfg, "train") and time.monotonic() < deadline:
+        time.sleep(0.5)  # the sidecar opens the run
+    os.kill(stage.pid, signal.SIGKILL)
+    stage.wait()
+    while time.monotonic() < deadline:
+        (run,) = stage_runs(cfg, "train")
+        if run.info.status != "RUNNING":
+            break
+        time.sleep(0.5)
+    assert run.info.status == "KILLED"
+    history = mlflow_client(cfg).get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+
+
+def test_a_sidecar_run_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):
+    cfg = make_cfg(tracking={"uri": "http://127.0.0.1:9", "connect_timeout_s": 2})
+    with pytest.raises(tracking.TrackingUnavailable, match="unreachable"):
+        with tracking.sidecar_run(cfg, "train", tmp_path / "out"):
+            pytest.fail("the stage must not start")
+    assert tracking.sidecar._early["process"] is None
+
+
+def test_tracking_off_records_nothing_and_starts_no_process(tmp_path, make_cfg):
+    cfg = make_cfg(tracking={"enabled": False})
+    tracking.start_sidecar(cfg)
+    with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+        assert not run.active
+        run.log_metrics({"loss": 0.5}, step=1)
+    assert tracking.sidecar._early["process"] is None
+    assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] is None
