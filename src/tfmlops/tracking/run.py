@@ -68,6 +68,7 @@ class StageRun:
         self.queued = 0  # calls of this run written to the outbox
         self._sent: list[tuple[str, dict[str, Any], Any]] = []  # (op, payload, MLflow future)
         self._jobs: list[ModelLogging] = []  # models being logged in a thread
+        self._ended = False
 
     @property
     def active(self) -> bool:
@@ -228,8 +229,9 @@ class StageRun:
         child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
-        """Finish what runs in the background, then end the run with `status`."""
-        if self.active:
+        """Finish what runs in the background, then end the run with `status` (once)."""
+        if self.active and not self._ended:
+            self._ended = True
             for job in list(self._jobs):  # a stage that failed before it waited for its model
                 try:
                     job.wait(None)
@@ -414,13 +416,16 @@ def stage_run(
     out_dir: str | Path,
     upstream: dict[str, str | Path] | None = None,
     params: dict[str, Any] | None = None,
+    *,
+    async_batches: bool = True,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
     `upstream` maps stage names to the output folders this stage reads; their
     run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
     part of the resolved config this stage uses (default: all of it).
-    `sidecar.sidecar_run` is the same run kept by a separate process.
+    `sidecar.sidecar_run` is the same run kept by a separate process, which sends
+    synchronously (`async_batches=False`): it keeps nobody waiting.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -439,7 +444,7 @@ def stage_run(
         write_run_file(out_dir, stage, run_id, uri)
         return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
 
-    run = StageRun(cfg, stage, *open_it(), async_batches=True)
+    run = StageRun(cfg, stage, *open_it(), async_batches=async_batches)
     run.log_params(params)
     status: list[str] = []
     try:
@@ -448,9 +453,14 @@ def stage_run(
     finally:
         with contextlib.suppress(Exception):
             import_mlflow().end_run(status[0])
-        if run.queued:
-            log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
-                        stage, run.queued, run._outbox.path, redact(uri))
+        warn_queued(run, uri)
+
+
+def warn_queued(run: StageRun, uri: str) -> None:
+    """Say where the calls the store missed wait, if any."""
+    if run.queued:
+        log.warning("tfmlops: %s: %d MLflow calls wait in %s; run `tfmlops sync` once %s is back",
+                    run.stage, run.queued, run._outbox.path, redact(uri))
 
 
 @contextlib.contextmanager

@@ -33,13 +33,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tracking.run import StageRun, ending, stage_run
+from tfmlops.tracking.run import StageRun, ending, stage_run, warn_queued
 from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -181,17 +182,23 @@ class SidecarRun(StageRun):
 
     def end(self, status: str = "FINISHED") -> None:
         """End the run with `status` and wait for the sidecar to finish."""
+        started = time.perf_counter()
         try:
             self._process.send("end", status)
             self._process.close()
             result = self._process.reply("ended")
+            log.debug("tracking sidecar: waited %.2f s for the run's end",
+                      time.perf_counter() - started)
             self.queued, self.errors = result["queued"], result["errors"]
         except Exception as exc:
             if status == "FINISHED":
                 raise
             log.warning("tfmlops: MLflow run of %s not ended cleanly: %s", self.stage, exc)
         finally:
+            ended = time.perf_counter()
             self._process.proc.wait()
+            log.debug("tracking sidecar: exited %.2f s after the run's end",
+                      time.perf_counter() - ended)
             shutil.rmtree(self._model_dir, ignore_errors=True)
 
     def _wait_open(self) -> None:
@@ -212,9 +219,12 @@ class SidecarModel:
         run, self._run = self._run, None
         if run is None:
             return False
+        started = time.perf_counter()
         run._process.send("model_wait",
                           None if saved_path is None else str(Path(saved_path).resolve()))
-        return run._process.reply("model")
+        sent = run._process.reply("model")
+        log.debug("tracking sidecar: waited %.2f s for the model", time.perf_counter() - started)
+        return sent
 
 
 # ------------------------------------------------------------------ the sidecar's side
@@ -257,10 +267,6 @@ def _inbox(conn: Connection) -> queue.Queue:
     return calls
 
 
-class _Ended(Exception):
-    """The stage ended its run with a status other than FINISHED."""
-
-
 def serve(calls: queue.Queue, replies: _Replies) -> None:
     """Open the stage's run and replay its calls into it until it ends."""
     kind, start = calls.get()
@@ -273,21 +279,31 @@ def serve(calls: queue.Queue, replies: _Replies) -> None:
     logger.addHandler(replies)
     logger.setLevel(start["level"])
     logger.propagate = False
-    run = None
     try:
+        # Synchronous batches: MLflow's async queue would make the run's end wait up to
+        # 1 s (its logging thread polls its queue every second before it can stop).
         with stage_run(start["cfg"], start["stage"], start["out_dir"], start["upstream"],
-                       start["params"]) as run:
+                       start["params"], async_batches=False) as run:
             replies.send("opened", run.run_id)
             with contextlib.suppress(OSError):
                 os.nice(NICENESS)
-            _replay(run, calls, replies)
-    except (_Ended, KeyboardInterrupt):  # ended FAILED or KILLED by stage_run
+            status = _replay(run, calls, replies)
+            _end(run, status, replies)  # does not return
+    except KeyboardInterrupt:  # the stage is gone: stage_run ended its run KILLED
         pass
     except TrackingUnavailable as exc:
         replies.send("unavailable", str(exc))
-        return
-    replies.send("ended", {"queued": run.queued if run else 0,
-                           "errors": run.errors if run else []})
+
+
+def _end(run: StageRun, status: str, replies: _Replies) -> None:
+    """End the run (every call sent, its end written), tell the stage, and exit: what
+    stage_run and the interpreter would do next saves nothing more, and the teardown
+    with MLflow loaded took 1.7 s that the stage waited for."""
+    run.end(status)
+    warn_queued(run, tracking_uri(run.cfg))
+    replies.send("ended", {"queued": run.queued, "errors": run.errors})
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _warm(uri: str, experiment: str) -> None:
@@ -299,7 +315,8 @@ def _warm(uri: str, experiment: str) -> None:
         experiment_id_of(use_uri(uri), experiment, uri)
 
 
-def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> None:
+def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
+    """Apply the stage's calls until it ends the run; the status it ended with."""
     job = None
     while True:
         kind, body = calls.get()
@@ -314,11 +331,7 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> None:
                 replies.send("failed", f"logging the model failed: {exc}")
             job = None
         elif kind == "end":
-            if body == "KILLED":
-                raise KeyboardInterrupt
-            if body != "FINISHED":
-                raise _Ended(body)
-            return
+            return body
         else:  # the stage is gone without ending its run
             raise KeyboardInterrupt
 
