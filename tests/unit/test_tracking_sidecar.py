@@ -190,3 +190,19 @@ def test_tracking_off_records_nothing_and_starts_no_process(tmp_path, make_cfg):
         run.log_metrics({"loss": 0.5}, step=1)
     assert tracking.sidecar._early["process"] is None
     assert json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())["run_id"] is None
+
+
+def test_an_early_sidecar_that_exited_is_replaced(tmp_path, make_cfg):
+    """A stage that failed before its run leaves its early sidecar behind; in a process
+    that runs another stage after it, a dead one must not swallow that stage's run."""
+    cfg = make_cfg()
+    tracking.start_sidecar(cfg)
+    stale = tracking.sidecar._early["process"]
+    stale.proc.kill()
+    stale.proc.wait()
+    with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+        run.log_metrics({"loss": 0.5}, step=1)
+    assert tracking.sidecar._early["process"] is None
+    (finished,) = stage_runs(cfg, "train")
+    assert finished.info.status == "FINISHED"
+    assert finished.data.params == {"a": "1"}

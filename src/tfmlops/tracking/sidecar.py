@@ -76,7 +76,10 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
         return
     ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    process, _early["process"] = _early["process"] or _Process(cfg), None
+    early, _early["process"] = _early["process"], None
+    # One spawned for an earlier stage that failed before its run (a library caller
+    # running stages in one process) may have exited: a fresh one then.
+    process = early if early is not None and early.proc.poll() is None else _Process(cfg)
     process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir),
                            "upstream": upstream,
                            "params": params if params is not None else cfg.to_dict(),
@@ -186,6 +189,7 @@ class SidecarRun(StageRun):
         try:
             self._process.send("end", status)
             self._process.close()
+            self._wait_open()  # its reply comes first, if no model has waited for it
             result = self._process.reply("ended")
             log.debug("tracking sidecar: waited %.2f s for the run's end",
                       time.perf_counter() - started)
