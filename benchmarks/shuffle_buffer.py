@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import scratch_config  # noqa: E402
+from training import synthetic_config  # noqa: E402
 
 
 def main() -> None:
@@ -28,11 +28,7 @@ def main() -> None:
     from tfmlops.stages import materialize, prepare, train
 
     images = SyntheticConfig().count * args.factor
-    cfg, _ = scratch_config(
-        data={"builtin": "synthetic", "channels": 3,
-              "synthetic": {"count": images, "image_size": 32, "classes": 4}},
-        train={"use_tuned": False, "epochs": args.epochs, "early_stopping_patience": 0},
-        pipeline={"shuffle_buffer": args.buffer})
+    cfg = synthetic_config(images, args.epochs, pipeline={"shuffle_buffer": args.buffer})
     materialize.run(cfg)
     prepare.run(cfg)
     started = time.perf_counter()

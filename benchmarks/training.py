@@ -122,6 +122,17 @@ def tracking(epochs: int = 8, repeats: int = 3) -> dict:
                     "MLflow imports included, as under dvc repro)"}
 
 
+def synthetic_config(images: int, epochs: int, **sections):
+    """Row 6's scratch config: `images` synthetic RGB shapes (4 classes, 32 px), the
+    params' own model trained `epochs` epochs without tune or early stopping."""
+    cfg, _ = scratch_config(
+        data={"builtin": "synthetic", "channels": 3,
+              "synthetic": {"count": images, "image_size": 32, "classes": 4}},
+        train={"use_tuned": False, "epochs": epochs, "early_stopping_patience": 0},
+        **sections)
+    return cfg
+
+
 def scaling(factors=(1, 4, 16), epochs: int = 3) -> dict:
     """prepare + train on synthetic shapes at growing sizes; growth vs data ratio, with
     the test accuracy beside each time: a run that got faster by learning less fails."""
@@ -131,10 +142,7 @@ def scaling(factors=(1, 4, 16), epochs: int = 3) -> dict:
     base = SyntheticConfig().count
     rows = []
     for f in factors:
-        cfg, _ = scratch_config(
-            data={"builtin": "synthetic", "channels": 3,
-                  "synthetic": {"count": base * f, "image_size": 32, "classes": 4}},
-            train={"use_tuned": False, "epochs": epochs, "early_stopping_patience": 0})
+        cfg = synthetic_config(base * f, epochs)
         materialize.run(cfg)
         start = time.perf_counter()
         prepare.run(cfg)

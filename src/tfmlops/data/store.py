@@ -103,8 +103,9 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> tuple[str 
     if isinstance(data, Stored):
         return None, data
     sha = hashlib.sha256(data).hexdigest()
-    i = int(np.searchsorted(cached, _prefix(sha)))
-    if i < len(cached) and cached[i] == _prefix(sha):
+    prefix = _prefix(sha)
+    i = int(np.searchsorted(cached, prefix))
+    if i < len(cached) and cached[i] == prefix:
         return sha, None
     return sha, store_bytes(data, spec)
 

@@ -68,7 +68,7 @@ class StageRun:
         self.queued = 0  # calls of this run written to the outbox
         self._sent: list[tuple[str, dict[str, Any], Any]] = []  # (op, payload, MLflow future)
         self._jobs: list[ModelLogging] = []  # models being logged in a thread
-        self._ended = False
+        self.ended: str | None = None  # the status end() gave, once it has run
 
     @property
     def active(self) -> bool:
@@ -230,8 +230,8 @@ class StageRun:
 
     def end(self, status: str = "FINISHED") -> None:
         """Finish what runs in the background, then end the run with `status` (once)."""
-        if self.active and not self._ended:
-            self._ended = True
+        if self.active and self.ended is None:
+            self.ended = status
             for job in list(self._jobs):  # a stage that failed before it waited for its model
                 try:
                     job.wait(None)
@@ -446,13 +446,12 @@ def stage_run(
 
     run = StageRun(cfg, stage, *open_it(), async_batches=async_batches)
     run.log_params(params)
-    status: list[str] = []
     try:
-        with ending(run, status):
+        with ending(run):
             yield run
     finally:
         with contextlib.suppress(Exception):
-            import_mlflow().end_run(status[0])
+            import_mlflow().end_run(run.ended)
         warn_queued(run, uri)
 
 
@@ -464,22 +463,19 @@ def warn_queued(run: StageRun, uri: str) -> None:
 
 
 @contextlib.contextmanager
-def ending(run: StageRun, status: list[str] | None = None) -> Iterator[None]:
-    """End `run` as the block ends: FINISHED, KILLED (KeyboardInterrupt) or FAILED; the
-    status is appended to `status` for the caller."""
-    ended = "FINISHED"
+def ending(run: StageRun) -> Iterator[None]:
+    """End `run` as the block ends: FINISHED, KILLED (KeyboardInterrupt) or FAILED."""
+    status = "FINISHED"
     try:
         yield
     except KeyboardInterrupt:
-        ended = "KILLED"
+        status = "KILLED"
         raise
     except BaseException:
-        ended = "FAILED"
+        status = "FAILED"
         raise
     finally:
-        if status is not None:
-            status.append(ended)
-        run.end(ended)
+        run.end(status)
 
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,

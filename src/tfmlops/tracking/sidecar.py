@@ -1,9 +1,9 @@
 """A stage's MLflow run kept in a separate process (issue 16: tracking under 3%).
 
-Importing MLflow costs about 3.5 s of CPU here, the SQLite store's first calls
-about 1.5 s, logging a model 1-2 s. In a thread of the training process that is
-Python work under the GIL, and an 8-epoch `train` got 15% slower with tracking
-on. TensorFlow leaves about a quarter of 2 cores idle while it trains, and one
+Importing MLflow costs 3.6-3.9 s of CPU here, the SQLite store's import about
+1.3 s more, logging a model 1.4-2.3 s (BENCHMARKS.md, row 5). In a thread of the
+training process that is Python work under the GIL, and an 8-epoch `train` got
+15.7% slower with tracking on. TensorFlow leaves about a quarter of 2 cores idle while it trains, and one
 while it imports: a second process does the same work there, and the training
 process never imports MLflow. Once the run is open, the sidecar runs at a lower
 priority (NICENESS).
@@ -15,8 +15,9 @@ priority (NICENESS).
   model that cannot be logged fails the stage, and the stage ends only when
   everything is in the store or queued in the outbox.
 - `serve()` (the sidecar process, `main`): opens the run with `stage_run`
-  and replays every call into it: the same retries, outbox, async batches and
-  orphan rule as a run opened in the stage's process. Its log records are sent
+  and replays every call into it: the same retries, outbox and orphan rule as a
+  run opened in the stage's process, its batches sent synchronously (it keeps
+  nobody waiting). Its log records are sent
   back and logged by the stage's `tfmlops` loggers. If the stage dies, the pipe
   closes and the run ends KILLED instead of staying RUNNING.
 """
@@ -52,6 +53,21 @@ NICENESS = 10
 # Not `-m`: the package imports this module before runpy would run it.
 _MAIN = "import sys; from tfmlops.tracking.sidecar import main; sys.exit(main(sys.argv[1:]))"
 _EOF = ("eof", None)
+
+
+def _send(conn: Connection, kind: str, body: Any) -> None:
+    """One message over a pipe: (kind, body), pickled."""
+    conn.send_bytes(pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _messages(conn: Connection) -> Iterator[tuple[str, Any]]:
+    """The messages a pipe brings, then _EOF once its other end is closed."""
+    while True:
+        try:
+            yield pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            yield _EOF
+            return
 
 
 _early: dict[str, Any] = {"process": None}
@@ -109,7 +125,7 @@ class _Process:
 
     def send(self, kind: str, body: Any) -> None:
         try:
-            self._out.send_bytes(pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL))
+            _send(self._out, kind, body)
         except OSError:  # the sidecar is gone: its reason comes with the next reply
             pass
 
@@ -118,13 +134,7 @@ class _Process:
 
     def _read(self, fd: int) -> None:
         """Log records as they come; every other reply to the waiting stage."""
-        inbox = Connection(fd, writable=False)
-        while True:
-            try:
-                kind, body = pickle.loads(inbox.recv_bytes())
-            except (EOFError, OSError):
-                self._replies.put(_EOF)
-                return
+        for kind, body in _messages(Connection(fd, writable=False)):
             if kind == "log":
                 logging.getLogger(body.name).handle(body)
             else:
@@ -150,7 +160,6 @@ class SidecarRun(StageRun):
         super().__init__(cfg, stage, None, None)
         self._process = process
         self._model_dir = Path(tempfile.mkdtemp(prefix="tfmlops-model-"))
-        self._opened = False
 
     @property
     def active(self) -> bool:
@@ -206,9 +215,8 @@ class SidecarRun(StageRun):
             shutil.rmtree(self._model_dir, ignore_errors=True)
 
     def _wait_open(self) -> None:
-        if not self._opened:
+        if self.run_id is None:
             self.run_id = self._process.reply("opened")
-            self._opened = True
 
 
 class SidecarModel:
@@ -242,9 +250,8 @@ class _Replies(logging.Handler):
         self.lock_out = threading.Lock()
 
     def send(self, kind: str, body: Any) -> None:
-        data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
-        with self.lock_out:
-            self.out.send_bytes(data)
+        with self.lock_out:  # log records come from MLflow's threads too
+            _send(self.out, kind, body)
 
     def emit(self, record: logging.LogRecord) -> None:
         record.msg, record.args = record.getMessage(), None
@@ -260,12 +267,8 @@ def _inbox(conn: Connection) -> queue.Queue:
     calls: queue.Queue = queue.Queue()
 
     def read() -> None:
-        while True:
-            try:
-                calls.put(pickle.loads(conn.recv_bytes()))
-            except (EOFError, OSError):
-                calls.put(_EOF)
-                return
+        for message in _messages(conn):
+            calls.put(message)
 
     threading.Thread(target=read, name="tfmlops-sidecar-inbox", daemon=True).start()
     return calls
