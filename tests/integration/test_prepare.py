@@ -135,6 +135,26 @@ def test_parallel_and_serial_prepare_write_identical_output(tmp_path, make_cfg):
     assert a == b
 
 
+def test_records_are_written_in_content_hash_order_not_class_by_class(tmp_path, make_cfg):
+    """A shuffle buffer smaller than the split must still see every class."""
+    import tensorflow as tf
+
+    photo_folder(tmp_path / "photos", per_class=12)
+    cfg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "order", workers=1)
+    prepare.run(cfg)
+    shas, labels = [], []
+    for shard in sorted(Path(cfg.paths.prepared).glob("train-*.tfrecord")):
+        in_shard = []
+        for record in tf.data.TFRecordDataset(str(shard)):
+            feature = tf.train.Example.FromString(record.numpy()).features.feature
+            in_shard.append(feature["sha256"].bytes_list.value[0].decode())
+            labels.append(feature["label"].int64_list.value[0])
+        assert in_shard == sorted(in_shard)
+        shas += in_shard
+    assert len(shas) > 12 and len(set(labels)) == 3
+    assert labels != sorted(labels)  # the listing's order (class by class) would be sorted
+
+
 def test_stored_size_and_encoding_follow_the_params(tmp_path, make_cfg):
     import io
 

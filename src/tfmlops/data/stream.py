@@ -8,9 +8,9 @@ submission order); what is decoded goes into the cache, and only each file's
 hash and whether it is usable are kept. The split is stratified among the
 usable files of each class (`images.assign_splits`), which is why it waits for
 the first pass. The second takes each usable file's result from the cache and
-writes it to its split's shards, keeping only counts, sums and one small row
-per file: memory does not grow with image size, and what is written does not
-depend on the worker count.
+writes it to its split's shards in content-hash order (`write_order`), keeping
+only counts, sums and one small row per file: memory does not grow with image
+size, and what is written depends neither on the worker count nor on the listing.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
     progress = Progress(len(files), "prepare: writing")
     try:
-        for (path, label), sha, reason in zip(files, keys, reasons, strict=True):
+        for i in write_order(keys, reasons):
+            (path, label), sha, reason = files[i], keys[i], reasons[i]
             rel = str(path.relative_to(image_dir))
             stored = None if reason else tally.cache.get(sha)
             if stored is None and not reason:  # damaged since it was written: decode again
@@ -175,6 +176,20 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
         tally.cache.close()
     progress.close()
     return tally
+
+
+def write_order(keys: list, reasons: list) -> list[int]:
+    """Indices of the files in the order their records are written: usable files by
+    content hash, then the refused ones in listing order.
+
+    The listing is class by class. Written in that order, a split's records come in
+    runs of one class, and `tf.data`'s shuffle buffer, smaller than the split on big
+    datasets, would hand training batches of one or two classes (16x the synthetic
+    set: test accuracy 0.74 instead of 1.0). Content hashes are uniform and do not
+    depend on the label, the worker count or the listing.
+    """
+    usable = sorted((i for i, r in enumerate(reasons) if r is None), key=lambda i: keys[i])
+    return usable + [i for i, r in enumerate(reasons) if r is not None]
 
 
 def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
