@@ -34,6 +34,13 @@ def test_records_are_read_by_tensorflow_as_written(tmp_path):
                          "sha256": f["sha256"].bytes_list.value[0]})
     order = [0, 3, 1, 4, 2]  # round robin over the shards
     assert read == [written[i] for i in order]
+    for features in written:  # byte for byte what protobuf writes (map keys sorted)
+        example = tf.train.Example(features=tf.train.Features(feature={
+            "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[features["image"]])),
+            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[features["label"]])),
+            "sha256": tf.train.Feature(bytes_list=tf.train.BytesList(value=[features["sha256"]])),
+        }))
+        assert encode_example(features) == example.SerializeToString(deterministic=True)
 
 
 def test_fewer_records_than_shards_makes_fewer_files(tmp_path):

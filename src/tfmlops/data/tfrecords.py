@@ -11,14 +11,21 @@ sorted) and a TFRecord is length, masked CRC-32C, data, masked CRC-32C.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from pathlib import Path
 
 import google_crc32c
 
+# prepare writes three fields per image: the one-byte varints and the key fields are
+# looked up, not rebuilt, per record.
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
     out = bytearray()
     n &= (1 << 64) - 1  # negative int64 values are ten-byte varints
     while True:
@@ -43,10 +50,15 @@ def _feature(value: bytes | int) -> bytes:
     return _field(3, _field(1, packed))
 
 
+@functools.lru_cache(maxsize=256)
+def _key(key: str) -> bytes:
+    return _field(1, key.encode())  # the map entry's key
+
+
 def encode_example(features: dict[str, bytes | int]) -> bytes:
     """A serialized tf.train.Example of bytes and int64 features, in sorted key order."""
     entries = b"".join(
-        _field(1, _field(1, key.encode()) + _field(2, _feature(value)))  # map entry
+        _field(1, _key(key) + _field(2, _feature(value)))  # map entry
         for key, value in sorted(features.items())
     )
     return _field(1, entries)  # Example.features (1) -> Features.feature (1)
