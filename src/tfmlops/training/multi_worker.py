@@ -199,12 +199,24 @@ def _fit(ctx: TrainContext, task: str):
     recorder = _tf_keras_recorder(folders.history, prepared.counts["train"], ctx.run, ctx.rows)
     callbacks = _callbacks(merged, folders.backup, folders.profile, recorder,
                            profiling.keras_profile_batch(ctx.cfg, steps_per_epoch),
-                           best_val_loss(ctx.rows))
+                           best_val_loss(_resumed_rows(folders.backup, ctx.done)))
     started = time.perf_counter()
     model.fit(train_ds, validation_data=val_ds, epochs=merged.train.epochs,
               callbacks=callbacks, verbose=keras_verbose() if tracking.is_chief() else 0,
               shuffle=False)  # the dataset shuffles itself (seeded)
     return model, recorder.inner, time.perf_counter() - started
+
+
+def _resumed_rows(backup_dir: Path, done: int) -> list[dict]:
+    """The finished epochs' rows from the shared backup, the same on every worker.
+
+    The checkpoint's threshold comes from them, not from a worker's own history (a
+    scratch folder on a non-chief): a worker that saves the best weights when the chief
+    does not waits in a collective the chief never joins (shape mismatch, both fail).
+    """
+    from tfmlops.model import callbacks as cb
+
+    return [r for r in cb.history_rows(backup_dir) if r["epoch"] <= done]
 
 
 def _callbacks(merged, backup_dir: Path, profile_dir: Path, recorder, profile_batch,
