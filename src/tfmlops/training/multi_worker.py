@@ -132,7 +132,7 @@ def _train(ctx: TrainContext, scratch: Path | None) -> dict:
     ctx.policy = decision.policy
     ctx.folders = _folders(ctx, scratch)
     ctx.done = finished_epochs(ctx.folders.backup)
-    ctx.rows = [r for r in cb.history_rows(ctx.folders.history) if r["epoch"] <= ctx.done]
+    ctx.rows = _resumed_rows(ctx.folders.history, ctx.done)
     resolver = ctx.strategy.cluster_resolver
     task = f"{resolver.task_type}:{resolver.task_id}"
     if ctx.done and scratch is None:
@@ -207,16 +207,17 @@ def _fit(ctx: TrainContext, task: str):
     return model, recorder.inner, time.perf_counter() - started
 
 
-def _resumed_rows(backup_dir: Path, done: int) -> list[dict]:
-    """The finished epochs' rows from the shared backup, the same on every worker.
+def _resumed_rows(history_dir: Path, done: int) -> list[dict]:
+    """The rows of the epochs the backup finished, from `history_dir`.
 
-    The checkpoint's threshold comes from them, not from a worker's own history (a
-    scratch folder on a non-chief): a worker that saves the best weights when the chief
-    does not waits in a collective the chief never joins (shape mismatch, both fail).
+    A worker's recorder continues its own history (a scratch folder on a non-chief);
+    the checkpoint's threshold comes from the shared backup's, the same on every
+    worker: a worker that saves the best weights when the chief does not waits in a
+    collective the chief never joins (shape mismatch, both fail).
     """
     from tfmlops.model import callbacks as cb
 
-    return [r for r in cb.history_rows(backup_dir) if r["epoch"] <= done]
+    return [r for r in cb.history_rows(history_dir) if r["epoch"] <= done]
 
 
 def _callbacks(merged, backup_dir: Path, profile_dir: Path, recorder, profile_batch,
