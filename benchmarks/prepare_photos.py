@@ -1,6 +1,7 @@
 """`prepare` on photo-size images: rows 1-4 of issue 12, side by side in one run.
 
-On the generated photo set (benchmarks/photo_set.py; 1x and 4x images, 8 classes),
+On the generated photo set (benchmarks/photo_set.py; 1x and 4x images, 8 classes;
+1x defaults to 4,000, the size of the folder issue 12 was found on),
 at data.image_size 96, 3 channels, tracking and profiling off:
 
 1. `tfmlops prepare` images/s vs a single-process PIL loop (open, convert RGB,
@@ -13,7 +14,7 @@ at data.image_size 96, 3 channels, tracking and profiling off:
    start-up included, best of 3 each like row 1: each incremental run starts from
    the state the cold run left (output, cache, hash memo restored) (target <= 25%).
 
-    .venv/bin/python benchmarks/prepare_photos.py [--images 2000] [--set-dir DIR]
+    .venv/bin/python benchmarks/prepare_photos.py [--images 4000] [--set-dir DIR]
 
 Writes reports/benchmarks_prepare.json (and prints a summary).
 """
@@ -226,7 +227,7 @@ def print_summary(r: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=2000, help="images at 1x (4x is 4 times)")
+    parser.add_argument("--images", type=int, default=4000, help="images at 1x (4x is 4 times)")
     parser.add_argument("--set-dir", type=Path, default=Path(tempfile.gettempdir()) / "tfmlops-photos",
                         help="where the generated photo sets are kept between runs")
     args = parser.parse_args()

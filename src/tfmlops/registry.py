@@ -393,4 +393,5 @@ def _serving_signature():
 
 def _serving_requirements() -> list[str]:
     return tracking.pinned_requirements(
-        "mlflow", "numpy", "pandas", "Pillow", "onnxruntime", "ai-edge-litert")
+        "mlflow", "numpy", "pandas", "Pillow", "opencv-python-headless", "onnxruntime",
+        "ai-edge-litert")

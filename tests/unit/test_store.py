@@ -9,7 +9,7 @@ import pytest
 
 from images import exif_rotated_jpeg, photo
 from tfmlops.data.hash_memo import HashMemo, stat_key
-from tfmlops.data.store import ImageCache, Stored, StoreSpec, resize_bilinear, store_image
+from tfmlops.data.store import ImageCache, Stored, StoreSpec, channel_sums, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
 
@@ -53,16 +53,25 @@ def test_fewer_records_than_shards_makes_fewer_files(tmp_path):
                                                            "test-00001-of-00002.tfrecord"]
 
 
-def test_resize_matches_tensorflow():
+def test_statistics_are_those_of_the_image_tensorflow_resizes():
+    """channel_sums must measure what the tf.data pipeline feeds: the stored image
+    resized by tf.image.resize (bilinear), scaled to [0, 1]."""
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
-    # (23, 37): both sides resized; a side already at `size` (prepare's stored short side) too.
-    for shape, sizes in (((23, 37), (8, 16, 50)), ((16, 37), (16,)), ((37, 16), (16,))):
-        x = rng.uniform(0, 255, (*shape, 3)).astype(np.float32)
+    # (23, 37): both sides resized, down and up; a side already at `size` (prepare's stored
+    # short side) too; one channel as a 2-D array, as grayscale images are decoded.
+    for shape, sizes in (((23, 37, 3), (8, 16, 50)), ((16, 37, 3), (16,)), ((37, 16, 3), (16,)),
+                         ((23, 37), (16,))):
+        x = rng.integers(0, 256, shape).astype(np.uint8)
         for size in sizes:
-            np.testing.assert_allclose(resize_bilinear(x, size),
-                                       tf.image.resize(x, (size, size)).numpy(), atol=1e-3)
+            sums, squares, count = channel_sums(x, size)
+            image = x if x.ndim == 3 else x[..., None]
+            resized = tf.image.resize(image.astype(np.float32), (size, size)).numpy() / 255.0
+            flat = resized.reshape(-1, image.shape[-1]).astype(np.float64)
+            assert count == size * size
+            np.testing.assert_allclose(sums, flat.sum(0), rtol=1e-4)
+            np.testing.assert_allclose(squares, (flat**2).sum(0), rtol=1e-4)
 
 
 def test_stored_image_is_upright_reduced_and_encoded_by_source(tmp_path):
@@ -177,14 +186,3 @@ def test_cache_index_holds_a_few_values_per_entry_not_the_header(tmp_path):
     assert held / 2000 < 400  # bytes per entry; the parsed header alone was about 1,600
     assert reopened.get(f"{7:064x}").sums == (0.1, 0.2, 0.3)
     reopened.close()
-
-
-def test_resize_matrices_kept_are_bounded_however_many_sizes_are_met():
-    """One matrix per side length met: a photo set has hundreds, and an unbounded
-    cache made every worker's memory grow with the number of images."""
-    from tfmlops.data import store
-
-    for width in range(100, 100 + 3 * store.MATRICES_KEPT):
-        store.resize_bilinear(np.zeros((40, width, 3), np.uint8), 32)
-    assert store._resize_matrix_t.cache_info().currsize <= store.MATRICES_KEPT
-    assert store._resize_matrix.cache_info().currsize <= store.MATRICES_KEPT

@@ -10,7 +10,9 @@ both call `load_image`, so a photo gives the same pixels on either path:
   (`draft`), which is most of the speed on phone-size photos;
 - EXIF orientation is applied, so a portrait photo is not trained sideways;
 - 16-bit images are scaled to 8 bits (PIL's own `convert("L")` clips them);
-- transparency goes onto white, then PIL's grayscale or RGB conversion.
+- transparency goes onto white, then PIL's grayscale or RGB conversion;
+- the short side is reduced to the stored size by OpenCV (`reduce_short_side`):
+  bilinear below 2x (what is left after a JPEG's draft), area averaging from 2x.
 
 `ImageRejected` carries the one-line reason an image is refused.
 """
@@ -27,6 +29,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 FORMATS = {"PNG", "JPEG", "MPO", "GIF", "BMP"}
 MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 _SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
+AREA_FROM = 2  # reduction factor from which `reduce_short_side` averages areas
 
 
 class ImageRejected(ValueError):
@@ -69,12 +72,40 @@ def load_image(data: bytes, channels: int, short_side: int | None = None,
                max_pixels: int | None = None) -> Image.Image:
     """Encoded bytes -> a decoded 8-bit image in `channels`, upright, its short side
     reduced to `short_side` when larger (None keeps the full size)."""
-    return load_image_info(data, channels, short_side, max_pixels)[0]
+    return Image.fromarray(load_pixels(data, channels, short_side, max_pixels)[0])
 
 
-def load_image_info(data: bytes, channels: int, short_side: int | None = None,
-                    max_pixels: int | None = None) -> tuple[Image.Image, str, tuple[int, int]]:
-    """`load_image`, plus the source's format and its upright full size (width, height)."""
+def load_pixels(data: bytes, channels: int, short_side: int | None = None,
+                max_pixels: int | None = None) -> tuple[np.ndarray, str, tuple[int, int]]:
+    """`load_image` as uint8 [H, W] (channels 1) or [H, W, 3], plus the source's format
+    and its upright full size (width, height)."""
+    img, fmt, source = _decode_upright(data, channels, short_side, max_pixels)
+    pixels = np.asarray(img)
+    if short_side is not None and min(img.size) > short_side:
+        pixels = reduce_short_side(pixels, short_side)
+    return pixels, fmt, source
+
+
+def reduce_short_side(pixels: np.ndarray, short_side: int) -> np.ndarray:
+    """uint8 [H, W(, C)] -> its short side at `short_side` (`reduced_size`).
+
+    Bilinear below 2x: there its two taps per axis cover each output pixel's footprint
+    (at 2x they are exactly a 2x2 box), and after a JPEG's draft this is every photo's
+    case. From 2x on, area averaging, or bilinear would skip source pixels (aliasing).
+    The serving graph mirrors this choice (`serving.signatures.reduce_like_prepare`).
+    """
+    import cv2
+
+    h, w = pixels.shape[:2]
+    size = reduced_size((w, h), short_side)
+    factor = min(h, w) / short_side
+    interpolation = cv2.INTER_LINEAR if factor < AREA_FROM else cv2.INTER_AREA
+    return cv2.resize(pixels, size, interpolation=interpolation)
+
+
+def _decode_upright(data: bytes, channels: int, short_side: int | None,
+                    max_pixels: int | None) -> tuple[Image.Image, str, tuple[int, int]]:
+    """The decoded PIL image (JPEG at draft scale), upright and in `channels`, not resized."""
     img = open_image(data, max_pixels)
     fmt, (width, height) = img.format, img.size
     try:
@@ -84,17 +115,14 @@ def load_image_info(data: bytes, channels: int, short_side: int | None = None,
         pass  # an unreadable EXIF block: the pixels may still be fine
     try:
         if short_side is not None and img.format in ("JPEG", "MPO"):
-            # Decode at 1/2, 1/4 or 1/8 scale while both sides stay >= short_side, so the
-            # resize below still sees more pixels than it keeps (orientation-independent).
+            # Decode at 1/2, 1/4 or 1/8 scale while both sides stay >= short_side, so
+            # `reduce_short_side` still sees more pixels than it keeps (orientation-independent).
             img.draft("L" if channels == 1 else "RGB", (short_side, short_side))
         img.load()  # decodes every pixel: catches truncation
         ImageOps.exif_transpose(img, in_place=True)  # a copy per image otherwise
         img = to_channels(img, channels)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
-    if short_side is not None and min(img.size) > short_side:
-        img = img.resize(reduced_size(img.size, short_side), Image.Resampling.BILINEAR,
-                         reducing_gap=None)
     return img, fmt, (width, height)
 
 
@@ -126,7 +154,7 @@ def _sixteen_to_eight(img: Image.Image) -> Image.Image:
 def bilinear_taps(in_size: int, out_size: int):
     """(lower, upper, weight) source indices of each output pixel of `tf.image.resize`
     (bilinear): TensorFlow's half-pixel scaler (resize_bilinear_op.cc), in float32 like
-    the kernel. prepare's statistics and serving's preprocessing resize with these."""
+    the kernel. serving's preprocessing resizes with these."""
     scale = np.float32(in_size / out_size)
     src = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
     floor = np.floor(src)

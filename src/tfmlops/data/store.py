@@ -2,12 +2,13 @@
 
 `hash_and_store` runs in every worker of prepare's process pool (or in the main
 process): it reads one file, hashes it (the cache's key) and, unless the cache
-holds that content, decodes it with `data.decode.load_image` (JPEG
+holds that content, decodes it with `data.decode.load_pixels` (JPEG
 draft, EXIF orientation, 16-bit scaling, transparency onto white), keeps its
 short side at `StoreSpec.short_side`, encodes it as JPEG or PNG and measures
 the per-channel sums the train split's statistics need, at the model's input
 size as the tf.data pipeline resizes it. The result depends only on the file's
 bytes and the spec, never on the worker: any worker count gives the same output.
+Encoding, the stored JPEG's decoding and the statistics use OpenCV's SIMD kernels.
 
 `ImageCache` keeps each result under the file's content hash, in a folder per
 spec fingerprint, so an incremental `prepare` decodes only new or changed files.
@@ -16,9 +17,7 @@ Entries are written to a temporary name and renamed: a kill leaves none half-wri
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -28,16 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmlops.data.decode import bilinear_taps
-
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
-STORE_VERSION = 2  # 2: PNG compress level 1
-# PNG's compress level: 1 instead of Pillow's 6 encodes a stored PNG photo in 1.3 ms
-# instead of 4.9 ms for 15% more bytes (100 of the benchmark's PNG photos at 96 px);
-# the stored size is far below the source's either way.
+STORE_VERSION = 3  # 2: PNG compress level 1; 3: OpenCV resizes, encodes and measures
+# PNG's compress level: 1 instead of 6 encodes a stored PNG photo in 1.3 ms instead of
+# 4.9 ms for 15% more bytes (100 of the benchmark's PNG photos at 96 px, Pillow's
+# encoder); the stored size is far below the source's either way.
 PNG_COMPRESS_LEVEL = 1
 JPEG_SOURCES = {"JPEG", "MPO"}
-MATRICES_KEPT = 32
 
 
 @dataclass(frozen=True)
@@ -51,10 +47,11 @@ class StoreSpec:
     image_size: int  # the model's input size, for the statistics
 
     def fingerprint(self) -> str:
+        import cv2
         import PIL
 
-        blob = json.dumps({**asdict(self), "version": STORE_VERSION, "pillow": PIL.__version__},
-                          sort_keys=True)
+        blob = json.dumps({**asdict(self), "version": STORE_VERSION, "pillow": PIL.__version__,
+                           "opencv": cv2.__version__}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -118,101 +115,68 @@ def cached_prefixes(shas) -> np.ndarray:
 
 def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
     """Decode, resize, encode and measure one file's bytes."""
-    from tfmlops.data.decode import ImageRejected, load_image_info
+    import cv2
+
+    from tfmlops.data.decode import ImageRejected, load_pixels
 
     try:
-        img, fmt, source = load_image_info(data, spec.channels, spec.short_side)
+        pixels, fmt, source = load_pixels(data, spec.channels, spec.short_side)
     except ImageRejected as exc:
         return Stored(reason=str(exc))
     encoding = spec.encoding
     if encoding == "auto":
         encoding = "jpeg" if fmt in JPEG_SOURCES else "png"
-    buf = io.BytesIO()
+    # OpenCV encodes colour in BGR order; the stored file holds RGB as any decoder reads it.
+    bgr = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR)
     if encoding == "jpeg":
-        img.save(buf, format="JPEG", quality=spec.jpeg_quality)
+        ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality])
     else:
-        img.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
-    stored = buf.getvalue()
+        ok, encoded = cv2.imencode(".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, PNG_COMPRESS_LEVEL])
+    if not ok:
+        return Stored(reason=f"could not be encoded as {encoding}")
+    stored = encoded.tobytes()
     # PNG is lossless: its pixels are the image's; a JPEG is measured as decoded (its
     # chroma subsampling smooths colour noise: the standard deviation of a noisy photo's
     # blue channel fell by a third).
-    pixels = np.asarray(img) if encoding == "png" else _decoded(stored)
-    sums, squares, count = channel_sums(pixels, spec.image_size, spec.channels)
-    return Stored(None, stored, encoding, tuple(source), img.size, sums, squares, count)
+    if encoding == "jpeg":
+        pixels = cv2.imdecode(encoded, cv2.IMREAD_GRAYSCALE if pixels.ndim == 2 else cv2.IMREAD_COLOR_RGB)
+    sums, squares, count = channel_sums(pixels, spec.image_size)
+    height, width = pixels.shape[:2]
+    return Stored(None, stored, encoding, tuple(source), (width, height), sums, squares, count)
 
 
-def _decoded(encoded: bytes) -> np.ndarray:
-    from PIL import Image
+def channel_sums(pixels: np.ndarray, size: int):
+    """Per-channel sum and sum of squares of a uint8 [H, W(, C)] image as training reads
+    it: resized to size x size by TensorFlow's bilinear (half-pixel centres, no
+    antialiasing; OpenCV's float kernel is the same filter), scaled to [0, 1]."""
+    import cv2
 
-    with Image.open(io.BytesIO(encoded)) as img:
-        return np.asarray(img)
+    resized = cv2.resize(pixels.astype(np.float32), (size, size), interpolation=cv2.INTER_LINEAR)
+    mean, std = cv2.meanStdDev(resized * np.float32(1 / 255.0))  # float64, per channel
+    mean, std = mean.ravel(), std.ravel()
+    count = size * size
+    return tuple((mean * count).tolist()), tuple(((std * std + mean * mean) * count).tolist()), count
 
 
 _CACHED = np.zeros(0, np.uint64)  # a pool worker's copy of cached_prefixes (setup_worker)
 
 
 def setup_worker(cached: np.ndarray) -> None:
-    """A pool worker's start: the cached hashes' prefixes, and BLAS on one thread (the
-    statistics' small matrix products ran 14x slower with a thread per core, in every
-    one of the pool's processes)."""
+    """A pool worker's start: the cached hashes' prefixes, and one thread for OpenCV and
+    BLAS (the pool is the parallelism: a thread per core in every one of its processes
+    ran small kernels up to 14x slower)."""
+    import cv2
     from threadpoolctl import threadpool_limits
 
     global _CACHED
     _CACHED = cached
+    cv2.setNumThreads(1)
     threadpool_limits(1)
 
 
 def hash_and_store_chunk(paths: list[str], spec: StoreSpec) -> list[tuple[str | None, Stored | None]]:
     """`hash_and_store` over a chunk of files: a pool worker's task."""
     return [hash_and_store(p, spec, _CACHED) for p in paths]
-
-
-def channel_sums(pixels: np.ndarray, size: int, channels: int):
-    """Per-channel sum and sum of squares of an image as training reads it: resized to
-    size x size (TensorFlow's bilinear), scaled to [0, 1]."""
-    planes = _resized_planes(pixels.reshape(pixels.shape[0], pixels.shape[1], channels), size)
-    planes *= np.float32(1 / 255.0)
-    sums = planes.sum((1, 2), dtype=np.float64)
-    squares = np.einsum("cij,cij->c", planes, planes, dtype=np.float64)
-    return tuple(sums.tolist()), tuple(squares.tolist()), size * size
-
-
-def resize_bilinear(image: np.ndarray, size: int) -> np.ndarray:
-    """[H, W, C] -> float32 [size, size, C] as `tf.image.resize` (bilinear, half-pixel
-    centres, no antialiasing) computes it."""
-    return _resized_planes(image, size).transpose(1, 2, 0)
-
-
-def _resized_planes(image: np.ndarray, size: int) -> np.ndarray:
-    # [H, W, C] -> [C, size, size]: per channel, two small matrix products (several times
-    # faster than gathering rows and columns; most of a photo's statistics cost). prepare
-    # stores photos with their short side at the model's size, where that side's matrix is
-    # the identity: skipping it halves the work.
-    h, w, _ = image.shape
-    planes = np.ascontiguousarray(np.moveaxis(image, 2, 0), dtype=np.float32)
-    if h != size:
-        planes = _resize_matrix(h, size) @ planes
-    if w != size:
-        planes = planes @ _resize_matrix_t(w, size)
-    return planes
-
-
-# Bounded: one matrix per distinct side length met (photos have hundreds), each tens
-# of KB; 1024 of them made every worker's memory grow with the number of images.
-@functools.lru_cache(maxsize=MATRICES_KEPT)
-def _resize_matrix(in_size: int, out_size: int) -> np.ndarray:
-    lower, upper, lerp = bilinear_taps(in_size, out_size)
-    m = np.zeros((out_size, in_size), np.float32)
-    out = np.arange(out_size)
-    np.add.at(m, (out, lower), 1 - lerp)
-    np.add.at(m, (out, upper), lerp)
-    return m
-
-
-@functools.lru_cache(maxsize=MATRICES_KEPT)
-def _resize_matrix_t(in_size: int, out_size: int) -> np.ndarray:
-    # A contiguous transpose: BLAS multiplies it without a strided copy per call.
-    return np.ascontiguousarray(_resize_matrix(in_size, out_size).T)
 
 
 class ImageCache:

@@ -3,7 +3,7 @@
 The served model runs ONNX Runtime or LiteRT, so it cannot run the SavedModel's
 in-graph preprocessing. This module reproduces the training path instead:
 the image is decoded by the very function `prepare` decodes every image with
-(`data.decode.load_image`: decompression-bomb headers refused, JPEG/MPO,
+(`data.decode.load_pixels`: decompression-bomb headers refused, JPEG/MPO,
 EXIF orientation, 16-bit scaled to 8 bits, transparency onto white, then
 reduced to prepare's stored short side when the model was trained on reduced
 images), then TensorFlow's bilinear resize (half-pixel centres, no
@@ -20,7 +20,7 @@ import binascii
 
 import numpy as np
 
-from tfmlops.data.decode import ImageRejected, bilinear_taps, load_image, open_image
+from tfmlops.data.decode import ImageRejected, bilinear_taps, load_pixels, open_image
 
 
 class RequestError(ValueError):
@@ -59,17 +59,16 @@ def decode_image(data: bytes, channels: int, stored_size: int | None = None,
     if not data:
         raise RequestError("'image' is empty; send base64-encoded PNG or JPEG bytes")
     try:
-        img = load_image(data, channels, short_side=stored_size, max_pixels=max_pixels)
+        array = load_pixels(data, channels, short_side=stored_size, max_pixels=max_pixels)[0]
     except ImageRejected as exc:
         raise _refused(exc) from None
     except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
         raise _unreadable(exc) from None
-    array = np.asarray(img, dtype=np.uint8)
     return array[..., None] if array.ndim == 2 else array
 
 
 def _unreadable(exc: Exception) -> RequestError:
-    # Beyond the errors load_image names, a decoder may raise anything on crafted bytes:
+    # Beyond the errors load_pixels names, a decoder may raise anything on crafted bytes:
     # the client still gets one line.
     return RequestError(f"'image' refused: corrupt or unreadable ({type(exc).__name__})")
 

@@ -4,8 +4,9 @@ Two signatures over the same Keras 3 model:
 - `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/GIF/BMP
   strings of any size, grayscale or colour. Decoding, the channel conversion
   `prepare` applies (transparency onto white, PIL's integer grayscale formula),
-  the reduction to prepare's stored short side (JPEG draft scale, antialiased
-  resize: within one grey level of PIL's), resizing and normalization all run
+  the reduction to prepare's stored short side (JPEG draft scale, then bilinear
+  below 2x and area averaging from 2x: within one grey level of OpenCV's),
+  resizing and normalization all run
   in the graph. EXIF orientation is not read here (the served MLflow model
   applies it, as prepare does): send upright images to TensorFlow Serving.
 - `serve_preprocessed`: an already preprocessed float32 [N, H, W, C] tensor.
@@ -22,6 +23,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from tfmlops.data.decode import AREA_FROM
 from tfmlops.data.pipeline import preprocess
 
 BYTES_SIGNATURE = "serve_image_bytes"
@@ -33,9 +35,9 @@ def decode_like_prepare(encoded: tf.Tensor, channels: int,
     """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it.
 
     With `stored_size` (prepare's stored short side) the image is reduced as
-    `data.decode.load_image` reduces it: a JPEG decodes at 1/2, 1/4 or 1/8 scale
-    as PIL's draft picks it, then an antialiased bilinear resize (PIL's reducing
-    filter; within one grey level of it). EXIF orientation is not read in the graph.
+    `data.decode.load_pixels` reduces it: a JPEG decodes at 1/2, 1/4 or 1/8 scale
+    as PIL's draft picks it, then `reduce_short_side`'s filter (within one grey
+    level of OpenCV's). EXIF orientation is not read in the graph.
     """
     if stored_size is None:
         image = tf.cond(
@@ -74,9 +76,13 @@ def reduce_like_prepare(image: tf.Tensor, short_side: int) -> tf.Tensor:
     def reduce():
         scale = short_side / tf.cast(short, tf.float64)
         # tf.round rounds half to even, as Python's round() in reduced_size does.
-        size = [tf.maximum(short_side, tf.cast(tf.round(tf.cast(n, tf.float64) * scale),
-                                               tf.int32)) for n in (h, w)]
-        x = tf.image.resize(tf.cast(image, tf.float32), tf.stack(size), antialias=True)
+        size = tf.stack([tf.maximum(short_side, tf.cast(tf.round(tf.cast(n, tf.float64) * scale),
+                                                        tf.int32)) for n in (h, w)])
+        x = tf.cast(image, tf.float32)
+        # decode.reduce_short_side: bilinear below AREA_FROM x, area averaging from it.
+        x = tf.cond(short < AREA_FROM * short_side,
+                    lambda: tf.image.resize(x, size, method="bilinear"),
+                    lambda: tf.image.resize(x, size, method="area"))
         return tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
 
     return tf.cond(short > short_side, reduce, lambda: image)
