@@ -156,6 +156,18 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     other_batch = fit.decide_precision(prepared_digits, prepared, 16, cache_file=cache,
                                        flags=bf16)
     assert other_batch.reason == "timed" and len(json.loads(cache.read_text())) == 2
+    # train reads tune's copy without writing into it (paths.tuned is tune's output).
+    precision._decided.clear()
+    read_only = tmp_path / "tuned" / fit.PRECISION_CACHE
+    read_only.parent.mkdir()
+    read_only.write_text(cache.read_text())
+    assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=read_only, write=False,
+                                flags=bf16) == first
+    precision._decided.clear()
+    missing = tmp_path / "untuned" / fit.PRECISION_CACHE
+    assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=missing, write=False,
+                                flags=bf16).reason == "timed"
+    assert not missing.exists()
     here = fit.decide_precision(prepared_digits, prepared, 32)  # this machine's own flags
     if not precision.has_bf16_units(precision.cpu_flags()):
         assert (here.policy, here.reason) == ("float32", "no-bf16-units")

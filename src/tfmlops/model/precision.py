@@ -164,11 +164,13 @@ def cache_key(spec, input_shape, batch_size: int, flags: Iterable[str] = ()) -> 
 
 def decide_cached(setting: str, key: str, flags: Iterable[str],
                   measure: Callable[[], dict[str, float]] | None,
-                  file: str | Path | None = None) -> tuple[Decision, bool]:
+                  file: str | Path | None = None,
+                  write: bool = True) -> tuple[Decision, bool]:
     """`decide`, remembered in this process and in `file` (another process of the same
-    tune reuses it); returns (decision, made now). Without a `file` nothing is reused.
-    A timed decision is kept per `key` (the architecture); an untimed one depends on
-    the machine alone, so it is kept once."""
+    tune reuses it); returns (decision, made now). Without a `file` nothing is reused;
+    with `write` False the file is only read (another stage's output). A timed decision
+    is kept per `key` (the architecture); an untimed one depends on the machine alone,
+    so it is kept once."""
     timed = setting == "auto" and has_bf16_units(flags) and measure is not None
     if file is None or (setting == "auto" and not timed and has_bf16_units(flags)):
         return decide(setting, gpu_capabilities() if setting == "auto" else [], flags,
@@ -182,7 +184,7 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
         return _decided[memo], False
     decision = decide(setting, gpu_capabilities() if setting == "auto" else [], flags, measure)
     _decided[memo] = decision
-    if timed:
+    if timed and write:
         from tfmlops.files import write_json
 
         write_json(file, {**_read(file), memo: asdict(decision)})

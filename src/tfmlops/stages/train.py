@@ -88,8 +88,12 @@ def _train(ctx: TrainContext, scratch: list[Path]) -> dict:
     from tfmlops.training.context import worker_folders
 
     cfg, merged = ctx.cfg, ctx.merged
-    # Before the seed: timing the policies builds models (it draws random numbers).
-    decision = fit.decide_precision(merged, ctx.prepared, merged.train.batch_size)
+    # Before the seed: timing the policies builds models (it draws random numbers). The
+    # decision tune's final round trained this architecture with is reused (read only:
+    # paths.tuned is tune's output), so train reproduces the round's curve.
+    decision = fit.decide_precision(merged, ctx.prepared, merged.train.batch_size,
+                                    cache_file=Path(cfg.paths.tuned) / fit.PRECISION_CACHE,
+                                    write=False)
     ctx.policy = decision.policy
     keras.utils.set_random_seed(merged.seed)
     ctx.folders = worker_folders(cfg, merged, ctx.chief, scratch)

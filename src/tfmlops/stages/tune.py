@@ -1,7 +1,8 @@
 """Stage `tune`: a keras-tuner search over architectures and learning-rate schedules.
 
 Output: `paths.tuned/best_hparams.yaml` (the contract of model/hparams.py: a
-partial params tree that `train` merges), `final_round.csv` and `mlflow_run.json`, swapped in
+partial params tree that `train` merges), `final_round.csv`, `mlflow_run.json` and, on a
+CPU with bf16 units, `precision.json` (the timed precision decisions train reuses), swapped in
 whole; `reports/tune.json` (metrics) and `reports/tune_trials.csv` (one row per
 trial). With `tune.enabled: false` the file holds the params' own settings and
 `paths.tuner` is left as it was (created empty if missing: DVC requires every output).
@@ -46,6 +47,7 @@ only inside `run`.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,7 @@ def run(cfg: Config) -> dict[str, Any]:
         metrics = {**report.metrics(result, best), **final_round.metrics(final, winner)}
         if final:
             write_csv(out / final_round.FILE, final_round.rows(final), final_round.COLUMNS)
+        _pass_on_precision(cfg, out)
 
         parent.log_params({"best": {k: best.values[k] for k in search_space.HP_NAMES
                                     if k in best.values}})
@@ -143,6 +146,16 @@ def _best_text(cfg: Config, best: TrialRecord, key: str, chosen: Config,
         head += (f"\n# final round at train's length: {winner.name} wins "
                  f"({cfg.tune.objective} {winner.score:.6g})")
     return _header(head) + yaml.safe_dump(hparams.tuned_tree(chosen), sort_keys=False)
+
+
+def _pass_on_precision(cfg: Config, out: Path) -> None:
+    """The timed precision decisions (a CPU with bf16 units only) beside best_hparams.yaml:
+    train reads the one of the architecture it trains, as the final round trained it."""
+    from tfmlops.training.fit import PRECISION_CACHE
+
+    decisions = Path(cfg.paths.tuner) / PRECISION_CACHE
+    if decisions.is_file():
+        shutil.copyfile(decisions, out / PRECISION_CACHE)
 
 
 def _write_untuned(cfg: Config) -> dict[str, Any]:

@@ -21,7 +21,9 @@ from tfmlops.training.context import TrainContext
 
 log = logging.getLogger(__name__)
 
-PRECISION_CACHE = "precision.json"  # in paths.tuner: tune's decisions, per architecture
+# In paths.tuner: tune's timed decisions, per architecture (its trials and final round
+# share them); tune copies the file to paths.tuned, where train reads the one it trained.
+PRECISION_CACHE = "precision.json"
 JIT = {"auto": "auto", "true": True, "false": False}
 # tf_keras (multi-worker path) takes a bool or None (its own default) for `auto`.
 JIT_TF_KERAS = {"auto": None, "true": True, "false": False}
@@ -163,12 +165,13 @@ def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, 
 
 
 def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
-                     cache_file: str | Path | None = None, flags=None):
+                     cache_file: str | Path | None = None, write: bool = True, flags=None):
     """`merged.train.precision` resolved for this model and batch (model/precision.py):
     on a CPU with bf16 units, `auto` times float32 against mixed_bfloat16 on a few
     steps of this very model, once per architecture. One log line when decided now.
-    Seeds are consumed by the timing: set them after this call. `flags`: the CPU's
-    (default: read from /proc/cpuinfo)."""
+    Seeds are consumed by the timing: set them after this call. `cache_file`: the
+    decisions to reuse (`write`: add this one to it). `flags`: the CPU's (default:
+    read from /proc/cpuinfo)."""
     import keras
 
     from tfmlops.model import precision
@@ -186,7 +189,7 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
             next(iter(train_ds)), keras)
 
     decision, now = precision.decide_cached(merged.train.precision, key, flags,
-                                            measure if timed else None, cache_file)
+                                            measure if timed else None, cache_file, write)
     if now:
         log.info(decision.line(merged.train.precision))
     return decision
