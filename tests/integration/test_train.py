@@ -99,7 +99,16 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     (run,) = stage_runs(cfg, "train")
     assert json.loads((folder / "mlflow_run.json").read_text())["run_id"] == run.info.run_id
     params = run.data.params
-    assert params["resolved.precision_policy"] == "float32"
+    from tfmlops.model.precision import cpu_flags, faster, has_bf16_units
+
+    if has_bf16_units(cpu_flags()):  # auto timed both policies on this very model: the faster
+        timed = {p: run.data.metrics[f"precision_{p}_images_per_s"]
+                 for p in ("float32", "mixed_bfloat16")}
+        assert params["resolved.precision_reason"] == "timed"
+        assert params["resolved.precision_policy"] == faster(timed)
+    else:
+        assert params["resolved.precision_policy"] == "float32"
+        assert params["resolved.precision_reason"] == "no-bf16-units"
     assert params["resolved.global_batch_size"] == "32" and params["resolved.replicas"] == "1"
     assert params["resolved.strategy"] == "default"
     assert params["model.head_units"] == "24"
