@@ -1,7 +1,7 @@
 """Read an image as a phone wrote it: one decoding for `prepare` and for serving.
 
 `prepare` (every worker of its pool) and the served model's request decoding
-both call `load_image`, so a photo gives the same pixels on either path:
+both call `load_pixels`, so a photo gives the same pixels on either path:
 
 - the header is checked before any pixel is read: a file that claims more
   pixels than PIL's decompression-bomb limit is refused with that reason;

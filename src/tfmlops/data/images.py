@@ -20,7 +20,7 @@ split shares (`split_bounds`), so each class has its shares in every split, a
 file keeps its split however the folder is scanned, identical images always
 share a split (no leakage), and adding or removing one file of a class moves
 at most two other files of that class between splits (one per boundary).
-Decoding itself is `data.decode.load_image`, shared with serving.
+Decoding itself is `data.decode.load_pixels`, shared with serving.
 """
 
 from __future__ import annotations
