@@ -106,7 +106,7 @@ def main() -> None:
         1 if quick else 3, args.skip_cold, quick)[0])
     repo = Path(pipeline_result["repo"])
     train_report = json.loads((repo / "reports" / "train.json").read_text())
-    ip = step("input_pipeline", lambda: input_pipeline.measure(3, 1) if quick
+    ip = step("input_pipeline", lambda: input_pipeline.measure(3, 1, rounds=1) if quick
               else input_pipeline.measure())
     ip["input_wait_share"] = train_report.get("profile_input_wait_share")
     ip["input_wait_target"] = 0.05
