@@ -12,7 +12,8 @@ both call `load_pixels`, so a photo gives the same pixels on either path:
 - 16-bit images are scaled to 8 bits (PIL's own `convert("L")` clips them);
 - transparency goes onto white, then PIL's grayscale or RGB conversion;
 - the short side is reduced to the stored size by OpenCV (`reduce_short_side`):
-  bilinear below 2x (what is left after a JPEG's draft), area averaging from 2x.
+  bilinear below 2x (what a JPEG's draft leaves of photos up to 16x the stored
+  size), area averaging from 2x.
 
 `ImageRejected` carries the one-line reason an image is refused.
 """
@@ -90,8 +91,9 @@ def reduce_short_side(pixels: np.ndarray, short_side: int) -> np.ndarray:
     """uint8 [H, W(, C)] -> its short side at `short_side` (`reduced_size`).
 
     Bilinear below 2x: there its two taps per axis cover each output pixel's footprint
-    (at 2x they are exactly a 2x2 box), and after a JPEG's draft this is every photo's
-    case. From 2x on, area averaging, or bilinear would skip source pixels (aliasing).
+    (at 2x they are exactly a 2x2 box); a JPEG's draft leaves less than 2x for photos up
+    to 16x the stored size (a 12-megapixel one at 96 px keeps 3.9x: its draft stops at
+    1/8). From 2x on, area averaging, or bilinear would skip source pixels (aliasing).
     The serving graph mirrors this choice (`serving.signatures.reduce_like_prepare`).
     """
     import cv2
