@@ -246,13 +246,13 @@ def test_best_hparams_merge_into_a_buildable_train_config(make_cfg):
     assert build_model(merged.model, keras, (16, 16, 1), 10).count_params() > 0
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
 def searches(cfg) -> list[Path]:
     """keras-tuner's project folders (beside them, on a CPU with bf16 units: precision.json)."""
     return [p for p in Path(cfg.paths.tuner).iterdir() if p.is_dir()]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_resume_runs_only_new_trials_and_a_new_space_starts_fresh(digits_workdir, make_cfg):
     from tfmlops.stages import tune
 
