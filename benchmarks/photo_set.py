@@ -10,7 +10,8 @@ call writes the same bytes, and `start=` adds new images to an existing set.
 
     python benchmarks/photo_set.py OUT --images 4000 --classes 8 [--seed 0] [--start 0]
 
-Importable: make_photo_set(out, images, classes, seed=0, start=0, workers=0) -> dict
+Importable: make_photo_set(out, images, classes, seed=0, start=0, workers=0,
+                           sides=(400, 1200)) -> dict
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from PIL import Image, ImageDraw, ImageFilter
 
 MIN_SIDE, MAX_SIDE = 400, 1200
 PNG_EVERY = 10  # one image in ten is a PNG
+ROTATED_EVERY = 25  # one JPEG in 25 is stored sideways with EXIF orientation 6, as phones do
+EXIF_ORIENTATION = 0x0112
 
 
 def class_style(cls: int, seed: int) -> dict:
@@ -39,12 +42,13 @@ def class_style(cls: int, seed: int) -> dict:
             "strength": float(rng.uniform(8, 22))}
 
 
-def image_pixels(index: int, classes: int, seed: int) -> tuple[np.ndarray, int]:
-    """The uint8 RGB pixels of image `index` and its class."""
+def image_pixels(index: int, classes: int, seed: int,
+                 sides: tuple[int, int] = (MIN_SIDE, MAX_SIDE)) -> tuple[np.ndarray, int]:
+    """The uint8 RGB pixels of image `index` (upright) and its class."""
     rng = np.random.default_rng([seed, index])
     cls = index % classes
     style = class_style(cls, seed)
-    w, h = (int(v) for v in rng.integers(MIN_SIDE, MAX_SIDE + 1, 2))
+    w, h = (int(v) for v in rng.integers(sides[0], sides[1] + 1, 2))
     # Gradients and objects are drawn at a quarter of the size, softened, then enlarged
     # smoothly: out-of-focus edges at a fraction of a full-size blur's cost.
     qw, qh = w // 4, h // 4
@@ -102,27 +106,34 @@ def noise_field(rng: np.random.Generator, h: int, w: int, sigma: float, coarse: 
     return noise
 
 
-def encode_image(index: int, classes: int, seed: int) -> tuple[str, bytes]:
+def encode_image(index: int, classes: int, seed: int,
+                 sides: tuple[int, int] = (MIN_SIDE, MAX_SIDE)) -> tuple[str, bytes]:
     """(relative path, file bytes) of image `index`."""
-    pixels, cls = image_pixels(index, classes, seed)
+    pixels, cls = image_pixels(index, classes, seed, sides)
     buf = io.BytesIO()
     if index % PNG_EVERY == PNG_EVERY - 1:
         # Lossless exports are usually smaller and cleaner: half size, no grain.
         img = Image.fromarray(pixels)
-        small = img.resize((max(MIN_SIDE, img.width // 2), max(MIN_SIDE, img.height // 2)),
+        small = img.resize((max(sides[0], img.width // 2), max(sides[0], img.height // 2)),
                            Image.BILINEAR)
         small.save(buf, format="PNG", optimize=False, compress_level=6)
         ext = ".png"
     else:
         quality = int(np.random.default_rng([seed, index, 1]).integers(80, 96))
-        Image.fromarray(pixels).save(buf, format="JPEG", quality=quality)
+        exif = Image.Exif()
+        if index % ROTATED_EVERY == 3:
+            # The sensor's rows: the upright photo turned 90 degrees anticlockwise; EXIF
+            # orientation 6 tells a viewer to turn it clockwise to show it upright.
+            pixels = np.ascontiguousarray(np.rot90(pixels))
+            exif[EXIF_ORIENTATION] = 6
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=quality, exif=exif.tobytes())
         ext = ".jpg"
     return f"class_{cls:02d}/img_{index:06d}{ext}", buf.getvalue()
 
 
-def _write(job: tuple[str, int, int, int]) -> int:
-    out, index, classes, seed = job
-    rel, data = encode_image(index, classes, seed)
+def _write(job: tuple[str, int, int, int, tuple[int, int]]) -> int:
+    out, index, classes, seed, sides = job
+    rel, data = encode_image(index, classes, seed, sides)
     path = Path(out) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -132,12 +143,12 @@ def _write(job: tuple[str, int, int, int]) -> int:
 
 
 def make_photo_set(out, images: int = 4000, classes: int = 8, seed: int = 0, start: int = 0,
-                   workers: int = 0) -> dict:
+                   workers: int = 0, sides: tuple[int, int] = (MIN_SIDE, MAX_SIDE)) -> dict:
     """Write images start..start+images-1 under `out` (class folders); existing files are
     kept. Returns {"dir", "images", "classes", "bytes"} (bytes of the whole folder)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(out), i, classes, seed) for i in range(start, start + images)]
+    jobs = [(str(out), i, classes, seed, tuple(sides)) for i in range(start, start + images)]
     workers = workers or os.cpu_count() or 1
     if workers == 1:
         for job in jobs:

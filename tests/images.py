@@ -118,3 +118,16 @@ def png_header(width: int, height: int, pixels: bytes | None = None) -> bytes:
 def bomb_png(path: Path, side: int = 30000) -> None:
     """A ~100-byte PNG whose header claims side x side pixels (a decompression bomb)."""
     path.write_bytes(png_header(side, side, b"\x00" * 16))
+
+
+def phone_photo_folder(root: Path, images: int, classes: int = 3, sides=(300, 800)) -> dict:
+    """Phone-like photos in class folders, from the photo benchmark's generator (about 90%
+    JPEG, one in ten PNG, one JPEG in 25 stored sideways with EXIF orientation 6)."""
+    import sys
+
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from photo_set import make_photo_set
+
+    return make_photo_set(root, images=images, classes=classes, workers=1, sides=tuple(sides))

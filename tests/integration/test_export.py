@@ -35,7 +35,7 @@ def test_every_format_is_written_checked_and_measured(exported_digits):
     assert metrics["onnx.accuracy"] == metrics["keras.accuracy"] > 0.5
     with open(Path(cfg.paths.reports) / "export_formats.csv") as fh:
         rows = {r["format"]: r for r in csv.DictReader(fh)}
-    assert set(rows) == {"keras", "saved_model", "onnx", "tflite", "served_image_bytes"}
+    assert set(rows) == {"keras", "saved_model", "onnx", "tflite", "served_pyfunc"}
     for row in rows.values():
         assert int(row["bytes"]) > 0 and float(row["p50_ms"]) > 0
     served = json.loads((out / "serving.json").read_text())

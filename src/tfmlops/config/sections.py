@@ -538,12 +538,25 @@ class ServingLimits:
 
 
 @section
+class SkewLimits:
+    """export's skew report: how many original files it follows through both paths, and the
+    top-1 agreement they must keep (the stored JPEG's re-encoding is the one difference
+    between prepare's path and the served model's on an original file)."""
+
+    source_images: Int = Field(64, ge=0, le=100_000)  # 0: the source pair is not measured
+    source_min_agreement: Float = Field(0.95, ge=0.0, le=1.0)
+    # The SavedModel's in-graph decoding vs prepare's (Pillow, OpenCV) on the originals.
+    source_max_grey_levels: Int = Field(1, ge=0, le=255)
+
+
+@section
 class ExportConfig:
     model_name: Text = "digits"  # one folder name: saved_model/<model_name>/<version>
     onnx_opset: Int = Field(17, ge=9, le=23)
     atol: Float = Field(1e-4, ge=0.0, le=1.0)
     latency_runs: Int = Field(200, ge=1, le=1_000_000)
     serving: ServingLimits = Field(default_factory=ServingLimits)
+    skew: SkewLimits = Field(default_factory=SkewLimits)
 
     @field_validator("model_name")
     @classmethod

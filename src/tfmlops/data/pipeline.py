@@ -3,8 +3,10 @@
 files -> parallel interleave -> parse/decode/resize/normalize (parallel map)
 -> cache -> shuffle -> augment (training only) -> batch -> prefetch.
 Normalization uses the train split's per-channel mean and std from
-`stats.json`; `preprocess` is the same function the exported serving
-signature runs in-graph, so training and serving see identical inputs.
+`stats.json`. `decode_stored` and `preprocess` are the functions the exported
+serving signature runs in-graph, and a stored JPEG decodes with libjpeg's accurate
+integer DCT, as Pillow (the served model) and OpenCV (prepare's statistics) decode
+it: training, evaluation and every served path see the same pixels.
 
 The cache (`pipeline.cache`) keeps the decoded split after the first epoch:
 in memory, or in a file under `paths.cache/<key>/` whose key hashes the
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Part of the disk cache's key: bump it when `dataset`'s parse changes the cached tensors.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: stored JPEGs decode with the accurate integer DCT
 FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
     "label": tf.io.FixedLenFeature([], tf.int64),
@@ -86,7 +88,8 @@ def load_prepared(cfg: Config) -> Prepared:
         channels=manifest["channels"],
         mean=stats["mean"],
         std=stats["std"],
-        stored_size=manifest.get("stored_size"),
+        # prepare's stored short side: the served paths reduce a request image to it first
+        stored_size=manifest.get("stored", {}).get("short_side"),
     )
 
 
@@ -101,11 +104,23 @@ def preprocess(image_uint8: tf.Tensor, image_size: int, mean, std) -> tf.Tensor:
     return (x - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
+def decode_stored(encoded: tf.Tensor, channels: int) -> tf.Tensor:
+    """A stored image (prepare writes JPEG or PNG) -> uint8 [H, W, channels].
+
+    TensorFlow's default JPEG DCT is the fast one, which differs from libjpeg's
+    accurate integer DCT (what Pillow and OpenCV use) by a few grey levels:
+    decoding with the accurate one makes training, evaluation and serving agree.
+    """
+    return tf.cond(
+        tf.io.is_jpeg(encoded),
+        lambda: tf.io.decode_jpeg(encoded, channels=channels, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_png(encoded, channels=channels),
+    )
+
+
 def decode(record: tf.Tensor, channels: int) -> tuple[tf.Tensor, tf.Tensor]:
     ex = tf.io.parse_single_example(record, FEATURES)
-    # prepare stores JPEG or PNG (manifest "stored"); decode_image reads either.
-    image = tf.io.decode_image(ex["image"], channels=channels, expand_animations=False)
-    return image, ex["label"]
+    return decode_stored(ex["image"], channels), ex["label"]
 
 
 def dataset(

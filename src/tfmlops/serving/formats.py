@@ -50,14 +50,15 @@ def float32_model(path: Path, tcfg: Config, prepared):
 
 
 def load_test_split(prepared):
-    """The test split: encoded PNG bytes, float inputs and labels, in one fixed order.
+    """The test split: stored image bytes, float inputs and labels, in one fixed order.
 
-    The float inputs go through the pipeline's own decode and preprocess, so
-    the bytes signature and the served model can be compared image by image.
+    The float inputs go through the pipeline's own decode and preprocess (what
+    training and `train`'s evaluation read), so the bytes signature and the
+    served model can be compared with them image by image.
     """
     import tensorflow as tf
 
-    from tfmlops.data.pipeline import FEATURES, preprocess, shard_files
+    from tfmlops.data.pipeline import FEATURES, decode_stored, preprocess, shard_files
 
     files = shard_files(prepared.folder, "test")
     if not files:
@@ -65,7 +66,7 @@ def load_test_split(prepared):
     encoded, xs, ys = [], [], []
     for record in tf.data.TFRecordDataset(files):
         ex = tf.io.parse_single_example(record, FEATURES)
-        image = tf.io.decode_png(ex["image"], channels=prepared.channels)
+        image = decode_stored(ex["image"], prepared.channels)
         xs.append(preprocess(image, prepared.image_size, prepared.mean, prepared.std).numpy())
         encoded.append(ex["image"].numpy())
         ys.append(int(ex["label"].numpy()))
@@ -226,10 +227,31 @@ def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None
         "threads": LATENCY_THREADS, "limits": limits})
 
 
-def check_served(cfg, out: Path, serving: dict, encoded, y, keras_probs, parities) -> dict:
-    """The served model's own path (PIL decode + NumPy preprocessing + runtime) vs Keras.
+def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, encoded, y,
+                        keras_probs, parities, report_path: Path) -> tuple[dict, list]:
+    """The served MLflow model saved and loaded back as `mlflow models serve` loads it,
+    checked on the stored test images, then the skew report written to `report_path`:
+    (the served row, the skew pairs)."""
+    from tfmlops import registry
 
-    Its latency is one request row end to end in-process (base64 PNG -> label),
+    log.info("export: checking the served MLflow model (%s) on the test split's stored "
+             "images", serving["runtime"])
+    with tempfile.TemporaryDirectory(prefix="tfmlops-served-") as tmp:
+        served = registry.save_serving_model(out, serving["file"],
+                                             registry.request_example(encoded[0]),
+                                             Path(tmp) / "model")
+        row = check_served(cfg, out, serving, served, encoded, y, keras_probs, parities)
+        pairs, report = check_skew(cfg, prepared, model, served, parities)
+    write_json(report_path, report)
+    return row, pairs
+
+
+def check_served(cfg, out: Path, serving: dict, served, encoded, y, keras_probs,
+                 parities) -> dict:
+    """The served MLflow model (`served`, loaded back by `mlflow.pyfunc.load_model`) on
+    the stored test bytes vs Keras on the pipeline's tensors.
+
+    Its latency is one request row end to end in-process (base64 image -> label),
     which is what the gate's latency budget limits.
     """
     import base64
@@ -237,22 +259,46 @@ def check_served(cfg, out: Path, serving: dict, encoded, y, keras_probs, paritie
     from tfmlops.runtimes import accuracy, latency_ms
     from tfmlops.serving.parity import compare
     from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.skew import pyfunc_probabilities
 
-    predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
-    x = np.stack([predictor.image_input(b) for b in encoded])
-    probs = predictor.probabilities(x)
-    p = compare("served_image_bytes", keras_probs, probs, cfg.export.atol)
+    probs = pyfunc_probabilities(served, encoded, request_rows(cfg))
+    p = compare("served_pyfunc", keras_probs, probs, cfg.export.atol)
     parities.append(p)
     if not p.passed:
-        raise DataError(f"the served model's preprocessing drifted from training: {p.describe()}")
+        raise DataError(f"the served model's decoding or preprocessing drifted from training: "
+                        f"{p.describe()}")
+    predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
     row = [{"image": base64.b64encode(encoded[0]).decode()}]
     runs = cfg.export.latency_runs
     timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))
     serving["latency_p50_ms"] = timing["p50_ms"]
-    return {"format": "served_image_bytes", "file": serving["file"], "bytes": serving["bytes"],
+    return {"format": "served_pyfunc", "file": serving["file"], "bytes": serving["bytes"],
             "accuracy": accuracy(probs, y), **timing, "max_abs_diff": p.max_abs_diff,
             "top1_mismatches": p.top1_mismatches, "parity": p.passed}
 
+
+def request_rows(cfg) -> int:
+    """Image rows per request to the served model that its caps always admit."""
+    limits = cfg.export.serving
+    return max(1, min(limits.max_rows, limits.max_request_pixels // limits.max_image_pixels))
+
+
+def check_skew(cfg, prepared, model, served, parities) -> tuple[list, dict]:
+    """Every pair of the skew report (`serving.skew`), the source pair included; fails on
+    a gated pair out of bounds, naming it."""
+    from tfmlops.serving import skew
+
+    by = {p.runtime: p for p in parities}
+    pairs = [skew.Pair(name, by[name]) for name in
+             ("saved_model", "saved_model_bytes", "served_pyfunc", "onnx")]
+    pairs.append(skew.Pair("tflite_edge", by["tflite"], gated=False))
+    limits = cfg.export.skew
+    log.info("export: following %d original files through prepare's path and the served "
+             "model's", limits.source_images)
+    sources, facts = skew.source_pairs(prepared, model, served, limits, 1)
+    pairs.extend(sources)
+    skew.check(pairs)
+    return pairs, skew.report(pairs, facts)
 
 
 # ------------------------------------------------------------------ helpers

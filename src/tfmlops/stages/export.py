@@ -10,9 +10,11 @@ version is registered; `registered.json` is written right after registration):
   <= export.atol, identical top-1), else the stage fails saying by how much;
 - `model.tflite`: quantize's edge variant;
 - `serving.json` (the served runtime: the fastest one that passed parity),
-  `model_card.md`, `registered.json` ({name, version, run_id, model_uri}).
-Reports: `reports/export.json` (metrics) and `reports/export_formats.csv`
-(every format's accuracy, size and single-image p50 latency).
+  `model_card.md`, `skew.json` (every served path against Keras, `serving.skew`:
+  a gated pair out of bounds fails the stage), `registered.json` ({name, version,
+  run_id, model_uri}).
+Reports: `reports/export.json` (metrics, the skew pairs' among them) and
+`reports/export_formats.csv` (every format's accuracy, size and p50 latency).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from tfmlops import registry, tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
+from tfmlops.serving.skew import metrics as skew_metrics
 
 log = logging.getLogger(__name__)
 
 STAGE = "export"
 REGISTERED_FILE = "registered.json"
+SKEW_FILE = "skew.json"  # the training/serving skew report (serving.skew)
 FORMATS_CSV = "export_formats.csv"
 COLUMNS = ["format", "file", "bytes", "accuracy", "p50_ms", "p95_ms", "max_abs_diff",
            "top1_mismatches", "parity", "served"]
@@ -65,9 +69,9 @@ def run(cfg: Config) -> dict:
         serving = fmt.choose_serving(rows, parities)
         fmt.write_serving_config(out, serving, prepared,
                                  dataclasses.asdict(cfg.export.serving))
-        log.info("export: checking the served path (PNG decode, preprocessing, %s) on the test "
-                 "split", serving["runtime"])
-        rows.append(fmt.check_served(cfg, out, serving, encoded, y, keras_probs, parities))
+        served_row, pairs = fmt.check_serving_paths(cfg, prepared, model, out, serving, encoded,
+                                                    y, keras_probs, parities, out / SKEW_FILE)
+        rows.append(served_row)
         for r in rows:
             r["served"] = r["format"] == serving["runtime"]
 
@@ -84,7 +88,7 @@ def run(cfg: Config) -> dict:
         registered = register(cfg, run, final, rows, parities, serving, lineage, card, encoded[0])
         write_json(final / REGISTERED_FILE, registered)
 
-        metrics = {**export_metrics(rows, parities, serving),
+        metrics = {**export_metrics(rows, parities, serving), **skew_metrics(pairs),
                    "registered_version": int(registered["version"] or 0)}
         run.log_metrics(metrics)
         run.set_tags({"tfmlops.export.served_runtime": serving["runtime"],
@@ -152,8 +156,6 @@ def export_metrics(rows, parities, serving) -> dict:
 
 def register(cfg, run, out: Path, rows, parities, serving, lineage, card, example_png) -> dict:
     """Log the served model to MLflow and register a new version; {name, version, run_id}."""
-    import base64
-
     name = cfg.promote.registered_model
     if not run.active:
         log.warning("export: tracking is off: the model is not registered "
@@ -161,10 +163,10 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
         return {"name": name, "version": None, "run_id": None, "model_uri": None}
     log.info("export: logging the formats and registering %s in MLflow", name)
     run.log_artifact(out / "model_card.md")
+    run.log_artifact(out / SKEW_FILE)
     for fmt in ("saved_model", "model.onnx", "model.tflite"):
         run.log_artifact(out / fmt, "formats")
-    example = {"image": base64.b64encode(example_png).decode()}
-    uri = registry.log_serving_model(run, out, serving["file"], example)
+    uri = registry.log_serving_model(run, out, serving["file"], registry.request_example(example_png))
     if uri is None:
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")
@@ -226,6 +228,7 @@ def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ helpers
+
 
 def _rel_to(root: Path, path: str) -> str:
     p = Path(path)
