@@ -3,7 +3,9 @@
 `TFMLOPS_FAULT=<point>` makes the process that reaches `<point>` kill itself
 there; `<point>@<n>` waits for its n-th visit. A point marked `parent` kills
 the process's parent instead (a pool worker killing `prepare` while it
-decodes). Unset, a point costs one dictionary look-up. The kill test
+decodes). `TFMLOPS_FAULT_SIGNAL=SIGSTOP` stops the process there instead
+(a test holds it at a known place, then lets it go on with SIGCONT). Unset, a
+point costs one environment look-up. The kill test
 (tests/integration/test_prepare_kill.py) visits every name in `POINTS`.
 """
 
@@ -36,6 +38,7 @@ def point(name: str, parent: bool = False) -> None:
         return
     _visits[name] = _visits.get(name, 0) + 1
     if _visits[name] == int(nth or 1):
-        os.kill(os.getppid() if parent else os.getpid(), signal.SIGKILL)
+        sig = getattr(signal, os.environ.get("TFMLOPS_FAULT_SIGNAL", "SIGKILL"))
+        os.kill(os.getppid() if parent else os.getpid(), sig)
         if parent:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
