@@ -82,3 +82,45 @@ def test_a_duplicate_after_a_changed_spec_in_process_and_pool(tmp_path, make_cfg
                      store={"encoding": "png"})
     prepare.run(cold)
     assert prepared_bytes(warm) == prepared_bytes(cold)
+
+
+def test_a_duplicate_across_two_classes_is_kept_under_each_label_and_warned(tmp_path, make_cfg,
+                                                                           caplog):
+    """The policy: identical bytes in two class folders stay, each copy under its own
+    folder's label, both in one split (no leakage), with one warning line naming a pair."""
+    import logging
+
+    files = photo_folder(tmp_path / "photos", per_class=5, classes=2)
+    shutil.copy(files[0], tmp_path / "photos" / "c1" / "same.jpg")
+    cfg = trust_cfg(make_cfg, tmp_path / "run", tmp_path / "photos", workers=1)
+    with caplog.at_level(logging.WARNING, logger="tfmlops"):
+        prepare.run(cfg)
+    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    rows = {r["file"]: r for r in manifest["files"]}
+    a, b = rows["c0/" + files[0].name], rows["c1/same.jpg"]
+    assert a["sha256"] == b["sha256"] and (a["label"], b["label"]) == ("c0", "c1")
+    assert a["split"] == b["split"]
+    (line,) = [r.getMessage() for r in caplog.records if "more than one class folder" in r.getMessage()]
+    assert f"c0/{files[0].name} and c1/same.jpg" in line
+    assert_rows_match_files(cfg)
+
+
+def test_a_result_about_another_file_stops_the_run(tmp_path, make_cfg, monkeypatch):
+    """The join checks each pool result names the file it is joined to."""
+    from tfmlops.data import stream
+    from tfmlops.errors import DataError
+
+    photo_folder(tmp_path / "photos", per_class=4, classes=2)
+    cfg = trust_cfg(make_cfg, tmp_path / "run", tmp_path / "photos", workers=1)
+    real = stream._decode_all
+
+    def swapped(paths, spec, pool, chunk=8):
+        results = list(real(paths, spec, pool, chunk))
+        results[1], results[2] = results[2], results[1]
+        yield from results
+
+    monkeypatch.setattr(stream, "_decode_all", swapped)
+    with pytest.raises(DataError) as err:
+        prepare.run(cfg)
+    assert "came back for" in str(err.value) and len(str(err.value).splitlines()) == 1
+    assert not Path(cfg.paths.prepared).exists()
