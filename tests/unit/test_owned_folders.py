@@ -80,10 +80,10 @@ def test_the_train_backup_is_emptied_of_trains_files_only(tmp_path):
     for name in ("latest.weights.h5", "training_metadata.json.bkp", "history.json"):
         (backup / name).write_text("state")
     (backup / "chief").mkdir()
-    others = neighbours(backup, callbacks.BACKUP_KIND, "notes")
+    others = neighbours(backup, "train-backup", "notes")
     callbacks.clear(backup)
     assert survived(others)
-    assert sorted(p.name for p in backup.iterdir()) == sorted([files.MARKER, "notes", "not-ours"])
+    assert sorted(p.name for p in backup.iterdir()) == ["not-ours", "notes"]
 
 
 def test_the_input_cache_claim_neither_locks_nor_removes_a_neighbour(tmp_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 import keras
 
 from tfmlops.errors import DataError
-from tfmlops.files import MARKER, claim_folder, owned, write_json
+from tfmlops.files import write_json
 from tfmlops.model.precision import inner_optimizer
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ HISTORY_FILE = "history.json"
 FINGERPRINT_FILE = "fingerprint.json"
 BACKUP_META = "training_metadata.json"
 BACKUP_WEIGHTS = "latest.weights.h5"
-BACKUP_KIND = "train-backup"  # the marker of paths.backup (files.claim_folder)
 # What train leaves in paths.backup: its files and Keras' (`.bkp`: the previous
 # state), tf_keras' multi-worker folders, files.write_bytes' temp files.
 BACKUP_NAMES = re.compile(
@@ -99,28 +98,25 @@ def clear(backup_dir: str | Path) -> None:
     """Empty the folder of what train writes there, but keep it: DVC expects the
     declared output to exist.
 
-    Only a folder that is train's backup (its marker, or the fingerprint.json of a
-    backup from before the marker) is emptied, and only of the names train and Keras
+    Only a folder that is train's backup (its marker: the fingerprint.json train
+    writes before anything else) is emptied, and only of the names train and Keras
     write; a foreign folder with files in it is refused before anything is deleted.
     """
     folder = Path(backup_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    if not (owned(folder, BACKUP_KIND) or (folder / FINGERPRINT_FILE).is_file()):
+    if not (folder / FINGERPRINT_FILE).is_file():
         foreign = sorted(p.name for p in folder.iterdir())
         if foreign:
             raise DataError(f"paths.backup {folder} holds files train did not write "
                             f"({foreign[0]}{', ...' if len(foreign) > 1 else ''}); empty it or "
                             "point paths.backup at a folder of its own")
     for path in folder.iterdir():
-        if path.name == MARKER:
-            continue
         if not BACKUP_NAMES.fullmatch(path.name):
             log.warning("train: %s is not a backup file; left in place", path)
         elif path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    claim_folder(folder, BACKUP_KIND)
 
 
 # ------------------------------------------------------------- callbacks
