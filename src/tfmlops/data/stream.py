@@ -5,12 +5,17 @@ file that `data.hash_memo` does not remember unchanged (with a cached content)
 to a process pool, which reads it once, hashes it (its cache key) and decodes
 it unless the cache holds that content (`data.store.hash_and_store`, results in
 submission order); what is decoded goes into the cache, and only each file's
-hash and whether it is usable are kept. The split is stratified among the
-usable files of each class (`images.assign_splits`), which is why it waits for
-the first pass. The second takes each usable file's result from the cache and
-writes it to its split's shards in content-hash order (`write_order`), keeping
-only counts, sums and one small row per file: memory does not grow with image
-size, and what is written depends neither on the worker count nor on the listing.
+hash and whether it is usable are kept. Which way a file goes (cache or pool)
+is decided once, before the pass, and every pool result names its file: a
+result joined to another file stops the run instead of shifting the others
+onto the wrong hashes and labels. A cached entry is checked whole before it
+counts (a damaged one is decoded again), so the split sees what a cold run sees.
+The split is stratified among the usable files of each class
+(`images.assign_splits`), which is why it waits for the first pass. The second
+takes each usable file's result from the cache and writes it to its split's
+shards in content-hash order (`write_order`), keeping only counts, sums and one
+small row per file: memory does not grow with image size, and what is written
+depends neither on the worker count nor on the listing.
 """
 
 from __future__ import annotations
