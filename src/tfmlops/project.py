@@ -23,6 +23,13 @@ def repo_root(start: str | Path | None = None) -> Path:
     text = str(here) + os.sep
     if _EXPS_TMP in text:
         return Path(text.split(_EXPS_TMP, 1)[0])
+    return work_root(here)
+
+
+def work_root(start: str | Path | None = None) -> Path:
+    """The root of the copy the stages run in (relative paths.* resolve there): the
+    repository, or a `dvc exp run --temp` copy of it inside its .dvc folder."""
+    here = Path(start or os.getcwd()).resolve()
     for p in (here, *here.parents):
         if (p / "dvc.yaml").exists() or (p / ".dvc").is_dir():
             return p
@@ -46,7 +53,7 @@ def local_store(uri: str) -> list[Path]:
 def refusal(path: str | Path, tracking_uri: str) -> str | None:
     """Why a folder tfmlops writes and deletes in must not be `path`, if it must not."""
     p = Path(path).resolve()
-    root = repo_root()
+    root = work_root()
     if p == Path(p.anchor):
         return "is the filesystem's root"
     if p == Path.home().resolve():

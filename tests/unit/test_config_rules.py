@@ -328,3 +328,17 @@ def test_check_exits_2_with_one_line_for_a_refused_path(tmp_path, capsys):
     assert main(["--params", str(params), "check"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "paths.cache: 'src' is the project's src folder" in line
+
+
+def test_default_paths_pass_inside_a_dvc_temp_experiment_copy(tmp_path, monkeypatch):
+    """`dvc exp run --temp` runs the stages in <repo>/.dvc/tmp/exps/<copy>: its relative
+    paths are the copy's, not the repository's .dvc folder."""
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    copy = tmp_path / ".dvc" / "tmp" / "exps" / "tmpab12cd"
+    copy.mkdir(parents=True)
+    (copy / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(copy)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    config_from_dict({})
+    with pytest.raises(ConfigError, match="is the project's src folder"):
+        config_from_dict({"paths": {"cache": "src"}})
