@@ -5,12 +5,18 @@ over the old one, and the folder is synced so the rename itself survives a power
 cut. A process killed mid-write leaves its temp file behind: the next write into
 that folder removes the temp files of processes that are gone. Output folders are
 built in a staging sibling and swapped in whole (`staging_dir`, `swap_in`).
+
+Folders the project deletes from are provably its own: each folder it makes
+to delete later carries a marker file naming its kind (`claim_folder`), and a
+child is deleted only when it has that marker and the kind's name pattern
+(`owned_children`): a neighbour's folder in a shared scratch place survives.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import io
 import json
 import logging
@@ -21,8 +27,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfmlops import faults
+
 log = logging.getLogger(__name__)
 
+MARKER = ".tfmlops-owned"  # in each folder tfmlops made and may delete; holds its kind
 # `.<name>.tmp<pid>`, optionally with a suffix a library insists on (`.png`)
 _TEMP = re.compile(r"^\..+\.tmp(?P<pid>\d+)(\.[A-Za-z0-9]+)?$")
 
@@ -40,6 +49,7 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
+    faults.point("json.temp")
     os.replace(tmp, path)
     sync_dir(path.parent)  # and the rename is too
     return path
@@ -101,21 +111,72 @@ def staging_dir(final: str | Path) -> Path:
 
 
 def swap_in(tmp: Path, final: str | Path) -> Path:
-    """Replace `final` by the finished `tmp` folder (synced to disk first)."""
+    """Replace `final` by the finished `tmp` folder (synced to disk first). A kill
+    between the two renames leaves `.<name>.old`: the next swap removes it."""
     final = Path(final)
     _sync_tree(tmp)
+    old = final.with_name(f".{final.name}.old")
     if final.exists():
-        old = final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
+        faults.point("swap.old")
         os.replace(tmp, final)
-        sync_dir(final.parent)
-        shutil.rmtree(old, ignore_errors=True)
     else:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, final)
-        sync_dir(final.parent)
+    sync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def claim_folder(folder: str | Path, kind: str) -> Path:
+    """Make `folder` (if need be) and mark it as tfmlops' own, of `kind`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / MARKER
+    if not owned(folder, kind):
+        marker.write_text(kind + "\n")
+    return folder
+
+
+def owned(folder: str | Path, kind: str) -> bool:
+    """Whether `folder` carries tfmlops' marker of `kind`."""
+    try:
+        return (Path(folder) / MARKER).read_text().strip() == kind
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def owned_children(parent: str | Path, kind: str, pattern: str) -> list[Path]:
+    """The sub-folders of `parent` tfmlops may delete: a real folder (not a symlink),
+    named by `pattern` (a regex matched whole), carrying the marker of `kind`."""
+    name = re.compile(pattern)
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    return sorted(Path(e.path) for e in entries
+                  if e.is_dir(follow_symlinks=False) and name.fullmatch(e.name)
+                  and owned(e.path, kind))
+
+
+@contextlib.contextmanager
+def hold_lock(path: str | Path, waiting: str):
+    """Hold an exclusive lock on file `path` for the block, across processes. If another
+    process holds it, log `waiting` (one line) and wait. The kernel releases the lock
+    when the holder dies, however it dies."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning(waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _sync_tree(folder: Path) -> None:

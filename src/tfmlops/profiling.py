@@ -18,8 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tfmlops.config import Config
+from tfmlops.files import claim_folder, owned_children
 
 log = logging.getLogger(__name__)
+PROFILE_KIND = "profile-run"  # the marker of paths.profiles/<stage>/<run> (files.claim_folder)
+RUN_NAME = r"\d{8}T\d{6}(\.\d+)?(-[A-Za-z0-9_.-]+)?"  # fresh_profile_dir's names
 
 
 def profile_dir(cfg: Config, stage: str) -> Path:
@@ -36,13 +39,15 @@ def fresh_profile_dir(cfg: Config, stage: str) -> Path:
     parent = profile_dir(cfg, stage)
     parent.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    taken = {p.name.split("-", 1)[0] for p in parent.iterdir()}
-    n = 0
-    while (unique := stamp if n == 0 else f"{stamp}.{n}") in taken:
-        n += 1  # two runs in one second (tests, quick stages) keep apart
+    # Two runs in one second (tests, quick stages) keep apart, the later one after the
+    # earlier even when that one was pruned meanwhile (a reused name would sort first).
+    same = [_stamp_key(p.name)[1] for p in parent.iterdir() if _stamp_key(p.name)[0] == stamp]
+    n = max(same) + 1 if same else 0
+    unique = stamp if n == 0 else f"{stamp}.{n}"
     exp_name = os.environ.get("DVC_EXP_NAME")  # the run's name under `dvc exp run`
     folder = parent / (f"{unique}-{_safe(exp_name)}" if exp_name else unique)
     folder.mkdir()
+    claim_folder(folder, PROFILE_KIND)
     _keep_newest(parent, cfg.profiling.keep_runs)
     return folder
 
@@ -63,7 +68,10 @@ def _stamp_key(name: str) -> tuple[str, int]:
 
 
 def _keep_newest(parent: Path, keep: int) -> None:
-    for old in _oldest_first(parent)[:-keep]:
+    """Remove all but the newest `keep` runs; only run folders this module made (their
+    marker and time-stamped name) count, anything else there is left alone."""
+    owned = {p.name for p in owned_children(parent, PROFILE_KIND, RUN_NAME)}
+    for old in [p for p in _oldest_first(parent) if p.name in owned][:-keep]:
         shutil.rmtree(old, ignore_errors=True)
         log.debug("profiling: removed %s (profiling.keep_runs=%d)", old, keep)
 

@@ -139,7 +139,7 @@ def test_cache_auto_picks_memory_within_budget_and_disk_over_it(prepared_digits,
     memory = _two_epochs(_with_cache(prepared_digits, tmp_path, "memory"), prepared)
     disk = _two_epochs(tiny, prepared)
     assert sorted(p.name for p in Path(choice["folder"]).iterdir()) == [
-        ".lock", "train-normalized.data-00000-of-00001", "train-normalized.index"]
+        ".lock", ".tfmlops-owned", "train-normalized.data-00000-of-00001", "train-normalized.index"]
     _assert_same_batches(memory, disk)
     _assert_same_batches(memory, _two_epochs(tiny, prepared))  # read back from the file
     _assert_same_batches(memory, _two_epochs(_with_cache(prepared_digits, tmp_path, "off"),

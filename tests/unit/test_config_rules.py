@@ -2,6 +2,7 @@
 kind of pydantic error; the name lists the other modules read."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -243,7 +244,7 @@ def test_check_refuses_an_override_typo_with_exit_2(tmp_path):
      "paths.train: 'models/train' holds paths.backup 'models/train/backup'"),
     ({"paths": {"backup": "./models/../models/train"}},  # compared resolved
      "paths.backup: './models/../models/train' equals paths.train 'models/train'"),
-    ({"paths": {"reports": "."}}, "paths.reports: '.' holds paths.builtin"),
+    ({"paths": {"reports": "data"}}, "paths.reports: 'data' holds paths.builtin"),
     ({"paths": {"profiles": "reports"}}, "paths.profiles: 'reports' equals paths.reports"),
     ({"paths": {"reports": "reports/profiles/r"}}, "paths.profiles: 'reports/profiles' holds"),
 ])
@@ -282,3 +283,62 @@ def test_every_stage_refuses_overlap_before_touching_the_images(tmp_path):
         assert "paths.prepared: 'data' holds" in line, line
     assert image.read_bytes() == b"\x89PNG not really"
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["own"]
+
+
+# --------------------- paths tfmlops deletes in must never be the project's own
+
+@pytest.mark.parametrize("key", ["cache", "prepare_cache", "backup", "profiles", "prepared", "export"])
+@pytest.mark.parametrize("value, why", [
+    ("/", "is the filesystem's root"),
+    ("~home~", "is the home folder"),
+    (".", "is the project's root"),
+    (".git", "is the project's .git folder"),
+    (".dvc/cache", "is inside the project's .dvc folder"),
+    ("src", "is the project's src folder"),
+    ("tests/x", "is inside the project's tests folder"),
+    ("mlflow.db", "is the MLflow store"),
+    ("mlartifacts", "is the MLflow store"),
+    ("../{root}", "is the project's root"),
+])
+def test_paths_on_the_projects_own_folders_are_refused(key, value, why):
+    from tfmlops.project import repo_root
+
+    value = value.replace("~home~", str(Path.home())).replace("{root}", repo_root().name)
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"paths": {key: value}})
+    message = str(err.value)
+    assert message.startswith(f"paths.{key}: {value!r} {why}"), message
+    assert len(message.splitlines()) == 1
+
+
+def test_a_path_that_holds_the_mlflow_store_is_refused(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    with pytest.raises(ConfigError, match="holds the MLflow store"):
+        config_from_dict({"tracking": {"uri": uri}, "paths": {"cache": str(tmp_path / "store")}})
+    config_from_dict({"tracking": {"uri": uri}, "paths": {"cache": str(tmp_path / "cache")}})
+
+
+def test_check_exits_2_with_one_line_for_a_refused_path(tmp_path, capsys):
+    import yaml
+
+    from tfmlops.cli import main
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"paths": {"cache": "src"}}))
+    assert main(["--params", str(params), "check"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "paths.cache: 'src' is the project's src folder" in line
+
+
+def test_default_paths_pass_inside_a_dvc_temp_experiment_copy(tmp_path, monkeypatch):
+    """`dvc exp run --temp` runs the stages in <repo>/.dvc/tmp/exps/<copy>: its relative
+    paths are the copy's, not the repository's .dvc folder."""
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    copy = tmp_path / ".dvc" / "tmp" / "exps" / "tmpab12cd"
+    copy.mkdir(parents=True)
+    (copy / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(copy)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    config_from_dict({})
+    with pytest.raises(ConfigError, match="is the project's src folder"):
+        config_from_dict({"paths": {"cache": "src"}})

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from images import exif_rotated_jpeg, photo
-from tfmlops.data.hash_memo import HashMemo, stat_key
+from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
 from tfmlops.data.store import ImageCache, Stored, StoreSpec, channel_sums, store_image
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
@@ -120,8 +120,14 @@ def test_cache_compaction_keeps_only_live_entries_of_this_spec(tmp_path):
     cache = ImageCache(tmp_path, SPEC)
     for c in "bcd":
         cache.put(c * 64, Stored(data=c.encode() * 10, encoding="png"))
+    neighbours = [tmp_path / "0123456789abcdef", tmp_path / "notes"]  # no marker: not ours
+    for n in neighbours:
+        n.mkdir()
+        (n / "keep.txt").write_text("someone else's")
     cache.compact({"b" * 64, "c" * 64})
-    assert [p.name for p in tmp_path.iterdir()] == [cache.folder.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [cache.folder.name] + [n.name for n in neighbours])
+    assert all((n / "keep.txt").is_file() for n in neighbours)
     fresh = ImageCache(tmp_path, SPEC)
     assert set(fresh.index) == {"b" * 64, "c" * 64} and fresh.get("c" * 64).data == b"c" * 10
 
@@ -156,14 +162,17 @@ def test_hash_memo_trusts_only_the_same_stat_and_not_a_racy_one(tmp_path):
     fresh.write_bytes(b"fresh")
     memo = HashMemo(tmp_path / "memo.sqlite")
     assert memo.get(old, stat_key(old.stat())) is None  # no table yet
-    memo.replace([(old, stat_key(old.stat()), "a" * 64), (fresh, stat_key(fresh.stat()), "b" * 64)])
+    memo.replace([(old, stat_key(old.stat()), "a" * 64), (fresh, stat_key(fresh.stat()), "b" * 64)],
+                 trust_cutoff())
     again = HashMemo(tmp_path / "memo.sqlite")
     assert again.get(old, stat_key(old.stat())) == "a" * 64
     # written within the last seconds: may change again within one timestamp tick
     assert again.get(fresh, stat_key(fresh.stat())) is None
-    size, mtime, inode = stat_key(old.stat())
-    assert again.get(old, (size + 1, mtime, inode)) is None
-    assert again.get(old, (size, mtime + 1, inode)) is None
+    size, mtime, inode, ctime, device = stat_key(old.stat())
+    for changed in ((size + 1, mtime, inode, ctime, device), (size, mtime + 1, inode, ctime, device),
+                    (size, mtime, inode + 1, ctime, device), (size, mtime, inode, ctime + 1, device),
+                    (size, mtime, inode, ctime, device + 1)):
+        assert again.get(old, changed) is None, changed
     again.close()
     (tmp_path / "memo.sqlite").write_bytes(b"not a database")
     assert HashMemo(tmp_path / "memo.sqlite").get(old, stat_key(old.stat())) is None
@@ -186,3 +195,66 @@ def test_cache_index_holds_a_few_values_per_entry_not_the_header(tmp_path):
     assert held / 2000 < 400  # bytes per entry; the parsed header alone was about 1,600
     assert reopened.get(f"{7:064x}").sums == (0.1, 0.2, 0.3)
     reopened.close()
+
+
+def test_a_cache_entry_with_a_damaged_header_or_reason_is_never_used(tmp_path):
+    """The CRC covers the header too: a flipped bit in the facts or the reason makes the
+    entry missing (decoded again), and a refused file's entry is checked when scanned."""
+    cache = ImageCache(tmp_path, SPEC)
+    cache.put("a" * 64, Stored(data=b"x" * 50, encoding="png", source_size=(10, 12),
+                               stored_size=(10, 12), sums=(1.0,), squares=(1.0,), pixels=4))
+    cache.put("b" * 64, Stored(reason="not an image"))
+    cache.close()
+    (seg,) = cache.folder.glob("*.seg")
+    blob = seg.read_bytes()
+    for old, new in ((b'"source_size": [10, 12]', b'"source_size": [10, 13]'),
+                     (b'"not an image"', b'"not an imagf"')):
+        seg.write_bytes(blob.replace(old, new))
+        damaged = ImageCache(tmp_path, SPEC)
+        if b"image" in old:  # a refused entry's header: dropped from the index at once
+            assert not damaged.has("b" * 64) and damaged.usable("a" * 64)
+        else:
+            assert damaged.has("a" * 64) and not damaged.usable("a" * 64)
+            assert damaged.get("a" * 64) is None
+        damaged.close()
+    seg.write_bytes(blob)
+    whole = ImageCache(tmp_path, SPEC)
+    assert whole.get("a" * 64).source_size == (10, 12) and whole.reason("b" * 64) == "not an image"
+    whole.close()
+
+
+def test_a_file_rewritten_in_place_with_its_old_mtime_is_hashed_again(tmp_path):
+    """`cp -p` over an existing file: same size, same mtime, same inode; only the change
+    time tells it apart."""
+    import shutil
+    import time
+
+    a, b = tmp_path / "a.jpg", tmp_path / "b.jpg"
+    a.write_bytes(b"1" * 100)
+    b.write_bytes(b"2" * 100)
+    for f in (a, b):
+        os.utime(f, (1_700_000_000, 1_700_000_000))
+    memo = HashMemo(tmp_path / "memo.sqlite")
+    memo.replace([(a, stat_key(a.stat()), "a" * 64)], trust_cutoff())
+    before = a.stat()
+    time.sleep(0.01)  # the change time moves on (ns timestamps)
+    shutil.copy2(b, a)  # what cp -p does: content, then the old times put back
+    after = a.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size, before.st_mtime_ns, before.st_ino)
+    assert HashMemo(tmp_path / "memo.sqlite").get(a, stat_key(after)) is None
+
+
+def test_the_trust_cutoff_is_taken_before_the_files_are_read(tmp_path):
+    """A file modified just before prepare read it is not remembered, however long the
+    run lasted after that."""
+    f = tmp_path / "f.jpg"
+    cutoff = trust_cutoff()
+    f.write_bytes(b"x")
+    os.utime(f, ns=(cutoff + 1, cutoff + 1))  # modified after the cut-off
+    memo = HashMemo(tmp_path / "memo.sqlite")
+    memo.replace([(f, stat_key(f.stat()), "a" * 64)], cutoff)
+    assert HashMemo(tmp_path / "memo.sqlite").get(f, stat_key(f.stat())) is None
+    os.utime(f, ns=(cutoff - 1, cutoff - 1))
+    memo.replace([(f, stat_key(f.stat()), "a" * 64)], cutoff)
+    assert HashMemo(tmp_path / "memo.sqlite").get(f, stat_key(f.stat())) == "a" * 64

@@ -679,6 +679,21 @@ class Config:
         return self
 
     @model_validator(mode="after")
+    def _paths_are_not_the_projects_own(self):
+        # Every paths.* folder is written, swapped in or pruned by tfmlops (caches
+        # evict, backups empty, profiles keep the newest runs): none may be a place
+        # whose content is not the pipeline's.
+        from tfmlops.project import refusal
+
+        for key, value in dataclasses.asdict(self.paths).items():
+            why = refusal(value, self.tracking.uri)
+            if why:
+                raise Rule(f"paths.{key}: {value!r} {why}, where tfmlops would delete or "
+                           f"replace files; give paths.{key} a folder of its own (default "
+                           f"{getattr(PathsConfig(), key)!r})")
+        return self
+
+    @model_validator(mode="after")
     def _paths_do_not_overlap(self):
         # Outputs are swapped in whole (files.swap_in): an output folder that equals
         # or holds another path, or the user's images, would move it aside and

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfmlops.config import Config
 from tfmlops.errors import DataError
+from tfmlops.files import MARKER, claim_folder, owned_children
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,8 @@ def dataset(
 
 # ------------------------------------------------------------------ caching
 
+CACHE_KIND = "input-cache"  # the marker of paths.cache/<key> (files.claim_folder)
+CACHE_KEY = r"[0-9a-f]{16}"  # cache_folder's key
 _HELD: dict[str, int] = {}  # cache folder -> descriptor of its lock, held for the process's life
 _LOGGED: set[tuple[str, str]] = set()
 
@@ -242,21 +245,24 @@ def _claim(folder: Path) -> bool:
     The first claim removes what a killed run left (tf.data's `*.lockfile` and
     unfinished data, which would otherwise fail the next run) and other data's
     stale cache folders nobody holds: only finished files (with an `.index`) are kept.
+    Only this cache's own folders are touched (its marker and key-shaped name): a
+    neighbour in a shared scratch folder is neither locked nor removed.
     """
     key = str(folder.resolve())
     if key in _HELD:
         return True
-    folder.mkdir(parents=True, exist_ok=True)
+    claim_folder(folder, CACHE_KIND)
     fd = _try_lock(folder)
     if fd is None:
         return False
     _HELD[key] = fd
     for f in folder.iterdir():
-        if f.name != ".lock" and not (folder / f"{f.name.split('.')[0]}.index").is_file():
+        if f.name not in (".lock", MARKER) and \
+                not (folder / f"{f.name.split('.')[0]}.index").is_file():
             log.info("input cache: removing %s, left unfinished by an earlier run", f)
             f.unlink(missing_ok=True)
-    for other in folder.parent.iterdir():
-        if other.is_dir() and other != folder and str(other.resolve()) not in _HELD:
+    for other in owned_children(folder.parent, CACHE_KIND, CACHE_KEY):
+        if other != folder and str(other.resolve()) not in _HELD:
             other_fd = _try_lock(other)
             if other_fd is not None:
                 log.info("input cache: removing %s, made from other data or params", other)

@@ -12,7 +12,8 @@ Encoding, the stored JPEG's decoding and the statistics use OpenCV's SIMD kernel
 
 `ImageCache` keeps each result under the file's content hash, in a folder per
 spec fingerprint, so an incremental `prepare` decodes only new or changed files.
-Entries are written to a temporary name and renamed: a kill leaves none half-written.
+Each entry carries a CRC-32C of its header and data: an entry cut short by a kill
+or damaged since is never used, its file is decoded again.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tfmlops import faults
+from tfmlops.errors import DataError
+from tfmlops.files import claim_folder, owned_children
+
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
-STORE_VERSION = 3  # 2: PNG compress level 1; 3: OpenCV resizes, encodes and measures
+STORE_VERSION = 4  # 2: PNG compress level 1; 3: OpenCV resizes, encodes and measures;
+# 4: entries checksum their header too
 # PNG's compress level: 1 instead of 6 encodes a stored PNG photo in 1.3 ms instead of
 # 4.9 ms for 15% more bytes (100 of the benchmark's PNG photos at 96 px, Pillow's
 # encoder); the stored size is far below the source's either way.
@@ -79,6 +85,18 @@ def store_image(path: str, spec: StoreSpec) -> Stored:
     return data if isinstance(data, Stored) else store_bytes(data, spec)
 
 
+def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
+    """`store_image` of a file whose content hash is known: bytes that no longer have
+    that hash (the file changed while prepare ran) stop the run, never go under it."""
+    data = _read(path)
+    if isinstance(data, Stored):
+        return data
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise DataError(f"{path} changed while prepare was reading it; run prepare again "
+                        "once nothing writes to data.image_dir")
+    return store_bytes(data, spec)
+
+
 def _read(path: str) -> bytes | Stored:
     """The file's bytes, or the reason it cannot be read."""
     try:
@@ -92,19 +110,24 @@ def _prefix(sha256: str) -> np.uint64:
     return np.uint64(int(sha256[:16], 16))
 
 
-def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> tuple[str | None, Stored | None]:
+Result = tuple[str, str | None, Stored | None]  # (path, sha256, Stored) of one file
+
+
+def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
     """A pool worker's job: read the file once, hash it, and store it unless the cache
     holds that content (`cached`: the sorted first 8 bytes of the cached hashes; None
-    then, and the caller checks the whole hash). An unreadable file: (None, reason)."""
+    then, and the caller checks the whole hash). An unreadable file: (path, None,
+    reason). The path comes back with the result: the caller checks it is the file
+    it expects, so a result can never land on another file."""
     data = _read(path)
     if isinstance(data, Stored):
-        return None, data
+        return path, None, data
     sha = hashlib.sha256(data).hexdigest()
     prefix = _prefix(sha)
     i = int(np.searchsorted(cached, prefix))
     if i < len(cached) and cached[i] == prefix:
-        return sha, None
-    return sha, store_bytes(data, spec)
+        return path, sha, None
+    return path, sha, store_bytes(data, spec)
 
 
 def cached_prefixes(shas) -> np.ndarray:
@@ -161,22 +184,46 @@ def channel_sums(pixels: np.ndarray, size: int):
 _CACHED = np.zeros(0, np.uint64)  # a pool worker's copy of cached_prefixes (setup_worker)
 
 
-def setup_worker(cached: np.ndarray) -> None:
-    """A pool worker's start: the cached hashes' prefixes, and one thread for OpenCV and
-    BLAS (the pool is the parallelism: a thread per core in every one of its processes
-    ran small kernels up to 14x slower)."""
+def setup_worker(cached: np.ndarray, parent: int | None = None) -> None:
+    """A pool worker's start: die with `parent` (a killed prepare leaves no worker
+    behind), the cached hashes' prefixes, and one thread for OpenCV and BLAS (the pool
+    is the parallelism: a thread per core in every one of its processes ran small
+    kernels up to 14x slower)."""
     import cv2
     from threadpoolctl import threadpool_limits
 
     global _CACHED
+    if parent is not None:
+        die_with_parent(parent)
     _CACHED = cached
     cv2.setNumThreads(1)
     threadpool_limits(1)
 
 
-def hash_and_store_chunk(paths: list[str], spec: StoreSpec) -> list[tuple[str | None, Stored | None]]:
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux's
+    PR_SET_PDEATHSIG); elsewhere, or if the parent is already gone, exit now."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def hash_and_store_chunk(paths: list[str], spec: StoreSpec) -> list[Result]:
     """`hash_and_store` over a chunk of files: a pool worker's task."""
+    faults.point("decode.worker", parent=True)
     return [hash_and_store(p, spec, _CACHED) for p in paths]
+
+
+CACHE_KIND = "prepare-cache"  # the marker each spec folder carries (files.claim_folder)
+SPEC_FOLDER = r"[0-9a-f]{16}"  # StoreSpec.fingerprint()
+COMPACT_TEMP = ".compact.tmp"
+_HEAD = struct.Struct("<II")  # header length, CRC-32C of header and data
 
 
 class ImageCache:
@@ -184,10 +231,13 @@ class ImageCache:
 
     One file per run, not one per image: thousands of small files cost more to
     create than the images they hold cost to decode (digits). Each entry is
-    `<u32 header length><header JSON: sha256, length, crc32c, facts><data>`,
-    written by one call; an entry cut short by a kill (too short, or a CRC that
-    does not match) is ignored, so a half-written entry is never used. `compact`
-    rewrites the live entries into one segment once a run has succeeded.
+    `<u32 header length><u32 CRC-32C of header and data><header JSON: sha256,
+    length, facts><data>`, written by one call. An entry cut short by a kill is
+    ignored, and one whose CRC, hash or reason does not match what the index
+    holds is treated as missing: its file is decoded again, never used from
+    here. `compact` rewrites the live entries into one segment once a run has
+    succeeded, and removes other specs' folders: only those that carry this
+    cache's marker and name.
     """
 
     def __init__(self, root: str | Path, spec: StoreSpec):
@@ -208,17 +258,22 @@ class ImageCache:
         self._segments.append(seg)
         with seg.open("rb") as fh:
             pos = 0
-            while pos + 4 <= size:
-                (n,) = struct.unpack("<I", fh.read(4))
+            while pos + _HEAD.size <= size:
+                n, crc = _HEAD.unpack(fh.read(_HEAD.size))
+                blob = fh.read(n)
                 try:
-                    head = json.loads(fh.read(n))
+                    head = json.loads(blob)
                     length = int(head["length"])
+                    sha = head["sha256"]
                 except (ValueError, KeyError, TypeError):
                     return  # a torn header: nothing after it is trusted
-                start = pos + 4 + n
+                start = pos + _HEAD.size + n
                 if start + length > size:
                     return
-                self.index[head["sha256"]] = (number, pos, head.get("reason"))
+                # A refused file's entry has no data: its CRC is checked now, for the
+                # reason in the index decides whether the file is used at all.
+                if length or _crc(blob, b"") == crc:
+                    self.index[sha] = (number, pos, head.get("reason"))
                 pos = start + length
                 fh.seek(pos)
 
@@ -229,48 +284,56 @@ class ImageCache:
         """A held entry's refusal reason (None: a usable image), from the index alone."""
         return self.index[sha256][2]
 
+    def usable(self, sha256: str) -> bool:
+        """Whether the entry is held and whole (read and checked, then dropped)."""
+        return self.index[sha256][2] is not None or self._read(sha256) is not None
+
     def get(self, sha256: str) -> Stored | None:
         entry = self._read(sha256)
         if entry is None:
             return None
         head, data = entry
         facts = {k: tuple(v) if isinstance(v, list) else v for k, v in head.items()
-                 if k not in ("sha256", "length", "crc32c")}
+                 if k not in ("sha256", "length")}
         return Stored(data=data, **facts)
 
     def _read(self, sha256: str) -> tuple[dict, bytes] | None:
         """The entry's header and data, or None when it is missing, cut short or damaged."""
-        import google_crc32c
-
         if sha256 not in self.index:
             return None
         if self._out is not None:
             self._out.flush()  # the entry may be this run's, still in the write buffer
-        number, pos, _ = self.index[sha256]
+        number, pos, reason = self.index[sha256]
         seg = self._segments[number]
         fh = self._readers.get(seg) or self._readers.setdefault(seg, seg.open("rb"))
         fh.seek(pos)
         try:
-            (n,) = struct.unpack("<I", fh.read(4))
-            head = json.loads(fh.read(n))
+            n, crc = _HEAD.unpack(fh.read(_HEAD.size))
+            blob = fh.read(n)
+            head = json.loads(blob)
             data = fh.read(head["length"])
-            if len(data) != head["length"] or google_crc32c.value(data) != head["crc32c"]:
+            if (len(data) != head["length"] or _crc(blob, data) != crc
+                    or head["sha256"] != sha256 or head.get("reason") != reason):
                 return None  # cut short or damaged: decode again
         except (ValueError, KeyError, TypeError, struct.error):
             return None  # damaged since it was indexed: decode again
         return head, data
 
     def put(self, sha256: str, stored: Stored) -> None:
-        import google_crc32c
-
         if self._out is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            claim_folder(self.folder, CACHE_KIND)
             number = max((int(p.stem) for p in self.folder.glob("*.seg")), default=0) + 1
             self._segments.append(self.folder / f"{number:06d}.seg")
             self._out = self._segments[-1].open("ab")
         # Indexed as written: the entries of this run are read back without a new scan.
         self.index[sha256] = (len(self._segments) - 1, self._out.tell(), stored.reason)
-        self._out.write(_entry(sha256, stored, google_crc32c.value(stored.data)))
+        entry = _entry(sha256, stored)
+        if faults.armed("cache.torn"):  # a kill within one write
+            self._out.write(entry[: len(entry) // 2])
+            self._out.flush()
+            faults.point("cache.torn")
+        self._out.write(entry)
+        faults.point("cache.put")
 
     def close(self) -> None:
         if self._out is not None:
@@ -281,26 +344,28 @@ class ImageCache:
         self._readers.clear()
 
     def compact(self, keep: set[str], max_segments: int = 4) -> None:
-        """After a successful run: drop other specs' folders and, once there are dead
-        entries (files gone from the dataset) or many segments, rewrite the entries of
-        `keep` into one segment."""
+        """After a successful run: drop other specs' folders (this cache's own: marker
+        and name) and, once there are dead entries (files gone from the dataset) or
+        many segments, rewrite the entries of `keep` into one segment."""
         self.close()
-        if self.root.is_dir():
-            for other in self.root.iterdir():
-                if other != self.folder and other.is_dir():  # files: data.hash_memo's
-                    shutil.rmtree(other, ignore_errors=True)
+        for other in owned_children(self.root, CACHE_KIND, SPEC_FOLDER):
+            if other != self.folder:
+                shutil.rmtree(other, ignore_errors=True)
+        tmp = self.folder / COMPACT_TEMP
+        tmp.unlink(missing_ok=True)  # left by a killed compaction
         segments = sorted(self.folder.glob("*.seg"))
         if len(segments) <= max_segments and set(self.index) <= keep:
             return
-        tmp = self.folder / ".compact.tmp"
         with tmp.open("wb") as out:
             for sha in sorted(keep & set(self.index)):
                 entry = self._read(sha)
                 if entry is not None:
                     blob = json.dumps(entry[0]).encode()
-                    out.write(struct.pack("<I", len(blob)) + blob + entry[1])
+                    out.write(_HEAD.pack(len(blob), _crc(blob, entry[1])) + blob + entry[1])
         self.close()
+        faults.point("compact.temp")
         os.replace(tmp, self.folder / f"{int(segments[-1].stem) + 1:06d}.seg")
+        faults.point("compact.replaced")
         for seg in segments:
             seg.unlink()
 
@@ -309,10 +374,16 @@ class ImageCache:
             self._scan(seg)
 
 
-def _entry(sha256: str, stored: Stored, crc: int) -> bytes:
+def _crc(blob: bytes, data: bytes) -> int:
+    import google_crc32c
+
+    return google_crc32c.extend(google_crc32c.value(blob), data)
+
+
+def _entry(sha256: str, stored: Stored) -> bytes:
     # Not dataclasses.asdict: it deep-copies every field, data included (a tenth of the
     # main process's time per photo).
     head = {f.name: getattr(stored, f.name) for f in fields(Stored) if f.name != "data"}
-    head.update(sha256=sha256, length=len(stored.data), crc32c=crc)
+    head.update(sha256=sha256, length=len(stored.data))
     blob = json.dumps(head).encode()
-    return struct.pack("<I", len(blob)) + blob + stored.data
+    return _HEAD.pack(len(blob), _crc(blob, stored.data)) + blob + stored.data

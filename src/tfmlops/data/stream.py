@@ -5,12 +5,17 @@ file that `data.hash_memo` does not remember unchanged (with a cached content)
 to a process pool, which reads it once, hashes it (its cache key) and decodes
 it unless the cache holds that content (`data.store.hash_and_store`, results in
 submission order); what is decoded goes into the cache, and only each file's
-hash and whether it is usable are kept. The split is stratified among the
-usable files of each class (`images.assign_splits`), which is why it waits for
-the first pass. The second takes each usable file's result from the cache and
-writes it to its split's shards in content-hash order (`write_order`), keeping
-only counts, sums and one small row per file: memory does not grow with image
-size, and what is written depends neither on the worker count nor on the listing.
+hash and whether it is usable are kept. Which way a file goes (cache or pool)
+is decided once, before the pass, and every pool result names its file: a
+result joined to another file stops the run instead of shifting the others
+onto the wrong hashes and labels. A cached entry is checked whole before it
+counts (a damaged one is decoded again), so the split sees what a cold run sees.
+The split is stratified among the usable files of each class
+(`images.assign_splits`), which is why it waits for the first pass. The second
+takes each usable file's result from the cache and writes it to its split's
+shards in content-hash order (`write_order`), keeping only counts, sums and one
+small row per file: memory does not grow with image size, and what is written
+depends neither on the worker count nor on the listing.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfmlops import faults
 from tfmlops.config import Config
-from tfmlops.data.hash_memo import HashMemo, stat_key
+from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
 from tfmlops.data.images import SPLITS, assign_splits, unsupported
 from tfmlops.data.store import (
     ImageCache,
@@ -35,9 +41,10 @@ from tfmlops.data.store import (
     hash_and_store,
     hash_and_store_chunk,
     setup_worker,
-    store_image,
+    store_known,
 )
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
+from tfmlops.errors import DataError
 from tfmlops.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -137,17 +144,22 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     try:
-        # (size, mtime, inode) per file: three numbers, not a stat result (memory per file)
+        cutoff = trust_cutoff()  # before any file is read
+        # a few numbers per file, not a stat result (memory per file)
         stats = [None if unsupported(path) else stat_key(path.stat()) for path, _ in files]
+        faults.point("decode.stat")
         known = [st and memo.get(path, st) for (path, _), st in zip(files, stats, strict=True)]
         keys, reasons = _decode_pass(files, stats, known, tally, spec, cfg)
-        memo.replace((path, st, sha)
-                     for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha)
+        faults.point("decode.done")
+        memo.replace(((path, st, sha)
+                      for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha),
+                     cutoff)
     finally:
         memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
     good = [(sha, label) for (_, label), sha, reason in zip(files, keys, reasons, strict=True)
             if reason is None]
+    _warn_across_classes(good, files, keys, image_dir)
     splits = assign_splits(good, cfg.seed, cfg.data.split.val, cfg.data.split.test)
     label_index = {c: i for i, c in enumerate(classes)}
     writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
@@ -156,17 +168,21 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
         for i in write_order(keys, reasons):
             (path, label), sha, reason = files[i], keys[i], reasons[i]
             rel = str(path.relative_to(image_dir))
-            stored = None if reason else tally.cache.get(sha)
-            if stored is None and not reason:  # damaged since it was written: decode again
-                stored = store_image(str(path), spec)
-                reason = stored.reason
             if reason:
                 _quarantine(out, image_dir, path)
+                faults.point("write.quarantine")
                 tally.bad.append({"file": rel, "label": label, "reason": reason})
             else:
+                stored = tally.cache.get(sha)
+                if stored is None:  # damaged since the first pass read it: decode again
+                    stored = store_known(str(path), spec, sha)
+                    if not stored.ok:
+                        raise DataError(f"{path} changed while prepare was reading it; run "
+                                        "prepare again once nothing writes to data.image_dir")
                 split = splits[sha]
                 writers[split].write(encode_example({
                     "image": stored.data, "label": label_index[label], "sha256": sha.encode()}))
+                faults.point("write.first")
                 _count(tally, stored, split)
                 tally.rows.append((rel, sha, label, split))
             progress.update()
@@ -174,8 +190,26 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
         for w in writers.values():
             w.close()
         tally.cache.close()
+    faults.point("write.closed")
     progress.close()
     return tally
+
+
+def _warn_across_classes(good, files, keys, image_dir: Path) -> None:
+    """One warning line when identical bytes sit in two class folders. They are kept,
+    each under its own folder's label, in one split (`images.assign_splits`): a
+    contradiction the user should see, not a reason to refuse the folder."""
+    labels: dict[str, set] = {}
+    for sha, label in good:
+        labels.setdefault(sha, set()).add(label)
+    shared = sorted(sha for sha, found in labels.items() if len(found) > 1)
+    if not shared:
+        return
+    example = sorted(str(path.relative_to(image_dir))
+                     for (path, _), sha in zip(files, keys, strict=True) if sha == shared[0])
+    log.warning(f"prepare: {len(shared)} image(s) sit in more than one class folder, each copy "
+                f"kept under its folder's label (e.g. {' and '.join(example[:2])}); remove the "
+                "wrong copies if one photo should have one label")
 
 
 def write_order(keys: list, reasons: list) -> list[int]:
@@ -202,6 +236,8 @@ def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config
             tally.cache.put(sha, stored)
         keys.append(sha)
         reasons.append(stored.reason)
+        if len(keys) == 1:
+            faults.point("decode.first")
         progress.update()
     progress.close()
     return keys, reasons
@@ -218,27 +254,35 @@ def _count(tally: Tally, stored: Stored, split: str) -> None:
 
 
 def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
-    """(hash, Stored, came from the cache?) per file, in the files' order. A file whose
-    remembered hash the cache holds is not read; the others are read, hashed and (unless
-    the cache holds their content after all) decoded by the pool."""
+    """(hash, Stored, came from the cache?) per file, in the files' order.
+
+    Which way each file goes is decided once, before any result comes in: a file
+    whose remembered hash the cache holds is not read; every other one is read,
+    hashed and (unless the cache held its content when the pool started) decoded by
+    the pool. Entries this pass adds change nothing of that plan (a duplicate's copy
+    decoded now is still read). Each pool result names its file, checked here."""
     cache = tally.cache
-    todo = [(str(path), st[0]) for (path, _), st, sha in zip(files, stats, known, strict=True)
-            if st and not (sha and cache.has(sha))]
+    from_cache = [bool(st and sha and cache.has(sha))
+                  for st, sha in zip(stats, known, strict=True)]
+    todo = [(str(path), st[0]) for (path, _), st, hit in zip(files, stats, from_cache, strict=True)
+            if st and not hit]
     workers = pool_size(cfg, [size for _, size in todo])
     log.info(f"prepare: {len(files)} files, {len(todo)} to read with {workers} process(es), "
              f"{len(files) - len(todo)} known unchanged")
     with decode_pool(workers, cached_prefixes(cache.index)) as pool:
         worked = _decode_all([p for p, _ in todo], spec, pool)
-        for (path, _), st, sha in zip(files, stats, known, strict=True):
+        for (path, _), st, sha, hit in zip(files, stats, known, from_cache, strict=True):
             if st is None:
                 yield None, Stored(reason=unsupported(path)), None
                 continue
             stored = None
-            if not (sha and cache.has(sha)):
-                sha, stored = next(worked)
+            if not hit:
+                sha, stored = _next_result(worked, str(path))
                 tally.hashed += sha is not None
                 if stored is None and not cache.has(sha):  # 8 bytes alike, not the hash
-                    stored = store_image(str(path), spec)
+                    stored = store_known(str(path), spec, sha)
+            if stored is None and not cache.usable(sha):  # a damaged entry: decode again
+                stored = store_known(str(path), spec, sha)
             if sha is not None:
                 tally.hashes.add(sha)
                 tally.source_bytes += st[0]
@@ -248,6 +292,18 @@ def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
                 continue
             tally.cached += 1  # its facts are in the index; its bytes are read when written
             yield sha, Stored(reason=cache.reason(sha)), True
+        if next(worked, None) is not None:
+            raise DataError("prepare: the decode pool returned more results than files were "
+                            "sent; nothing was written (a bug: please report it)")
+
+
+def _next_result(worked, path: str):
+    """The pool's next (hash, Stored), checked to be about `path`."""
+    got = next(worked, None)
+    if got is None or got[0] != path:
+        raise DataError(f"prepare: the decode result for {got and got[0]} came back for "
+                        f"{path}; nothing was written (a bug: please report it)")
+    return got[1], got[2]
 
 
 @dataclass
@@ -272,7 +328,7 @@ def decode_pool(workers: int, cached):
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=setup_worker, initargs=(cached,)) as pool:
+                             initializer=setup_worker, initargs=(cached, os.getpid())) as pool:
         yield Decoder(workers, pool, cached)
 
 

@@ -15,21 +15,30 @@ already on disk; a kill in between replays the epoch rather than losing it.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 import time
 from pathlib import Path
 
 import keras
 
+from tfmlops.errors import DataError
 from tfmlops.files import write_json
 from tfmlops.model.precision import inner_optimizer
 
+log = logging.getLogger(__name__)
 MONITOR = "val_loss"  # smoother than val_accuracy on a small validation split
 BEST_WEIGHTS = "best.weights.h5"
 HISTORY_FILE = "history.json"
 FINGERPRINT_FILE = "fingerprint.json"
 BACKUP_META = "training_metadata.json"
 BACKUP_WEIGHTS = "latest.weights.h5"
+# What train leaves in paths.backup: its files and Keras' (`.bkp`: the previous
+# state), tf_keras' multi-worker folders, files.write_bytes' temp files.
+BACKUP_NAMES = re.compile(
+    r"(latest\.weights\.h5|training_metadata\.json|best\.weights\.h5|history\.json"
+    r"|fingerprint\.json)(\.bkp)?|chief|workertemp_\d+|\..+\.tmp\d+(\.[A-Za-z0-9]+)?")
 HISTORY_COLUMNS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate",
                    "epoch_seconds", "images_per_s", "phase")  # phase: fine-tuning runs only
 
@@ -86,11 +95,25 @@ def copy_backup(source: str | Path, target: str | Path, fingerprint: dict) -> No
 
 
 def clear(backup_dir: str | Path) -> None:
-    """Empty the folder but keep it: DVC expects the declared output to exist."""
+    """Empty the folder of what train writes there, but keep it: DVC expects the
+    declared output to exist.
+
+    Only a folder that is train's backup (its marker: the fingerprint.json train
+    writes before anything else) is emptied, and only of the names train and Keras
+    write; a foreign folder with files in it is refused before anything is deleted.
+    """
     folder = Path(backup_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / FINGERPRINT_FILE).is_file():
+        foreign = sorted(p.name for p in folder.iterdir())
+        if foreign:
+            raise DataError(f"paths.backup {folder} holds files train did not write "
+                            f"({foreign[0]}{', ...' if len(foreign) > 1 else ''}); empty it or "
+                            "point paths.backup at a folder of its own")
     for path in folder.iterdir():
-        if path.is_dir():
+        if not BACKUP_NAMES.fullmatch(path.name):
+            log.warning("train: %s is not a backup file; left in place", path)
+        elif path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)

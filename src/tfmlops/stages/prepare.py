@@ -23,22 +23,35 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tfmlops import tracking
+from tfmlops import faults, tracking
 from tfmlops.config import Config
 from tfmlops.data.images import SPLITS, check_empty_classes, list_files
 from tfmlops.data.stream import prepare_stream
 from tfmlops.errors import DataError
-from tfmlops.files import staging_dir, swap_in, write_json
+from tfmlops.files import hold_lock, staging_dir, swap_in, write_json
 
 STAGE = "prepare"
 log = logging.getLogger(__name__)
 
 
+LOCK = "prepare.lock"  # in paths.prepare_cache: one prepare at a time per project
+
+
 def run(cfg: Config) -> dict[str, float]:
     tracking.preflight(cfg)  # a dead server fails in seconds, before the scan
+    lock = Path(cfg.paths.prepare_cache) / LOCK
+    with hold_lock(lock, f"prepare: another prepare of this project is running (it holds "
+                         f"{lock}); waiting for it to finish"):
+        faults.point("prepare.locked")
+        return _run(cfg)
+
+
+def _run(cfg: Config) -> dict[str, float]:
     image_dir = Path(cfg.data.image_dir)
     classes, files, refused = list_files(image_dir)
+    faults.point("prepare.listed")
     out = staging_dir(cfg.paths.prepared)
+    faults.point("prepare.staged")
     try:
         started = time.perf_counter()
         tally = prepare_stream(cfg, image_dir, classes, files, out)
@@ -48,6 +61,7 @@ def run(cfg: Config) -> dict[str, float]:
         _check(cfg, image_dir, classes, tally)
         manifest = _manifest(cfg, image_dir, classes, tally)
         write_json(out / "manifest.json", manifest)
+        faults.point("json.manifest")
         write_json(out / "quarantine.json", tally.bad)
         mean, std = tally.mean_std()
         write_json(out / "stats.json", {"mean": mean, "std": std})
@@ -69,8 +83,11 @@ def run(cfg: Config) -> dict[str, float]:
         for name in ("manifest.json", "stats.json", "quarantine.json"):
             run.log_artifact(out / name, "prepared")
         swap_in(out, cfg.paths.prepared)
+    faults.point("swap.done")
     tally.cache.compact(tally.hashes)  # only once the new output is in place
+    faults.point("prepare.compacted")
     write_json(Path(cfg.paths.reports) / "prepare.json", metrics)
+    faults.point("prepare.reported")
     counts = manifest["split_counts"]
     log.info(f"prepare: {tally.good} images ({len(tally.bad)} quarantined) in {len(classes)} "
              f"classes -> " + ", ".join(f"{s} {counts[s]}" for s in SPLITS)

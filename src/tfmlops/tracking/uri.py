@@ -21,9 +21,7 @@ from pathlib import Path
 
 from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
-
-_EXPS_TMP = os.sep + os.path.join(".dvc", "tmp", "exps") + os.sep
-SQLITE = "sqlite:///"
+from tfmlops.project import SQLITE, repo_root
 
 _uri_set_here: str | None = None  # the URI use_uri last pointed MLflow at
 _echo: str | None = None  # MLFLOW_TRACKING_URI as set_tracking_uri exported it, not the user
@@ -43,22 +41,6 @@ def redact(text: str) -> str:
     remote), logs and error messages; its user and password must go nowhere.
     """
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1", str(text)))
-
-
-def repo_root(start: str | Path | None = None) -> Path:
-    """The project root, also from inside a `dvc exp run --temp/--queue` copy.
-
-    DVC runs temporary and queued experiments in `<repo>/.dvc/tmp/exps/<tmp>/`;
-    their runs must land in the real repo's store, not in the throwaway copy.
-    """
-    here = Path(start or os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
-    text = str(here) + os.sep
-    if _EXPS_TMP in text:
-        return Path(text.split(_EXPS_TMP, 1)[0])
-    for p in (here, *here.parents):
-        if (p / "dvc.yaml").exists() or (p / ".dvc").is_dir():
-            return p
-    return here
 
 
 def tracking_uri(cfg: Config) -> str:

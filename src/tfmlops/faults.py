@@ -1,0 +1,44 @@
+"""Named points where a test kills this process (SIGKILL, as `kill -9` would).
+
+`TFMLOPS_FAULT=<point>` makes the process that reaches `<point>` kill itself
+there; `<point>@<n>` waits for its n-th visit. A point marked `parent` kills
+the process's parent instead (a pool worker killing `prepare` while it
+decodes). `TFMLOPS_FAULT_SIGNAL=SIGSTOP` stops the process there instead
+(a test holds it at a known place, then lets it go on with SIGCONT). Unset, a
+point costs one environment look-up. The kill test
+(tests/integration/test_prepare_kill.py) visits every name in `POINTS`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "prepare.locked", "prepare.listed", "prepare.staged", "decode.stat",
+    "decode.first", "decode.worker", "cache.put", "cache.torn", "decode.done",
+    "memo.begin", "memo.committed", "write.first", "write.quarantine",
+    "write.closed", "json.temp", "json.manifest", "swap.old", "swap.done",
+    "compact.temp", "compact.replaced", "prepare.compacted", "prepare.reported",
+)
+_visits: dict[str, int] = {}
+
+
+def armed(name: str) -> bool:
+    """Whether `name` is the point this process is to be killed at."""
+    return os.environ.get("TFMLOPS_FAULT", "").partition("@")[0] == name
+
+
+def point(name: str, parent: bool = False) -> None:
+    wanted = os.environ.get("TFMLOPS_FAULT")
+    if not wanted:
+        return
+    target, _, nth = wanted.partition("@")
+    if target != name:
+        return
+    _visits[name] = _visits.get(name, 0) + 1
+    if _visits[name] == int(nth or 1):
+        sig = getattr(signal, os.environ.get("TFMLOPS_FAULT_SIGNAL", "SIGKILL"))
+        os.kill(os.getppid() if parent else os.getpid(), sig)
+        if parent:
+            os.kill(os.getpid(), sig)

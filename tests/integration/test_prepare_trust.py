@@ -1,0 +1,126 @@
+"""prepare's trust in its cache and memo: an incremental run writes what a cold one
+writes, and every manifest row names its own file's content and label."""
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from images import photo_folder
+from tfmlops.stages import prepare
+
+PAST = 1_700_000_000  # older than the memo's "too recent to trust" window
+
+
+def trust_cfg(make_cfg, work: Path, folder: Path, **data):
+    work.mkdir(parents=True, exist_ok=True)
+    data = {"image_dir": str(folder), "channels": 3, "image_size": 16,
+            "split": {"val": 0.2, "test": 0.2}, **data}
+    return make_cfg(work, data=data, tracking={"enabled": False})
+
+
+def prepared_bytes(cfg) -> dict[str, bytes]:
+    """Every file under paths.prepared, by relative path; the manifest without image_dir."""
+    out = Path(cfg.paths.prepared)
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    files.pop("mlflow_run.json", None)
+    manifest = json.loads(files["manifest.json"])
+    manifest.pop("image_dir")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+def assert_rows_match_files(cfg) -> None:
+    """Each manifest row's hash is its file's, its label the file's class folder."""
+    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    root = Path(cfg.data.image_dir)
+    for row in manifest["files"]:
+        path = root / row["file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == row["sha256"], row
+        assert Path(row["file"]).parts[0] == row["label"], row
+
+
+def age(folder: Path) -> None:
+    for p in folder.rglob("*"):
+        if p.is_file():
+            os.utime(p, (PAST, PAST))
+
+
+def test_a_duplicate_and_a_new_image_size_give_the_cold_bytes(tmp_path, make_cfg):
+    """The two-step report: one photo saved twice, prepare at 16 px, then at 20 px. The
+    second run took its cache-or-decode decision twice per file and shifted the pool's
+    results onto the files after the duplicate (other files' hashes, other labels)."""
+    files = photo_folder(tmp_path / "photos", per_class=7)
+    shutil.copy(files[2], tmp_path / "photos" / "c0" / "again.jpg")
+    age(tmp_path / "photos")
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=2)
+    prepare.run(warm)
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=2, image_size=20)
+    prepare.run(warm)
+    assert_rows_match_files(warm)
+    cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1, image_size=20)
+    prepare.run(cold)
+    assert prepared_bytes(warm) == prepared_bytes(cold)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_duplicate_after_a_changed_spec_in_process_and_pool(tmp_path, make_cfg, workers):
+    """Same, with the duplicate in another class and the store encoding changed."""
+    files = photo_folder(tmp_path / "photos", per_class=5)
+    shutil.copy(files[0], tmp_path / "photos" / "c2" / "dup.jpg")
+    age(tmp_path / "photos")
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=workers)
+    prepare.run(warm)
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=workers,
+                     store={"encoding": "png"})
+    prepare.run(warm)
+    assert_rows_match_files(warm)
+    cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1,
+                     store={"encoding": "png"})
+    prepare.run(cold)
+    assert prepared_bytes(warm) == prepared_bytes(cold)
+
+
+def test_a_duplicate_across_two_classes_is_kept_under_each_label_and_warned(tmp_path, make_cfg,
+                                                                           caplog):
+    """The policy: identical bytes in two class folders stay, each copy under its own
+    folder's label, both in one split (no leakage), with one warning line naming a pair."""
+    import logging
+
+    files = photo_folder(tmp_path / "photos", per_class=5, classes=2)
+    shutil.copy(files[0], tmp_path / "photos" / "c1" / "same.jpg")
+    cfg = trust_cfg(make_cfg, tmp_path / "run", tmp_path / "photos", workers=1)
+    with caplog.at_level(logging.WARNING, logger="tfmlops"):
+        prepare.run(cfg)
+    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    rows = {r["file"]: r for r in manifest["files"]}
+    a, b = rows["c0/" + files[0].name], rows["c1/same.jpg"]
+    assert a["sha256"] == b["sha256"] and (a["label"], b["label"]) == ("c0", "c1")
+    assert a["split"] == b["split"]
+    (line,) = [r.getMessage() for r in caplog.records if "more than one class folder" in r.getMessage()]
+    assert f"c0/{files[0].name} and c1/same.jpg" in line
+    assert_rows_match_files(cfg)
+
+
+def test_a_result_about_another_file_stops_the_run(tmp_path, make_cfg, monkeypatch):
+    """The join checks each pool result names the file it is joined to."""
+    from tfmlops.data import stream
+    from tfmlops.errors import DataError
+
+    photo_folder(tmp_path / "photos", per_class=4, classes=2)
+    cfg = trust_cfg(make_cfg, tmp_path / "run", tmp_path / "photos", workers=1)
+    real = stream._decode_all
+
+    def swapped(paths, spec, pool, chunk=8):
+        results = list(real(paths, spec, pool, chunk))
+        results[1], results[2] = results[2], results[1]
+        yield from results
+
+    monkeypatch.setattr(stream, "_decode_all", swapped)
+    with pytest.raises(DataError) as err:
+        prepare.run(cfg)
+    assert "came back for" in str(err.value) and len(str(err.value).splitlines()) == 1
+    assert not Path(cfg.paths.prepared).exists()

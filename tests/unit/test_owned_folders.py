@@ -1,0 +1,173 @@
+"""Deleters delete only what is tfmlops' own: every folder it prunes holds a neighbour
+folder here (no marker, or the marker but another name) that must survive."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tfmlops import files, profiling
+
+
+def neighbours(parent: Path, kind: str, name: str) -> list[Path]:
+    """A folder without the marker named like ours, and one with the marker of `kind`
+    whose name is not ours: neither may be deleted."""
+    parent.mkdir(parents=True, exist_ok=True)
+    plain = parent / name
+    plain.mkdir()
+    (plain / "theirs.txt").write_text("another project's")
+    marked = parent / "not-ours"
+    files.claim_folder(marked, kind)
+    (marked / "theirs.txt").write_text("another project's")
+    return [plain, marked]
+
+
+def survived(folders: list[Path]) -> bool:
+    return all((f / "theirs.txt").read_text() == "another project's" for f in folders)
+
+
+def test_owned_children_need_the_marker_of_the_kind_and_the_name(tmp_path):
+    files.claim_folder(tmp_path / "0123456789abcdef", "a")
+    files.claim_folder(tmp_path / "fedcba9876543210", "b")
+    (tmp_path / "1111111111111111").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "0123456789abcdef")
+    assert files.owned_children(tmp_path, "a", r"[0-9a-f]{16}") == [tmp_path / "0123456789abcdef"]
+    assert files.owned_children(tmp_path, "a", r"link") == []  # a symlink is never ours
+    assert files.owned_children(tmp_path / "missing", "a", r".*") == []
+
+
+def test_the_profile_pruner_keeps_a_neighbour(make_cfg, monkeypatch):
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    cfg = make_cfg(profiling={"keep_runs": 1})
+    parent = profiling.profile_dir(cfg, "train")
+    others = neighbours(parent, profiling.PROFILE_KIND, "20200101T000000")
+    made = [profiling.fresh_profile_dir(cfg, "train") for _ in range(3)]
+    assert survived(others)
+    assert [p for p in made if p.exists()] == made[-1:]
+
+
+def test_the_prepare_cache_compaction_keeps_a_neighbour(tmp_path):
+    from tfmlops.data.store import CACHE_KIND, ImageCache, Stored, StoreSpec
+
+    others = neighbours(tmp_path, CACHE_KIND, "0123456789abcdef")
+    old = ImageCache(tmp_path, StoreSpec(1, 16, "png", 90, 16))  # another spec: ours, dropped
+    old.put("a" * 64, Stored(reason="x"))
+    old.close()
+    cache = ImageCache(tmp_path, StoreSpec(3, 16, "png", 90, 16))
+    cache.put("b" * 64, Stored(reason="y"))
+    cache.compact({"b" * 64})
+    assert survived(others) and not old.folder.exists() and cache.folder.is_dir()
+
+
+def test_the_train_backup_is_emptied_of_trains_files_only(tmp_path):
+    from tfmlops.errors import DataError
+    from tfmlops.model import callbacks
+
+    foreign = tmp_path / "someone"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("mine")
+    with pytest.raises(DataError, match="holds files train did not write"):
+        callbacks.clear(foreign)
+    assert (foreign / "thesis.tex").read_text() == "mine"
+
+    backup = tmp_path / "backup"
+    callbacks.adopt_backup(backup, {"params": "x"})  # a fresh backup: marked as train's
+    for name in ("latest.weights.h5", "training_metadata.json.bkp", "history.json"):
+        (backup / name).write_text("state")
+    (backup / "chief").mkdir()
+    others = neighbours(backup, "train-backup", "notes")
+    callbacks.clear(backup)
+    assert survived(others)
+    assert sorted(p.name for p in backup.iterdir()) == ["not-ours", "notes"]
+
+
+def test_the_input_cache_claim_neither_locks_nor_removes_a_neighbour(tmp_path):
+    """paths.cache shared with another project: its folders get no .lock and stay."""
+    script = f"""
+import sys
+from pathlib import Path
+from tfmlops.data import pipeline
+parent = Path({str(tmp_path)!r})
+stale = parent / "aaaaaaaaaaaaaaaa"
+from tfmlops.files import claim_folder
+claim_folder(stale, pipeline.CACHE_KIND)  # ours, from other data: removed
+assert pipeline._claim(parent / "bbbbbbbbbbbbbbbb")
+print(stale.exists())
+"""
+    others = neighbours(tmp_path, "input-cache", "cccccccccccccccc")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"
+    assert survived(others)
+    assert not any((o / ".lock").exists() for o in others)
+
+
+def test_a_second_prepare_waits_on_the_lock_and_says_so(tmp_path):
+    """Two real processes: the second logs one line and waits; it gets the lock once
+    the first lets go, never before."""
+    lock = tmp_path / "prepare.lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from tfmlops.files import hold_lock
+with hold_lock({str(lock)!r}, "x"):
+    print("held", flush=True)
+    time.sleep(2)
+"""], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    waiter = subprocess.run([sys.executable, "-c", f"""
+import logging, time
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from tfmlops.files import hold_lock
+with hold_lock({str(lock)!r}, "waiting for the other one"):
+    print("got it", flush=True)
+"""], capture_output=True, text=True, timeout=60)
+    assert holder.wait(30) == 0
+    assert waiter.returncode == 0 and waiter.stdout.strip() == "got it"
+    assert waiter.stderr.strip().splitlines() == ["waiting for the other one"]
+    assert time.monotonic() - started > 1  # it waited for the holder
+
+
+def test_pool_workers_die_with_their_parent(tmp_path):
+    """A decode worker's initializer asks the kernel to kill it with prepare."""
+    script = """
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from tfmlops.data.store import setup_worker
+import numpy as np
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=setup_worker, initargs=(np.zeros(0, np.uint64), os.getpid()))
+    pids = list({pool.submit(os.getpid).result() for _ in range(4)})
+    print(" ".join(map(str, pids)), flush=True)
+    time.sleep(60)
+"""
+    (tmp_path / "pool.py").write_text(script)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "pool.py")], stdout=subprocess.PIPE,
+                              text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert pids
+    parent.kill()
+    parent.wait(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie not yet reaped by init is dead too
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
