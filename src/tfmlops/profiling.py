@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tfmlops.config import Config
@@ -35,7 +35,7 @@ def fresh_profile_dir(cfg: Config, stage: str) -> Path:
     """
     parent = profile_dir(cfg, stage)
     parent.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     taken = {p.name.split("-", 1)[0] for p in parent.iterdir()}
     n = 0
     while (unique := stamp if n == 0 else f"{stamp}.{n}") in taken:
