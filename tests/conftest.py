@@ -198,7 +198,7 @@ def git(*args: str, cwd: Path) -> str:
 def scratch_repo(dest: Path, params: dict | None = None) -> Path:
     """A git+DVC copy of this project (code, dvc.yaml, params) in `dest`, committed."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("dvc.yaml", "pyproject.toml", ".gitignore", ".dvcignore"):
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, dest / name)
     (dest / "params.yaml").write_text(committed_params_text())

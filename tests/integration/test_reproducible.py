@@ -20,6 +20,12 @@ SEARCH = {"tuner": "hyperband", "max_trials": 3, "max_epochs": 2, "hyperband_fac
           "budget_minutes": 60.0, "final_candidates": 1}
 
 
+def untimed_rows(path: Path) -> list[dict]:
+    """A CSV's rows without its wall-clock column (the one thing that may differ)."""
+    with path.open() as fh:
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(fh)]
+
+
 def cold_run(workdir: Path, prepared: Path) -> dict:
     workdir.mkdir()
     params = tiny_params(workdir, tune=SEARCH, tracking={"enabled": False})
@@ -27,13 +33,11 @@ def cold_run(workdir: Path, prepared: Path) -> dict:
     shutil.copytree(prepared, workdir / "data" / "prepared")
     run_cli("tune", cwd=workdir, timeout=900)
     run_cli("train", cwd=workdir, timeout=600)
-    reports = workdir / "reports"
-    with (reports / "tune_trials.csv").open() as fh:
-        trials = [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(fh)]
+    reports, tuned = workdir / "reports", workdir / "models" / "tuned"
     return {
-        "best": (workdir / "models" / "tuned" / "best_hparams.yaml").read_text(),
-        "final_round": (workdir / "models" / "tuned" / "final_round.csv").read_text(),
-        "trials": trials,
+        "best": (tuned / "best_hparams.yaml").read_text(),
+        "final_round": untimed_rows(tuned / "final_round.csv"),
+        "trials": untimed_rows(reports / "tune_trials.csv"),
         "tune": json.loads((reports / "tune.json").read_text()),
         "train": json.loads((reports / "train.json").read_text()),
         "precision": json.loads((workdir / "models" / "train" / "precision.json").read_text()),
