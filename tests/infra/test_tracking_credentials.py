@@ -9,7 +9,7 @@ from live_services import libpq_uri, postgres_cluster
 
 from tfmlops import tracking
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a PostgreSQL server
 
 
 def test_password_in_the_uri_is_used_but_never_written(tmp_path, make_cfg, monkeypatch, caplog):

@@ -9,6 +9,7 @@ import pytest
 from conftest import host_gpus, run_cli
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_doctor_trains_two_epochs_and_prints_what_it_resolved(tmp_path, make_cfg):
     cfg = make_cfg(train={"precision": "float32", "strategy": "auto"})

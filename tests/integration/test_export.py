@@ -17,7 +17,7 @@ import yaml
 from conftest import ROOT, VENV_BIN, child_env, mlflow_client, relative_tiny_params, scratch_repo
 from tfmlops import profiling
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # trains and exports a model
 
 
 def test_every_format_is_written_checked_and_measured(exported_digits):

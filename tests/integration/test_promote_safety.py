@@ -80,6 +80,7 @@ print("finished", flush=True)
 
 # ----------------------------------------------------------------- item 12
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [0, 1, 2, 3])
 def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the_wrong_version(
         reg, n):
@@ -227,6 +228,7 @@ def _holder(cfg, mode: str, seconds: float = 0.0, version: str = "1") -> subproc
     return proc
 
 
+@pytest.mark.slow
 def test_a_dead_holder_is_replaced_after_its_lease(reg, caplog):
     from tfmlops.stages import promote
 
@@ -241,6 +243,7 @@ def test_a_dead_holder_is_replaced_after_its_lease(reg, caplog):
     assert _locks(registry) == []  # broken and released: nothing left behind
 
 
+@pytest.mark.slow
 def test_a_slow_live_holder_is_not_broken(reg, caplog):
     """The holder keeps the lock for 3 leases while renewing; the waiter waits it out."""
     from tfmlops.stages import promote
@@ -255,6 +258,7 @@ def test_a_slow_live_holder_is_not_broken(reg, caplog):
     assert registry.aliases() == {"production": v2, "previous": v1}
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_racing_promotions_leave_exactly_one_production(reg, tmp_path):
     cfg, registry, register = reg

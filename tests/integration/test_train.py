@@ -50,6 +50,7 @@ def artifact_paths(client, run_id: str, folder: str = "") -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     from tfmlops import tracking
@@ -138,6 +139,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     np.testing.assert_allclose(logged.predict(x_test[:8], verbose=0), local[:8], atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_runs_with_the_same_params_give_bit_identical_weights(
         digits_workdir, make_cfg, prepared_digits, tmp_path, caplog):
