@@ -221,7 +221,8 @@ print("released", flush=True)
 
 
 def _holder(cfg, mode: str, seconds: float = 0.0, version: str = "1") -> subprocess.Popen:
-    params = Path(cfg.paths.reports).parent / "params.yaml"
+    params = Path(cfg.paths.reports).parent / f"params-holder-{cfg.promote.lock_lease_s:g}.yaml"
+    params.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(params), mode, str(seconds), version],
                             env=child_env(), stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -245,12 +246,17 @@ def test_a_dead_holder_is_replaced_after_its_lease(reg, caplog):
 
 @pytest.mark.slow
 def test_a_slow_live_holder_is_not_broken(reg, caplog):
-    """The holder keeps the lock for 3 leases while renewing; the waiter waits it out."""
+    """The holder keeps the lock for 2 leases while renewing; the waiter waits it out. The
+    lease is long beside a renewal (every lease/4), so a machine at half speed, whose
+    heartbeat thread may be late by seconds, still renews in time."""
+    import dataclasses
+
     from tfmlops.stages import promote
 
     cfg, registry, register = reg
+    cfg = dataclasses.replace(cfg, promote=dataclasses.replace(cfg.promote, lock_lease_s=15.0))
     v1, v2 = register(), register()
-    holder = _holder(cfg, "slow", seconds=3 * cfg.promote.lock_lease_s, version=v1)
+    holder = _holder(cfg, "slow", seconds=2 * cfg.promote.lock_lease_s, version=v1)
     assert promote.run(cfg, version=int(v2))["outcome"] == "promoted"
     assert holder.wait(timeout=60) == 0, "the holder lost its lock while alive"
     assert "breaking the promotion lock" not in caplog.text

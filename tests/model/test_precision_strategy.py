@@ -166,6 +166,7 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
     assert precision.decide("timed", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     """What tune's trials and final round share: the train stage's own timing of the
@@ -328,6 +329,7 @@ MIRRORED_ONE_STEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
     proc = subprocess.run([sys.executable, "-c", MIRRORED_ONE_STEP], capture_output=True,

@@ -28,6 +28,7 @@ def tiny_keras_model():
     return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
 
 
+@pytest.mark.slow
 def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_cfg):
     cfg = make_cfg()
     model = tiny_keras_model()
@@ -125,6 +126,7 @@ def test_the_stage_process_never_imports_mlflow(tmp_path, digits_workdir):
     assert len(mlflow_client(cfg).search_logged_models([finished.info.experiment_id])) == 1
 
 
+@pytest.mark.slow
 def test_a_stage_that_fails_ends_its_run_failed(tmp_path, make_cfg):
     cfg = make_cfg()
     with pytest.raises(ValueError, match="the stage broke"):
