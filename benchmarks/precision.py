@@ -7,9 +7,13 @@
   Targets: auto >= 2x float32 on the digits CNN on a CPU with bf16 units; auto
   never slower than float32 on MobileNetV3Small;
 - accuracy: the default digits pipeline's train stage (tune's settings not used)
-  in float32 and in mixed_bfloat16; target: bf16 test accuracy within 0.5 pt.
+  in float32 and in mixed_bfloat16; target: bf16 test accuracy within 0.5 pt;
+- noise: float32 timed against float32, as `train.precision: timed` times a policy
+  (warm-up, then the median of a few steps), `--rounds` times: how far apart two timings
+  of the same policy land. `train.precision_margin` must be above the widest gap, or a
+  timing can pick bf16 for nothing (its default is set from this figure).
 
-    .venv/bin/python benchmarks/precision.py [speed|accuracy ...] [--steps N] [--epochs N]
+    .venv/bin/python benchmarks/precision.py [speed|accuracy|noise ...] [--steps N] [--epochs N]
 
 The output says which CPU it ran on and whether it has bf16 units: without them
 bf16 is emulated and `auto` is float32 (nothing is timed).
@@ -122,6 +126,25 @@ def speed(steps: int = 10, warmup: int = 2) -> dict:
     return out
 
 
+def noise(rounds: int = 10) -> dict:
+    """Two float32 timings of the digits CNN per round, as `timed` takes them."""
+    import keras
+
+    from tfmlops.model import precision
+
+    make_model, batch, _ = digits_case(Path(tempfile.mkdtemp(prefix="bench-prec-")))
+    ratios = []
+    for _ in range(rounds):
+        first, second = (precision.time_policies(make_model, batch, keras, ("float32",))["float32"]
+                         for _ in range(2))
+        ratios.append(max(first, second) / min(first, second))
+    widest = max(ratios) - 1
+    log.info(f"float32 vs float32, {rounds} rounds: the faster timing was up to "
+             f"{100 * widest:.1f}% above the slower (median {100 * (sorted(ratios)[rounds // 2] - 1):.1f}%)")
+    return {"rounds": rounds, "ratios": [round(r, 4) for r in ratios],
+            "widest_gap": round(widest, 4)}
+
+
 def accuracy(epochs: int | None = None) -> dict:
     """The default digits train stage in float32 and in mixed_bfloat16 (same seed, data).
     `epochs`: fewer than the params' where bf16 is emulated (it runs ~10x slower)."""
@@ -148,9 +171,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="*", default=["speed", "accuracy"],
-                        choices=["speed", "accuracy"])
+                        choices=["speed", "accuracy", "noise"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per policy")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=10, help="noise: timing pairs")
     parser.add_argument("--epochs", type=int, default=None,
                         help="accuracy: train epochs (default: params.yaml's)")
     args = parser.parse_args()
@@ -162,6 +186,8 @@ def main() -> None:
         result["speed"] = speed(args.steps, args.warmup)
     if "accuracy" in args.which:
         result["accuracy"] = accuracy(args.epochs)
+    if "noise" in args.which:
+        result["noise"] = noise(args.rounds)
     log.info(f"-> {save('precision', result)}")
 
 

@@ -8,6 +8,7 @@ tests read it and never write into it.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -18,12 +19,45 @@ from pathlib import Path
 import pytest
 import yaml
 
+# The user's environment must not steer the tests (nor the subprocesses they start): a
+# cluster (TF_CONFIG), a distributed search (KERASTUNER_*), another Keras backend, hidden
+# GPUs, another tracking or registry store (MLFLOW_*), a global git config (signed commits).
+LEAKY_PREFIXES = ("KERASTUNER_", "MLFLOW_")
+LEAKY = ("TF_CONFIG", "KERAS_BACKEND", "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS",
+         "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+for _name in [n for n in os.environ if n in LEAKY or n.startswith(LEAKY_PREFIXES)]:
+    os.environ.pop(_name)
+os.environ.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+                   "GIT_AUTHOR_NAME": "tfmlops tests", "GIT_AUTHOR_EMAIL": "ci@example.invalid",
+                   "GIT_COMMITTER_NAME": "tfmlops tests",
+                   "GIT_COMMITTER_EMAIL": "ci@example.invalid"})
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-os.environ.pop("MLFLOW_TRACKING_URI", None)  # tests pick their own store
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+
+
+@functools.cache
+def committed_params_text() -> str:
+    """The params.yaml of the checked-out commit, not the working file: a `dvc exp run`
+    (the README's first command) or an edit must not change what the tests test."""
+    try:
+        return subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=ROOT, check=True,
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):  # not a git checkout (an sdist)
+        return (ROOT / "params.yaml").read_text()
+
+
+def committed_params() -> dict:
+    return yaml.safe_load(committed_params_text())
+
+
+def host_gpus() -> int:
+    """The GPUs this host shows TensorFlow (what a test expects a run to use)."""
+    from tfmlops.model.strategy import visible_gpus
+
+    return visible_gpus()
 
 TINY = {
     "data": {"image_size": 16, "shards": 2},
@@ -50,8 +84,8 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def tiny_params(workdir: Path, **sections) -> dict:
-    """The real params.yaml, shrunk by TINY and `sections`, with paths under `workdir`."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    """The committed params.yaml, shrunk by TINY and `sections`, with paths under `workdir`."""
+    params = committed_params()
     params = deep_merge(params, TINY)
     params["paths"] = {k: str(workdir / v) for k, v in params["paths"].items()}
     params["data"]["image_dir"] = params["paths"]["builtin"]
@@ -164,9 +198,10 @@ def git(*args: str, cwd: Path) -> str:
 def scratch_repo(dest: Path, params: dict | None = None) -> Path:
     """A git+DVC copy of this project (code, dvc.yaml, params) in `dest`, committed."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("dvc.yaml", "params.yaml", "pyproject.toml", ".gitignore", ".dvcignore"):
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, dest / name)
+    (dest / "params.yaml").write_text(committed_params_text())
     shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / ".dvc").mkdir(exist_ok=True)
     shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
@@ -201,7 +236,7 @@ def pipeline_repo(tmp_path_factory):
 
 def relative_tiny_params(**sections) -> dict:
     """TINY params with the repo's relative paths (for scratch repos run by dvc)."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = committed_params()
     return deep_merge(deep_merge(params, TINY), sections)
 
 

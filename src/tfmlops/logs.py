@@ -8,6 +8,9 @@ same one-line messages the CLI shows.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import sys
@@ -57,11 +60,51 @@ def setup(verbosity: int = NORMAL) -> None:
     # oneDNN notices (INFO) and "failed call to cuInit ... (303)" (an ERROR record) on GPU-less
     # hosts: harmless, alarming; 2 hid the first but not the second under TF 2.21 here, so 3.
     # TensorFlow's real errors still reach the user as Python exceptions. Read once when its
-    # C++ library loads: set before the import; a value the user exported wins. (No variable
-    # silences the "before absl::InitializeLog()" lines some of its libraries print.)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # C++ library loads: set before the import; a value the user exported wins.
+    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        # The variable does not reach the lines its libraries print while they load, before
+        # absl's log is initialised ("oneDNN custom operations are on", "Could not find cuda
+        # drivers"): the native stderr is silenced for the import of tensorflow alone.
+        if not any(isinstance(f, _QuietImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _QuietImport())
     for name in THIRD_PARTY:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """File descriptor 2 on /dev/null for the block (what C++ libraries write to)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+class _QuietImport(importlib.abc.MetaPathFinder):
+    """Imports the top-level `tensorflow` package with the native stderr silenced; an
+    import error still raises (and prints) once stderr is back."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)  # once, and the finders below find the real package
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def quiet_exec(module):
+            with native_stderr_silenced():
+                exec_module(module)
+
+        spec.loader.exec_module = quiet_exec
+        return spec
 
 
 def quieted() -> bool:

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tfmlops.config import Config
@@ -38,7 +38,7 @@ def fresh_profile_dir(cfg: Config, stage: str) -> Path:
     """
     parent = profile_dir(cfg, stage)
     parent.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     # Two runs in one second (tests, quick stages) keep apart, the later one after the
     # earlier even when that one was pruned meanwhile (a reused name would sort first).
     same = [_stamp_key(p.name)[1] for p in parent.iterdir() if _stamp_key(p.name)[0] == stamp]

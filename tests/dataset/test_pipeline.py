@@ -166,6 +166,7 @@ for i, _ in enumerate(pipeline.dataset(cfg, prepared, "train", batch_size=16)):
 """
 
 
+@pytest.mark.slow
 def test_a_killed_runs_partial_disk_cache_does_not_break_the_next_run(prepared_digits, prepared,
                                                                       tmp_path):
     import subprocess

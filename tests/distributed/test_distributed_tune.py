@@ -41,14 +41,14 @@ def tune_runs(cfg) -> list:
     return client.search_runs([exp.experiment_id], "", max_results=1000)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_workdir,
                                                                          tmp_path):
     from tfmlops.model import hparams
     from tfmlops.stages import tune
 
     cfg = digits_workdir(tune={"tuner": "random", "max_trials": TRIALS, "max_epochs": 1,
-                               "budget_minutes": 4.0, "space": SPACE})
+                               "budget_minutes": 30.0, "space": SPACE})
     base = {**child_env(), "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": str(free_port()),
             "PYTHONUNBUFFERED": "1"}
     logs = {name: tmp_path / f"{name}.log" for name in ("chief", *TUNER_IDS)}
@@ -61,7 +61,7 @@ def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_wo
                     [str(VENV_BIN / "tfmlops"), "tune"], cwd=tmp_path,
                     env={**base, "KERASTUNER_TUNER_ID": name}, stdout=out,
                     stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 270
+        deadline = time.monotonic() + 840  # generous: a loaded machine runs at half speed
         for proc in procs.values():
             proc.wait(timeout=max(deadline - time.monotonic(), 1))
     finally:

@@ -75,7 +75,7 @@ def assert_no_worker_leftovers(workdir: Path, workers: Workers) -> None:
     assert list(workers.scratch.iterdir()) == []
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900)
 def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_path):
     from tfmlops.data import pipeline
     from tfmlops.model.artifacts import load_keras3, trained_model_path
@@ -83,7 +83,7 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
     cfg = digits_workdir(train={**NO_TUNE, "epochs": 2})
     workers = Workers(tmp_path)
     try:
-        codes = workers.wait(timeout=200)
+        codes = workers.wait(timeout=840)  # generous: a loaded machine runs at half speed
     finally:
         workers.kill()
     assert codes == [0, 0], workers.tails()
@@ -122,23 +122,25 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
     assert reported["replicas"] == 2
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(1200)
 def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tmp_path):
     from tfmlops.training.multi_worker import finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, tracking={"enabled": False})
     backup = Path(cfg.paths.backup)
+    # One budget for the whole test, inside its timeout: the waits below draw on it, so
+    # however slow one step is, together they never pass the timeout (a loaded machine).
+    deadline = time.monotonic() + 1140
     first = Workers(tmp_path, attempt="killed")
     try:
-        deadline = time.monotonic() + 150
         while finished_epochs(backup) < 1:
             assert all(p.poll() is None for p in first.procs), first.tails()
-            assert time.monotonic() < deadline, "no backup after 150 s\n" + first.tails()
+            assert time.monotonic() < deadline, "no backup in the test's time\n" + first.tails()
             time.sleep(0.05)
         first.procs[1].send_signal(signal.SIGKILL)  # the non-chief dies mid-training
         # The chief's collectives fail once the dead peer misses its heartbeats.
-        chief_code = first.procs[0].wait(timeout=120)
+        chief_code = first.procs[0].wait(timeout=max(deadline - time.monotonic(), 1))
     finally:
         first.kill()
     assert chief_code != 0
@@ -148,7 +150,7 @@ def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tm
 
     second = Workers(tmp_path, attempt="restart")
     try:
-        codes = second.wait(timeout=200)
+        codes = second.wait(timeout=max(deadline - time.monotonic(), 1))
     finally:
         second.kill()
     assert codes == [0, 0], second.tails()

@@ -64,5 +64,6 @@ def test_exp_run_temp_lands_in_the_repo_store_with_its_name(tmp_path):
     assert runs[0].data.tags["dvc.exp_name"] == "fewer-shards"
     assert runs[0].data.params["data.shards"] == "1"
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
-    git("status", "--short", cwd=repo)  # the workspace is untouched by a temp run
+    # the workspace is untouched by a temp run: nothing changed, nothing new but ignored files
+    assert git("status", "--short", "--untracked-files=all", cwd=repo) == ""
     assert not (repo / "data" / "prepared").exists()

@@ -19,9 +19,11 @@ import yaml
 from conftest import VENV_BIN, child_env, dvc, relative_tiny_params, scratch_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
-EPOCHS = 4
-# As small as it gets: 120 synthetic 16x16 images in 2 classes, float32 (no timing of
-# the precision policies), no tracking; an epoch still takes about a second here.
+EPOCHS = 12
+# As small as it gets: 120 synthetic 16x16 images in 2 classes, float32, no tracking; an
+# epoch still takes about a second here, so the kill has 11 epochs of window after the
+# first backup (a machine at half speed, or a test process starved for seconds, still
+# kills a running train).
 PARAMS = {"data": {"builtin": "synthetic",
                    "synthetic": {"count": 120, "image_size": 16, "classes": 2}},
           "tune": {"enabled": False},
@@ -32,6 +34,27 @@ PARAMS = {"data": {"builtin": "synthetic",
 def lock_stages(repo: Path) -> dict:
     lock = repo / "dvc.lock"
     return yaml.safe_load(lock.read_text())["stages"] if lock.is_file() else {}
+
+
+def wait_group_gone(pgid: int, timeout_s: float = 120) -> None:
+    """Until no process of the group runs any more (gone, or a zombie nobody reaped yet):
+    the killed stage cannot write into its backup after that."""
+    import psutil
+
+    def alive() -> list[int]:
+        found = []
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    found.append(p.pid)
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return found
+
+    deadline = time.monotonic() + timeout_s
+    while alive():
+        assert time.monotonic() < deadline, f"process group {pgid} still running: {alive()}"
+        time.sleep(0.05)
 
 
 def test_kill_9_of_dvc_repro_during_train_resumes_and_locks_only_success(tmp_path):
@@ -59,7 +82,7 @@ def test_kill_9_of_dvc_repro_during_train_resumes_and_locks_only_success(tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         log.close()
-    time.sleep(0.5)  # the killed stage process is reaped by init, not by the test
+    wait_group_gone(proc.pid)  # the killed stage process is reaped by init, not by the test
     killed_after = finished_epochs(backup)
     assert 1 <= killed_after < EPOCHS
     assert "train" not in lock_stages(repo)  # the kill left nothing recorded as done

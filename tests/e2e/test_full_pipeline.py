@@ -80,6 +80,9 @@ def test_a_registered_version_holds_production(repro):
     repo, _ = repro
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     version = client.get_model_version_by_alias("digits-classifier", "production")
-    assert int(version.version) >= 1
+    export = json.loads((repo / "reports" / "export.json").read_text())
+    # the version this pipeline's export registered, the first of a fresh store
+    assert int(version.version) == export["registered_version"] == 1
     decision = json.loads((repo / "reports" / "promote.json").read_text())
     assert decision["promoted"] in (True, 1)
+    assert str(decision["candidate"]) == str(decision["production_after"]) == version.version

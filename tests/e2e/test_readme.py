@@ -17,6 +17,7 @@ activated: a block that needs it says `source .venv/bin/activate`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -131,11 +132,34 @@ def test_dev_pipeline_after_a_run_reruns_nothing(repo):
     assert "Running stage" not in out
 
 
+def health_answer(out: str) -> None:
+    assert out.strip() == "OK", out
+
+
+def prediction_answer(out: str) -> None:
+    """The served model's answer for one digit image, in the shape the README shows."""
+    (answer,) = json.loads(out)["predictions"]
+    assert answer["label"] == str(answer["label_index"]) and 0 <= answer["label_index"] <= 9
+    assert len(answer["probabilities"]) == 10
+    assert abs(sum(answer["probabilities"]) - 1.0) < 1e-3
+
+
+# What each server block's requests must answer (a block's curl fails on an HTTP error).
+SERVER_ANSWERS = {5000: health_answer, 5001: prediction_answer}
+
+
+def test_server_blocks_fail_on_an_http_error():
+    for marker, block in readme_blocks():
+        if marker.startswith("server"):
+            assert int(marker.split()[1]) in SERVER_ANSWERS, marker
+            assert all("curl -sSf " in line for line in block.splitlines() if "curl" in line)
+
+
 def test_readme_blocks_run_as_written(repo, tmp_path):
     dvc("status", cwd=repo)  # the repo is a real DVC project before the blocks run
     for marker, block in readme_blocks():
         if marker == "run":
             run_block(block, repo)
         elif marker.startswith("server"):
-            out = run_with_server(block, int(marker.split()[1]), repo, tmp_path)
-            assert out.strip(), f"the block after the server printed nothing:\n{block}"
+            port = int(marker.split()[1])
+            SERVER_ANSWERS[port](run_with_server(block, port, repo, tmp_path))

@@ -65,9 +65,10 @@ def _as_postgres_user() -> list[str]:
 
 
 @contextlib.contextmanager
-def postgres_cluster() -> Iterator[str]:
+def postgres_cluster(password: str | None = None) -> Iterator[str]:
     """A fresh PostgreSQL cluster on a free port of 127.0.0.1; yields its SQLAlchemy URI
-    (`postgresql+psycopg2://...`, what `mlflow server --backend-store-uri` takes).
+    (`postgresql+psycopg2://...`, what `mlflow server --backend-store-uri` takes), without
+    the password. `password`: the user must give it (scram-sha-256), else trust auth.
 
     TFMLOPS_TEST_POSTGRES_URI, when set, names an existing database to use instead
     (tests then isolate themselves by experiment name).
@@ -85,16 +86,26 @@ def postgres_cluster() -> Iterator[str]:
         shutil.chown(home, "postgres", "postgres")
     data, port = home / "data", free_port()
 
+    env = {**os.environ, **({"PGPASSWORD": password} if password else {})}
+
     def pg(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*sudo, *args], cwd=home, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([*sudo, *args], cwd=home, capture_output=True, text=True, timeout=120,
+                              env=env)
         if check and proc.returncode != 0:
             log = (home / "server.log").read_text()[-3000:] if (home / "server.log").exists() else ""
             raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n"
                                  f"{proc.stderr}\n{log}")
         return proc
 
+    auth = ["--auth=trust"]
+    if password:
+        pwfile = home / "pwfile"
+        pwfile.write_text(password + "\n")
+        if sudo:
+            shutil.chown(pwfile, "postgres", "postgres")
+        auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
     try:
-        pg(str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust",
+        pg(str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, *auth,
            "-E", "UTF8", "--no-locale")
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {home} -c fsync=off"
         pg(str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(home / "server.log"), "-o", options,

@@ -44,6 +44,7 @@ def status(client, run_id: str) -> str:
     return client.get_run(run_id).info.status
 
 
+@pytest.mark.slow
 def test_killed_stage_runs_are_closed_by_the_next_run_of_that_stage(tmp_path, make_cfg,
                                                                      monkeypatch):
     monkeypatch.chdir(tmp_path)  # the repo root of the holders and of this process

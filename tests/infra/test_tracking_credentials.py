@@ -5,18 +5,24 @@ import json
 import logging
 
 import pytest
-from live_services import postgres_cluster
+from live_services import libpq_uri, postgres_cluster
 
 from tfmlops import tracking
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a PostgreSQL server
 
 
 def test_password_in_the_uri_is_used_but_never_written(tmp_path, make_cfg, monkeypatch, caplog):
-    with postgres_cluster() as pg_uri:  # trust auth: the server ignores the password
+    import psycopg2
+
+    # password authentication: a stage that dropped the password could not connect
+    with postgres_cluster(password="S3CRET-pw") as pg_uri:
         scheme, rest = pg_uri.split("://", 1)
         user, host = rest.split("@", 1)
         secret_uri = f"{scheme}://{user}:S3CRET-pw@{host}"
+        for refused in (pg_uri, f"{scheme}://{user}:wrong-pw@{host}"):
+            with pytest.raises(psycopg2.OperationalError, match="password"):
+                psycopg2.connect(libpq_uri(refused)).close()
         cfg = make_cfg(tracking={"uri": secret_uri})
         out = tmp_path / "out"
         with caplog.at_level(logging.DEBUG, logger="tfmlops"):

@@ -17,7 +17,7 @@ import yaml
 from conftest import ROOT, VENV_BIN, child_env, mlflow_client, relative_tiny_params, scratch_repo
 from tfmlops import profiling
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # trains and exports a model
 
 
 def test_every_format_is_written_checked_and_measured(exported_digits):
@@ -101,27 +101,63 @@ def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_dig
 
 
 def test_onnx_parity_fails_on_a_perturbed_model(exported_digits, exported_offline, tmp_path):
-    import onnx
-    from onnx import numpy_helper
-
     from tfmlops.errors import DataError
     from tfmlops.serving.formats import check_onnx
 
     cfg, offline = exported_digits, exported_offline
     source = Path(cfg.paths.export) / "model.onnx"
     assert check_onnx(source, offline["x"], offline["probs"], cfg.export.atol).passed
-    model = onnx.load(str(source))
-    bias = next(t for t in model.graph.initializer if "logits" in t.name and "Bias" in t.name)
-    values = numpy_helper.to_array(bias).copy()
-    values[0] += 0.5  # class 0 gets a little more evidence everywhere
-    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
     perturbed = tmp_path / "perturbed.onnx"
-    onnx.save(model, str(perturbed))
+    shutil.copy2(source, perturbed)
+    perturb_onnx_bias(perturbed)
     with pytest.raises(DataError) as err:
         check_onnx(perturbed, offline["x"], offline["probs"], cfg.export.atol)
     message = str(err.value)
     assert "onnx parity FAILED" in message and "over by" in message
     assert "\n" not in message
+
+
+def perturb_onnx_bias(path: Path) -> None:
+    """Give class 0 a little more evidence everywhere in an ONNX file (a wrong conversion)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    bias = next(t for t in model.graph.initializer if "logits" in t.name and "Bias" in t.name)
+    values = numpy_helper.to_array(bias).copy()
+    values[0] += 0.5
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    onnx.save(model, str(path))
+
+
+@pytest.mark.slow
+def test_the_export_stage_refuses_an_onnx_file_that_disagrees(exported_digits, tmp_path,
+                                                              monkeypatch):
+    """The stage itself, not only its check: an ONNX conversion off by a bias fails export
+    with the parity line, and nothing is registered or left in paths.export."""
+    from tfmlops.config import load_config
+    from tfmlops.errors import DataError
+    from tfmlops.serving import formats
+    from tfmlops.stages import export
+
+    source = exported_digits
+    params = yaml.safe_load((Path(source.paths.export).parent.parent / "params.yaml").read_text())
+    params["paths"]["export"] = str(tmp_path / "export")
+    params["tracking"]["uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cfg = load_config(tmp_path / "params.yaml")
+    real = formats.to_onnx
+
+    def converted_wrong(model, path, *args, **kwargs):
+        real(model, path, *args, **kwargs)
+        perturb_onnx_bias(path)
+
+    monkeypatch.setattr(formats, "to_onnx", converted_wrong)
+    with pytest.raises(DataError, match="onnx parity FAILED.*over by"):
+        export.run(cfg)
+    assert not Path(cfg.paths.export).exists()
+    assert mlflow_client(cfg).search_model_versions(
+        f"name = '{cfg.promote.registered_model}'") == []
 
 
 def test_export_without_quantize_output_fails_in_one_line(exported_digits, tmp_path):

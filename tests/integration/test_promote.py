@@ -19,7 +19,7 @@ import yaml
 from conftest import VENV_BIN, child_env, mlflow_client, run_cli
 from tfmlops.config import load_config
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # on the exported model
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import VENV_BIN, child_env, mlflow_client, run_cli, stage_runs
+from conftest import VENV_BIN, child_env, host_gpus, mlflow_client, run_cli, stage_runs
 from tfmlops.errors import ConfigError, DataError
 
 NO_TUNE = {"use_tuned": False}
@@ -31,6 +31,8 @@ def report(cfg) -> dict:
 
 
 def write_best(cfg, **model_changes) -> None:
+    """A search result as tune leaves it: best_hparams.yaml and the params it read."""
+    from tfmlops import tracking
     from tfmlops.model import hparams
 
     tree = hparams.tuned_tree(cfg)
@@ -38,6 +40,7 @@ def write_best(cfg, **model_changes) -> None:
     path = hparams.best_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(tree))
+    hparams.write_searched(cfg, path.parent, tracking.data_version(cfg))
 
 
 def artifact_paths(client, run_id: str, folder: str = "") -> list[str]:
@@ -47,6 +50,7 @@ def artifact_paths(client, run_id: str, folder: str = "") -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     from tfmlops import tracking
@@ -63,11 +67,12 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
 
     folder = Path(cfg.paths.train)
     for name in ("model.keras", "resolved_params.yaml", "mlflow_run.json", "tune_merge.json",
-                 "classification_report.json", "confusion_matrix.png", "training_curves.png"):
+                 "precision.json", "classification_report.json", "confusion_matrix.png",
+                 "training_curves.png"):
         assert (folder / name).is_file(), name
     assert report(cfg) == json.loads(json.dumps(metrics))
-    assert metrics["epochs_run"] == 2 and metrics["replicas"] == 1
-    assert metrics["global_batch_size"] == 32
+    assert metrics["epochs_run"] == 2
+    assert metrics["global_batch_size"] == 32 * metrics["replicas"]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["test_loss"] > 0
     assert metrics["wall_seconds"] > 0 and metrics["images_per_s"] > 0
     assert metrics["profile_step_ms"] > 0 and 0 <= metrics["profile_input_wait_share"] <= 1
@@ -99,18 +104,21 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     (run,) = stage_runs(cfg, "train")
     assert json.loads((folder / "mlflow_run.json").read_text())["run_id"] == run.info.run_id
     params = run.data.params
-    from tfmlops.model.precision import cpu_flags, faster, has_bf16_units
+    from tfmlops.model import precision
+    from tfmlops.model.strategy import resolve_strategy
 
-    if has_bf16_units(cpu_flags()):  # auto timed both policies on this very model: the faster
-        timed = {p: run.data.metrics[f"precision_{p}_images_per_s"]
-                 for p in ("float32", "mixed_bfloat16")}
-        assert params["resolved.precision_reason"] == "timed"
-        assert params["resolved.precision_policy"] == faster(timed)
-    else:
-        assert params["resolved.precision_policy"] == "float32"
-        assert params["resolved.precision_reason"] == "no-bf16-units"
-    assert params["resolved.global_batch_size"] == "32" and params["resolved.replicas"] == "1"
-    assert params["resolved.strategy"] == "default"
+    # auto: what this host's GPUs and CPU flags decide for this architecture, never timed
+    expected = precision.decide("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+                                spec=trained.model)
+    assert params["resolved.precision_policy"] == expected.policy
+    assert params["resolved.precision_reason"] == expected.reason != "timed"
+    assert not any(k.startswith("precision_") for k in run.data.metrics)
+    assert json.loads((folder / "precision.json").read_text())["policy"] == expected.policy
+    strategy = resolve_strategy("auto", None, host_gpus())
+    replicas = max(host_gpus(), 1) if strategy == "mirrored" else 1
+    assert params["resolved.global_batch_size"] == str(32 * replicas)
+    assert params["resolved.replicas"] == str(replicas)
+    assert params["resolved.strategy"] == strategy
     assert params["model.head_units"] == "24"
     assert params["tune_merge.model.dropout"].endswith("-> 0.2 (tune)")
     assert run.data.tags["tfmlops.upstream.tune"] == tune_run.run_id
@@ -131,6 +139,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     np.testing.assert_allclose(logged.predict(x_test[:8], verbose=0), local[:8], atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_runs_with_the_same_params_give_bit_identical_weights(
         digits_workdir, make_cfg, prepared_digits, tmp_path, caplog):
@@ -192,6 +201,49 @@ def test_bad_input_fails_before_any_work(case, sections, error, message, digits_
         train.run(cfg)
     assert not Path(cfg.paths.train).exists()
     assert stage_runs(cfg, "train") == []
+
+
+def test_a_stale_search_is_refused_naming_what_changed(make_cfg, tmp_path):
+    """The README's case: model.backbone set after the search; `tfmlops train` alone must
+    not train the searched plain CNN (best_hparams.yaml holds backbone: none)."""
+    from tfmlops.stages import tune
+
+    tune.run(make_cfg(data={"image_size": 32}, tune={"enabled": False}, **QUIET))
+    make_cfg(data={"image_size": 32}, model={"backbone": "mobilenet_v3_small"},
+             tune={"enabled": False}, **QUIET)
+    proc = run_cli("train", cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "best_hparams.yaml is stale" in line and "run `dvc repro tune`" in line
+    assert "model.backbone ('none' -> 'mobilenet_v3_small')" in line
+    assert "changed since the search: model.backbone ('none' -> 'mobilenet_v3_small'); run" in line
+    assert not (tmp_path / "models" / "train").exists()
+
+
+def test_the_search_record_tells_inputs_from_guards(make_cfg):
+    from tfmlops.model import hparams
+    from tfmlops.stages import tune
+
+    cfg = make_cfg(tune={"enabled": False}, **QUIET)
+    tune.run(cfg)
+    hparams.check_fresh(cfg, "none")  # unchanged: accepted
+    # a guard and how train places the run are not inputs of the search's result
+    hparams.check_fresh(make_cfg(tune={"enabled": False, "budget_minutes": 99.0},
+                                 train={"replicas": 2, "use_tuned": False}, **QUIET), "none")
+    for sections, key in [({"seed": 7}, "seed"),
+                          ({"train": {"epochs": 3}}, "train.epochs"),
+                          ({"tune": {"enabled": True}}, "tune.enabled"),
+                          ({"model": {"blocks": [{"filters": 4, "kernel_size": 3}]}},
+                           "model.blocks.0.filters"),
+                          ({"pipeline": {"shuffle_buffer": 16}}, "pipeline.shuffle_buffer")]:
+        sections = {"tune": {"enabled": False}, **sections} if "tune" not in sections else sections
+        with pytest.raises(DataError, match=rf"stale: changed since the search: {key} "):
+            hparams.check_fresh(make_cfg(**sections, **QUIET), "none")
+    with pytest.raises(DataError, match=r"prepared data \(version\) \('none' -> 'abc'\)"):
+        hparams.check_fresh(cfg, "abc")  # prepared again since the search
+    (Path(cfg.paths.tuned) / hparams.SEARCHED_FILE).unlink()
+    with pytest.raises(DataError, match="no readable record.*dvc repro tune"):
+        hparams.check_fresh(cfg, "none")
 
 
 def test_cli_reports_a_missing_tune_output_in_one_line(make_cfg, tmp_path):

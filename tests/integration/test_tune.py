@@ -214,6 +214,7 @@ def test_final_round_fails_an_oversized_params_model_and_the_challenger_wins(dig
     assert len(hparams.read_best(cfg)["model"]["blocks"]) == 1
 
 
+@pytest.mark.slow
 def test_no_final_round_when_train_does_not_use_the_tuned_settings(digits_workdir):
     from tfmlops.stages import tune
 
@@ -310,6 +311,7 @@ def test_hyperband_continues_trials_and_a_failed_trial_is_recorded(digits_workdi
     assert "Oversized model" in child.data.tags["tfmlops.tune.error"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_wall_clock_budget_stops_cleanly_and_keeps_the_best(digits_workdir):
     from tfmlops.stages import tune

@@ -20,6 +20,7 @@ def _spec(backbone="mobilenet_v3_small", weights=None):
     return ModelSpec(backbone=backbone, backbone_weights=weights, head_units=0, dropout=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone", [b for b in BACKBONES if b != "none"])
 def test_every_backbone_builds_in_both_worlds_with_equal_weights(backbone):
     import keras
@@ -57,6 +58,7 @@ def test_input_layers_turn_normalised_input_back_into_pixels():
         build_model(_spec(), keras, INPUT, 4)
 
 
+@pytest.mark.slow
 def test_a_saved_weights_file_loads_into_the_backbone(tmp_path):
     import keras
 
@@ -108,6 +110,7 @@ def _fit_one_epoch(model, keras, lr=0.05):
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
+@pytest.mark.slow
 def test_frozen_then_top_layers_only_and_batchnorm_stats_kept():
     import keras
 

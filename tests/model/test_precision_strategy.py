@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -97,10 +98,39 @@ def test_timing_trains_both_policies_and_picks_the_faster(prepared_digits):
     assert keras.mixed_precision.global_policy().name == "float32"  # restored
     assert faster({"float32": 100.0, "mixed_bfloat16": 100.0}) == "float32"  # a tie
     assert faster({"float32": 100.0, "mixed_bfloat16": 250.0}) == "mixed_bfloat16"
+    # a margin: bf16 must be faster by more than it, else float32 stays
+    assert faster({"float32": 731.0, "mixed_bfloat16": 732.0}, margin=0.1) == "float32"
+    assert faster({"float32": 100.0, "mixed_bfloat16": 110.0}, margin=0.1) == "float32"
+    assert faster({"float32": 100.0, "mixed_bfloat16": 110.5}, margin=0.1) == "mixed_bfloat16"
+
+
+AVX2 = frozenset({"sse2", "avx", "avx2", "fma"})
+SEPARABLE = ModelSpec(blocks=[BlockSpec(4, 3, True)], convs_per_block=1, head_units=16)
+
+
+@pytest.mark.parametrize("flags, spec, expected, reason", [
+    (AVX2, TINY, "float32", "no-bf16-units"),
+    (AVX2 | {"avx512_bf16"}, TINY, "float32", "no-amx"),  # 1.14x on the digits CNN: not worth it
+    (AVX2 | {"avx512_bf16", "amx_bf16"}, TINY, "mixed_bfloat16", "amx-dense"),
+    (AVX2 | {"amx_bf16"}, SEPARABLE, "float32", "depthwise"),
+    (AVX2 | {"amx_bf16"}, ModelSpec(backbone="mobilenet_v3_small"), "float32", "depthwise"),
+    (AVX2 | {"amx_bf16"}, ModelSpec(backbone="resnet50"), "mixed_bfloat16", "amx-dense"),
+])
+def test_auto_is_decided_from_the_cpu_and_the_architecture_never_timed(flags, spec, expected,
+                                                                      reason):
+    from tfmlops.model import precision
+
+    def measure():
+        raise AssertionError("auto must not time")
+
+    decision = precision.decide("auto", [], flags, measure, spec=spec)
+    assert (decision.policy, decision.reason) == (expected, reason)
+    assert decision.images_per_s == {}
+    assert precision.decide("auto", [(8, 0)], flags, measure, spec=spec).policy == "mixed_float16"
 
 
 @pytest.mark.timeout(300)
-def test_auto_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
+def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
     import keras
 
     from tfmlops.model import precision
@@ -112,27 +142,31 @@ def test_auto_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
         calls.append(1)
         return precision.time_policies(make_model, batch, keras, warmup=1, steps=2)
 
-    avx2 = {"sse2", "avx", "avx2", "fma"}
-    assert precision.resolve_precision("auto", [], avx2, measure) == "float32"
-    assert precision.decide("auto", [], avx2, measure).reason == "no-bf16-units"
+    avx2 = set(AVX2)
+    assert precision.resolve_precision("timed", [], avx2, measure) == "float32"
+    assert precision.decide("timed", [], avx2, measure).reason == "no-bf16-units"
     assert calls == []  # no bf16 units: nothing is timed
-    assert precision.resolve_precision("auto", [(8, 0)], avx2 | {"amx_bf16"},
+    assert precision.resolve_precision("timed", [(8, 0)], avx2 | {"amx_bf16"},
                                        measure) == "mixed_float16"  # a GPU decides
     assert precision.resolve_precision("float32", [], {"amx_bf16"}, measure) == "float32"
+    assert precision.decide("auto", [], avx2 | {"avx512_bf16"}, measure).reason == "no-amx"
     assert calls == []
 
-    decision = precision.decide("auto", [], avx2 | {"amx_bf16"}, measure)
+    decision = precision.decide("timed", [], avx2 | {"avx512_bf16"}, measure, margin=0.25)
     assert calls == [1] and decision.reason == "timed"
     assert set(decision.images_per_s) == {"float32", "mixed_bfloat16"}
-    assert decision.policy == precision.faster(decision.images_per_s)
+    assert decision.policy == precision.faster(decision.images_per_s, 0.25)
     params, metrics = decision.mlflow()
-    assert params == {"precision_policy": decision.policy, "precision_reason": "timed"}
+    assert params == {"precision_policy": decision.policy, "precision_reason": "timed",
+                      "precision_margin": 0.25}
     assert set(metrics) == {"precision_float32_images_per_s",
                             "precision_mixed_bfloat16_images_per_s"}
-    assert decision.policy in decision.line("auto") and "images/s" in decision.line("auto")
-    assert precision.decide("auto", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
+    line = decision.line("timed")
+    assert decision.policy in line and "images/s" in line and "more than 25% faster" in line
+    assert precision.decide("timed", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     """What tune's trials and final round share: the train stage's own timing of the
@@ -142,10 +176,15 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     from tfmlops.training import fit
 
     prepared = pipeline.load_prepared(prepared_digits)
+    auto = prepared_digits
+    prepared_digits = dataclasses.replace(
+        auto, train=dataclasses.replace(auto.train, precision="timed"))
     cache = tmp_path / fit.PRECISION_CACHE
     bf16 = {"avx2", "amx_bf16"}
     first = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
-    assert first.reason == "timed" and first.policy == precision.faster(first.images_per_s)
+    margin = prepared_digits.train.precision_margin
+    assert first.reason == "timed" and first.margin == margin
+    assert first.policy == precision.faster(first.images_per_s, margin)
     stored = json.loads(cache.read_text())
     assert [v["policy"] for v in stored.values()] == [first.policy]
     again = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
@@ -171,6 +210,12 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     here = fit.decide_precision(prepared_digits, prepared, 32)  # this machine's own flags
     if not precision.has_bf16_units(precision.cpu_flags()):
         assert (here.policy, here.reason) == ("float32", "no-bf16-units")
+    # auto, on any machine: no timing, nothing written
+    precision._decided.clear()
+    untimed = tmp_path / "auto" / fit.PRECISION_CACHE
+    assert fit.decide_precision(auto, prepared, 32, cache_file=untimed,
+                                flags=bf16).reason == "amx-dense"
+    assert not untimed.exists()
 
 
 @pytest.mark.parametrize("setting, tf_config, gpus, expected", [
@@ -284,6 +329,7 @@ MIRRORED_ONE_STEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
     proc = subprocess.run([sys.executable, "-c", MIRRORED_ONE_STEP], capture_output=True,
@@ -296,13 +342,13 @@ def test_mirrored_two_cpu_replicas_match_one_replica_for_one_step():
 
 
 @pytest.mark.parametrize("setting, expected", [("mixed_bfloat16", "mixed_bfloat16"),
-                                               ("auto", None)])
+                                               ("auto", None), ("timed", None)])
 def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
                                                    setting, expected):
     import keras_tuner as kt
 
     from tfmlops.data import pipeline
-    from tfmlops.model import precision
+    from tfmlops.model import precision, search_space
     from tfmlops.training.fit import PRECISION_CACHE
     from tfmlops.tuning.hypermodel import TrialModel
 
@@ -310,11 +356,17 @@ def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
     hypermodel = TrialModel(cfg, pipeline.load_prepared(prepared_digits), deadline=1e12)
     model = hypermodel.build(kt.HyperParameters())
     cache = Path(cfg.paths.tuner) / PRECISION_CACHE
-    if setting == "auto" and precision.has_bf16_units(precision.cpu_flags()):
+    if setting == "timed" and precision.has_bf16_units(precision.cpu_flags()):
         (stored,) = json.loads(cache.read_text()).values()  # timed once, kept for the tune
         expected = stored["policy"]
-    elif setting == "auto":
+    elif setting == "timed":
         expected = "float32"
         assert not cache.exists()  # nothing timed, nothing kept
+    elif setting == "auto":  # from this host's devices and the trial's architecture
+        spec = search_space.config_from_values(
+            cfg, search_space.declare(kt.HyperParameters(), cfg.tune.space)).model
+        expected = precision.decide("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+                                    spec=spec).policy
+        assert not cache.exists()  # never timed, nothing kept
     assert model.get_layer("block0_conv0").dtype_policy.name == expected
     assert model.get_layer("probabilities").dtype_policy.compute_dtype == "float32"

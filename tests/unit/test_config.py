@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT, VENV_BIN
+from conftest import ROOT, VENV_BIN, committed_params_text
 from tfmlops.config import Config, ConfigError, load_config
 
 
@@ -17,8 +17,9 @@ def write(tmp_path, text):
     return path
 
 
-def test_params_yaml_matches_config_defaults():
-    assert load_config(ROOT / "params.yaml") == Config()
+def test_params_yaml_matches_config_defaults(tmp_path):
+    """The committed params.yaml (a `dvc exp run` may have changed the working one)."""
+    assert load_config(write(tmp_path, committed_params_text())) == Config()
 
 
 def test_config_is_frozen():
@@ -108,7 +109,7 @@ def test_help_imports_neither_tensorflow_nor_mlflow():
 def test_every_dvc_stage_reads_only_known_params():
     """dvc.yaml params entries must exist in params.yaml (a typo would never rerun)."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = yaml.safe_load(committed_params_text())
     for name, stage in stages.items():
         for key in stage.get("params", []):
             node = params

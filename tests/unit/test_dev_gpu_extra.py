@@ -1,29 +1,43 @@
-"""`./dev` installs the `gpu` extra (tensorflow[and-cuda]) exactly when `nvidia-smi`
-answers (issue 16). Checked on a copy of `dev` and pyproject.toml with a stand-in
+"""`./dev`'s install: the `gpu` extra (tensorflow[and-cuda]) exactly when `nvidia-smi`
+answers, the lock file's hash in the install stamp, and the one Python it supports.
+Checked on a copy of `dev`, pyproject.toml and requirements.lock with a stand-in
 `nvidia-smi`: the install stamp `./dev` expects names the extras it chose, and
 DEV_NO_INSTALL=1 stops it before any install when that stamp is missing."""
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from conftest import ROOT
 
+LOCK = "requirements.lock"
 
-def dev_with(tmp_path, nvidia_smi_exit: int) -> subprocess.CompletedProcess:
+
+def stamp_of(repo, extras: str = "test") -> str:
+    """The stamp of an install of `extras`, as ./dev writes it."""
+    text = (repo / "pyproject.toml").read_bytes() + (repo / LOCK).read_bytes()
+    return hashlib.sha256(text + f"{extras}\n".encode()).hexdigest()[:16]
+
+
+def copy_of_dev(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    shutil.copy2(ROOT / "dev", repo / "dev")
-    shutil.copy2(ROOT / "pyproject.toml", repo / "pyproject.toml")
-    # The stamp of an install of the `test` extra only, as ./dev writes it.
-    stamp = hashlib.sha256((repo / "pyproject.toml").read_bytes() + b"test\n").hexdigest()[:16]
-    (repo / ".venv").mkdir()
-    (repo / ".venv" / f".installed-{stamp}").touch()
+    for name in ("dev", "pyproject.toml", LOCK):
+        shutil.copy2(ROOT / name, repo / name)
+    return repo
+
+
+def dev_with(tmp_path, nvidia_smi_exit: int, repo=None) -> subprocess.CompletedProcess:
+    repo = repo or copy_of_dev(tmp_path)
+    (repo / ".venv").mkdir(exist_ok=True)
+    (repo / ".venv" / f".installed-{stamp_of(repo)}").touch()
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\nexit {nvidia_smi_exit}\n")
     fake.chmod(0o755)
@@ -52,3 +66,52 @@ def test_the_gpu_extra_is_tensorflow_with_cuda_at_the_pinned_version():
     (tf,) = [d for d in project["dependencies"] if d.startswith("tensorflow==")]
     assert gpu.startswith("tensorflow[and-cuda]")
     assert gpu.removeprefix("tensorflow[and-cuda]") == tf.removeprefix("tensorflow")
+
+
+def test_a_changed_lock_file_is_a_new_install(tmp_path):
+    repo = copy_of_dev(tmp_path)
+    assert dev_with(tmp_path, nvidia_smi_exit=1, repo=repo).returncode == 2  # matches
+    (repo / LOCK).write_text((repo / LOCK).read_text() + "# one more line\n")
+    env = {**os.environ, "DEV_NO_INSTALL": "1"}
+    result = subprocess.run(["bash", str(repo / "dev"), "test"], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3 and "requirements.lock" in result.stderr
+
+
+def test_dev_refuses_a_python_it_does_not_support(tmp_path):
+    repo = copy_of_dev(tmp_path)
+    fake = tmp_path / "python3.12"
+    fake.write_text("#!/bin/sh\necho 3.12\n")
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", str(repo / "dev"), "test"], cwd=repo,
+                            env={**os.environ, "PYTHON": str(fake)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "supports Python 3.11 only" in line and "is 3.12" in line
+
+
+def test_the_supported_python_is_the_one_locked_and_the_one_running():
+    """requires-python, ./dev's check, the lock's resolution and this interpreter agree."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.11,<3.12"
+    assert 'lock_python=3.11' in (ROOT / "dev").read_text()
+    header = (ROOT / LOCK).read_text().splitlines()[1]
+    assert "--python-version 3.11" in header and "--generate-hashes" in header
+    assert sys.version_info[:2] == (3, 11)
+
+
+def test_the_lock_pins_every_dependency_with_hashes():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    text = (ROOT / LOCK).read_text()
+    entries = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)((?: \\\n\s+--hash=sha256:[0-9a-f]{64})+)", text,
+                         re.MULTILINE)
+    pinned = {re.sub(r"[-_.]+", "-", name).lower() for name, _, _ in entries}
+    assert len(entries) == len(re.findall(r"^[A-Za-z0-9_.-]+==", text, re.MULTILINE))
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", d).group()).lower()
+             for d in wanted}
+    assert names <= pinned, names - pinned
+    assert "hypothesis" in pinned and "ruff" in pinned

@@ -301,9 +301,16 @@ def test_backbone_and_fine_tune_settings_are_searched_when_given():
     assert trial.model.backbone == "efficientnet_b0"
     # the params' unfreeze is a layer count; the searched one a fraction, kept as a float
     assert trial.train.fine_tune.unfreeze == 0.3 and trial.train.fine_tune.head_epochs == 3
-    # the params' own values lie in the space: the baseline trial holds them
-    base, why = search_space.baseline(cfg)
-    assert why is None or "unfreeze" in why
+    # the params' unfreeze (20 layers) is outside the searched fractions: no baseline, and why
+    assert search_space.baseline(cfg) == (
+        None, "train.fine_tune.unfreeze 20 is outside tune.space.unfreeze [0.1, 0.5]")
+    # a fraction inside it: the baseline trial holds the params' own backbone and fine-tuning
+    inside = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, fine_tune=dataclasses.replace(cfg.train.fine_tune, unfreeze=0.3)))
+    base, why = search_space.baseline(inside)
+    assert why is None
+    assert {k: base[k] for k in ("backbone", "head_epochs", "unfreeze", "lr_factor")} == {
+        "backbone": "mobilenet_v3_small", "head_epochs": 2, "unfreeze": 0.3, "lr_factor": 0.1}
     merged, _ = hparams.merge(cfg, hparams.tuned_tree(trial))
     assert merged.train.fine_tune.unfreeze == 0.3 and merged.model.backbone == "efficientnet_b0"
     with pytest.raises(ConfigError, match="backbone"):

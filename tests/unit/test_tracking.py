@@ -107,6 +107,7 @@ def _run_names(cfg, stage):
     return sorted(r.info.run_name for r in stage_runs(cfg, stage))
 
 
+@pytest.mark.slow
 def test_run_name_is_stage_plus_a_digest_of_the_params_it_reads(tmp_path, make_cfg, monkeypatch):
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     cfg = make_cfg()

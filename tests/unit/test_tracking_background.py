@@ -38,18 +38,29 @@ def test_asynchronous_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tm
     assert finished.data.tags["tfmlops.precision"] == "float32"
 
 
-def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg):
-    """A batch MLflow's queue could not write goes through the retry/outbox path."""
+def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg, monkeypatch):
+    """A batch MLflow's queue could not write goes through the retry/outbox path. The
+    queue loses it for real: the asynchronous call writes nothing and its future fails."""
+    from mlflow import MlflowClient
+
     cfg = make_cfg()
+    real = MlflowClient.log_batch
+    lost = []
+
+    class Failed:
+        def wait(self):
+            raise OSError("the async queue lost this batch")
+
+    def log_batch(self, run_id, metrics=(), *args, synchronous=None, **kwargs):
+        if synchronous is False and any(m.key == "acc" for m in metrics):
+            lost.append(run_id)
+            return Failed()  # nothing reached the store
+        return real(self, run_id, metrics, *args, synchronous=synchronous, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", log_batch)
     with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
         run.log_metrics({"acc": 0.5}, step=1)
-
-        class Failed:
-            def wait(self):
-                raise OSError("the async queue lost this batch")
-
-        (index, (op, payload, _)), = [(i, e) for i, e in enumerate(run._sent) if e[0] == "metrics"]
-        run._sent[index] = (op, payload, Failed())
+        assert lost == [run.run_id]
     (finished,) = stage_runs(cfg, "train")
     history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "acc")
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]

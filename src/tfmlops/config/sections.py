@@ -286,7 +286,11 @@ class TrainConfig:
     loss: LossConfig = Field(default_factory=LossConfig)
     reduce_lr_on_plateau: Bool = False  # only with schedule.name == constant
     early_stopping_patience: Int = Field(6, ge=0, le=10_000)  # 0 turns it off
-    precision: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    # auto: from the hardware and the architecture (never timed); timed: the faster on
+    # this machine, float32 unless bf16 is faster by more than precision_margin.
+    precision: Literal["auto", "timed", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    # above the spread of two timings of one policy (benchmarks/precision.py noise)
+    precision_margin: Float = Field(0.15, ge=0.0, le=10.0)
     strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
     replicas: Int = Field(1, ge=1, le=64)
     jit_compile: Literal["auto", "true", "false"] = "false"
@@ -434,7 +438,7 @@ class TuneConfig:
     objective: Literal["val_accuracy", "val_loss"] = "val_accuracy"
     max_trials: Int = Field(12, ge=1, le=100_000)
     max_epochs: Int = Field(6, ge=1, le=10_000)
-    budget_minutes: Float = Field(3.5, gt=0.0, le=100_000.0)
+    budget_minutes: Float = Field(30.0, gt=0.0, le=100_000.0)  # a guard, not a setting
     early_stopping_patience: Int = Field(2, ge=0, le=1000)
     hyperband_factor: Int = Field(3, ge=2, le=100)
     # The params' own settings and the search's best N are trained at

@@ -1,17 +1,18 @@
-"""Which Keras dtype policy a run uses, measured where it matters, and proof that
-loss scaling is on.
+"""Which Keras dtype policy a run uses, and proof that loss scaling is on.
 
-`train.precision: auto` resolves to
+`train.precision: auto` is decided from the hardware and the architecture alone, never
+from a timing, so the same commit trains the same numerics on the same machine:
 - `mixed_float16` on CUDA GPUs of compute capability 7.0 or newer (tensor cores);
-- on a CPU with bf16 units (`/proc/cpuinfo` flags `avx512_bf16` or `amx_bf16`):
-  the faster of `float32` and `mixed_bfloat16`, timed on a few training steps of
-  the actual model after warm-up. Whether bf16 pays off depends on the model:
-  dense convolutions go to the bf16 units, depthwise ones and the casts around
-  them do not (a plain CNN ran 2.7x faster in bf16, MobileNetV3Small 0.6x);
-- `float32` everywhere else (without bf16 units, bf16 is emulated: only slower).
-A decision is kept per architecture (`cache_key`: spec, input shape, batch), in
-process and optionally in a JSON file, so tune's trials and final round time
-each architecture once.
+- `mixed_bfloat16` on a CPU with AMX-BF16 tiles (`/proc/cpuinfo` flag `amx_bf16`)
+  for an architecture of dense convolutions only (the plain blocks without separable
+  ones, or ResNet50): the tiles run those 2.7-3.7x faster in bf16, while depthwise
+  convolutions and the casts around them are slower in bf16 (MobileNetV3Small,
+  EfficientNetB0), and AVX512-BF16 alone gave the digits CNN 1.14x (see BENCHMARKS.md);
+- `float32` everywhere else.
+`train.precision: timed` (opt-in) times float32 against mixed_bfloat16 on a few training
+steps of the actual model on a CPU with bf16 units (`avx512_bf16` or `amx_bf16`) and keeps
+float32 unless bf16 is faster by more than `train.precision_margin`; tune records each
+timed decision (`cache_key`: spec, input shape, batch) in a file train reuses.
 
 `mixed_float16` needs loss scaling; Keras 3 `compile` wraps the optimizer in a
 `LossScaleOptimizer` when the model's policy is mixed_float16, and
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 MIN_FLOAT16_CAPABILITY = (7, 0)  # Volta: the first tensor cores
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU units that compute bf16 natively
+AMX_FLAG = "amx_bf16"  # the matrix tiles that make bf16 pay off for dense convolutions
+DENSE_BACKBONES = ("none", "resnet50")  # no depthwise convolutions (the plain blocks: unless separable)
 TIMED = ("float32", "mixed_bfloat16")
 CPUINFO = "/proc/cpuinfo"
 
@@ -47,22 +50,30 @@ class Decision:
     """The policy `train.precision` resolved to, why, and the timings behind it."""
 
     policy: str
-    reason: str  # "setting", "gpu", "no-bf16-units", "timed", "not-timed"
+    # "setting", "gpu", "amx-dense", "no-amx", "depthwise", "no-bf16-units", "timed", "not-timed"
+    reason: str
     images_per_s: dict[str, float] = field(default_factory=dict)  # per timed policy
+    margin: float | None = None  # timed: how much faster bf16 had to be
 
     def line(self, setting: str) -> str:
         """The one log line of this decision."""
         why = {"setting": "as set", "gpu": "CUDA GPUs; mixed_float16 needs capability >= 7.0",
+               "amx-dense": "CPU with AMX-BF16 tiles, dense convolutions only",
+               "no-amx": "CPU without AMX-BF16 tiles (amx_bf16)",
+               "depthwise": "depthwise convolutions gain nothing in bf16",
                "no-bf16-units": f"CPU without bf16 units ({'/'.join(BF16_FLAGS)})",
                "not-timed": "bf16 units, not timed: workers must agree"}.get(self.reason)
         if self.reason == "timed":
-            why = "timed: " + ", ".join(f"{p} {v:,.0f} images/s"
-                                        for p, v in self.images_per_s.items())
+            why = ("timed: " + ", ".join(f"{p} {v:,.0f} images/s"
+                                         for p, v in self.images_per_s.items())
+                   + f"; bf16 must be more than {100 * (self.margin or 0):g}% faster")
         return f"precision: {setting} -> {self.policy} ({why})"
 
     def mlflow(self) -> tuple[dict, dict]:
         """(params, metrics) for a run: the choice, why, and each timed images/s."""
         params = {"precision_policy": self.policy, "precision_reason": self.reason}
+        if self.margin is not None:
+            params["precision_margin"] = self.margin
         metrics = {f"precision_{p}_images_per_s": round(v, 1)
                    for p, v in self.images_per_s.items()}
         return params, metrics
@@ -86,38 +97,60 @@ def has_bf16_units(flags: Iterable[str]) -> bool:
     return any(f in set(flags) for f in BF16_FLAGS)
 
 
+def dense_only(spec) -> bool:
+    """True when the architecture has no depthwise convolutions (what bf16 tiles speed up)."""
+    if spec is None:
+        return True
+    if spec.backbone != "none":
+        return spec.backbone in DENSE_BACKBONES
+    return not any(block.separable for block in spec.blocks)
+
+
 def decide(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
            flags: Iterable[str] = (),
-           measure: Callable[[], dict[str, float]] | None = None) -> Decision:
+           measure: Callable[[], dict[str, float]] | None = None,
+           spec=None, margin: float = 0.0) -> Decision:
     """The policy for `train.precision`, given the GPUs' compute capabilities, the CPU's
-    flags and `measure` (-> images/s of float32 and mixed_bfloat16 on the actual model;
-    called only on a CPU with bf16 units). Explicit settings are kept as they are."""
+    flags, the architecture (`spec`, a ModelSpec; None: dense convolutions) and, for
+    `timed` only, `measure` (-> images/s of float32 and mixed_bfloat16 on the actual
+    model; called only on a CPU with bf16 units) with the `margin` bf16 must beat.
+    Explicit settings are kept as they are."""
     if setting in POLICIES:
         return Decision(setting, "setting")
-    if setting != "auto":
+    if setting not in ("auto", "timed"):
         raise ValueError(f"unknown precision {setting!r}")
+    flags = set(flags)
     if gpu_capabilities:
         if all(tuple(c) >= MIN_FLOAT16_CAPABILITY for c in gpu_capabilities):
             return Decision("mixed_float16", "gpu")
         return Decision("float32", "gpu")  # older or mixed fleets: the safe policy
+    if setting == "auto":
+        if AMX_FLAG not in flags:
+            return Decision("float32", "no-bf16-units" if not has_bf16_units(flags) else "no-amx")
+        return Decision(*(("mixed_bfloat16", "amx-dense") if dense_only(spec)
+                          else ("float32", "depthwise")))
     if not has_bf16_units(flags):
         return Decision("float32", "no-bf16-units")
     if measure is None:
         return Decision("float32", "not-timed")
     timings = measure()
-    return Decision(faster(timings), "timed", timings)
+    return Decision(faster(timings, margin), "timed", timings, margin)
 
 
 def resolve_precision(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
                       flags: Iterable[str] = (),
-                      measure: Callable[[], dict[str, float]] | None = None) -> str:
+                      measure: Callable[[], dict[str, float]] | None = None,
+                      spec=None, margin: float = 0.0) -> str:
     """The policy name of `decide`."""
-    return decide(setting, gpu_capabilities, flags, measure).policy
+    return decide(setting, gpu_capabilities, flags, measure, spec, margin).policy
 
 
-def faster(images_per_s: dict[str, float]) -> str:
-    """The policy with the most images/s; a tie keeps float32 (no rounding cost)."""
-    return max(images_per_s, key=lambda p: (images_per_s[p], p == "float32"))
+def faster(images_per_s: dict[str, float], margin: float = 0.0) -> str:
+    """float32 unless another policy has more than (1 + `margin`) x its images/s (then the
+    fastest of those): a close timing keeps float32 (no rounding cost)."""
+    base = images_per_s.get("float32", 0.0)
+    better = {p: v for p, v in images_per_s.items() if p != "float32" and v > base * (1 + margin)}
+    return max(better, key=better.get) if better else "float32"
 
 
 def gpu_capabilities() -> list[tuple[int, int]]:
@@ -165,24 +198,26 @@ def cache_key(spec, input_shape, batch_size: int, flags: Iterable[str] = ()) -> 
 def decide_cached(setting: str, key: str, flags: Iterable[str],
                   measure: Callable[[], dict[str, float]] | None,
                   file: str | Path | None = None,
-                  write: bool = True) -> tuple[Decision, bool]:
-    """`decide`, remembered in this process and in `file` (another process of the same
-    tune reuses it); returns (decision, made now). Without a `file` nothing is reused;
-    with `write` False the file is only read (another stage's output). A timed decision
-    is kept per `key` (the architecture); an untimed one depends on the machine alone,
-    so it is kept once."""
-    timed = setting == "auto" and has_bf16_units(flags) and measure is not None
-    if file is None or (setting == "auto" and not timed and has_bf16_units(flags)):
-        return decide(setting, gpu_capabilities() if setting == "auto" else [], flags,
-                      measure), True
-    memo = f"{setting}:{key if timed else 'untimed'}"
+                  write: bool = True, spec=None, margin: float = 0.0) -> tuple[Decision, bool]:
+    """`decide`, remembered in this process (per `setting` and `key`, the architecture)
+    and, for a timing, in `file` (another process of the same tune reuses it); returns
+    (decision, made now). With `write` False the file is only read (another stage's
+    output). Without a `file` a timing is not reused."""
+    timed = setting == "timed" and has_bf16_units(flags) and measure is not None
+
+    def gpus():
+        return gpu_capabilities() if setting in ("auto", "timed") else []
+
+    if timed and file is None:
+        return decide(setting, gpus(), flags, measure, spec, margin), True
+    memo = f"{setting}:{key}:{margin:g}" if timed else f"{setting}:{key}"
     if memo in _decided:
         return _decided[memo], False
     stored = _read(file).get(memo) if timed else None
     if stored is not None:
         _decided[memo] = Decision(**stored)
         return _decided[memo], False
-    decision = decide(setting, gpu_capabilities() if setting == "auto" else [], flags, measure)
+    decision = decide(setting, gpus(), flags, measure if timed else None, spec, margin)
     _decided[memo] = decision
     if timed and write:
         from tfmlops.files import write_json

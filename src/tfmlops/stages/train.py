@@ -2,12 +2,12 @@
 
 Reads the prepared TFRecords and (with `train.use_tuned`) tune's
 `best_hparams.yaml`, merged as params <- tuned <- train.overrides. Writes
-`paths.train/` (model.keras, resolved_params.yaml, tune_merge.json,
+`paths.train/` (model.keras, resolved_params.yaml, tune_merge.json, precision.json,
 classification_report.json, confusion_matrix.png, training_curves.png,
 mlflow_run.json), `reports/train.json` and `reports/train_history.csv`.
 
 Order of work, and why:
-1. bad input fails before TensorFlow does anything (missing tune output, ImageNet
+1. bad input fails before TensorFlow does anything (missing or stale tune output, ImageNet
    weights neither in Keras' cache nor downloadable,
    missing or stale prepared data, a spec that cannot build, a batch larger
    than the data);
@@ -42,7 +42,10 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config) -> dict:
     started = time.perf_counter()
-    tuned = hparams.read_best(cfg) if cfg.train.use_tuned else None
+    tuned = None
+    if cfg.train.use_tuned:
+        tuned = hparams.read_best(cfg)
+        hparams.check_fresh(cfg, tracking.data_version(cfg))  # a stale search is refused
     merged, changes = hparams.merge(cfg, tuned)
     backbones.ensure_weights(merged.model)  # ImageNet weights: in Keras' cache, or fetched now
     # The run's process starts now: it imports MLflow while this one imports TensorFlow.
@@ -88,13 +91,13 @@ def _train(ctx: TrainContext, scratch: list[Path]) -> dict:
     from tfmlops.training.context import worker_folders
 
     cfg, merged = ctx.cfg, ctx.merged
-    # Before the seed: timing the policies builds models (it draws random numbers). The
-    # decision tune's final round trained this architecture with is reused (read only:
-    # paths.tuned is tune's output), so train reproduces the round's curve.
+    # Before the seed: timing the policies (`timed`) builds models (it draws random numbers).
+    # The timed decision tune's final round trained this architecture with is reused (read
+    # only: paths.tuned is tune's output), so train reproduces the round's curve.
     decision = fit.decide_precision(merged, ctx.prepared, merged.train.batch_size,
                                     cache_file=Path(cfg.paths.tuned) / fit.PRECISION_CACHE,
                                     write=False)
-    ctx.policy = decision.policy
+    ctx.policy, ctx.precision = decision.policy, decision
     keras.utils.set_random_seed(merged.seed)
     ctx.folders = worker_folders(cfg, merged, ctx.chief, scratch)
     ctx.done = cb.finished_epochs(ctx.folders.backup)

@@ -1,20 +1,25 @@
 """Stage `tune`: a keras-tuner search over architectures and learning-rate schedules.
 
 Output: `paths.tuned/best_hparams.yaml` (the contract of model/hparams.py: a
-partial params tree that `train` merges), `final_round.csv`, `mlflow_run.json` and, on a
-CPU with bf16 units, `precision.json` (the timed precision decisions train reuses), swapped in
+partial params tree that `train` merges), `searched_params.json` (what the search read:
+train refuses the result once those params change), `final_round.csv`, `mlflow_run.json` and, with
+`train.precision: timed` on a CPU with bf16 units, `precision.json` (the timed decisions
+train reuses), swapped in
 whole; `reports/tune.json` (metrics) and `reports/tune_trials.csv` (one row per
 trial). With `tune.enabled: false` the file holds the params' own settings and
 `paths.tuner` is left as it was (created empty if missing: DVC requires every output).
 
 The search: hyperband (default), bayesian or random over the space of
 `model/search_space.py`, every trial built by the shared builder and fed by the
-project's tf.data pipeline, with early stopping. Budgets: `max_trials` (any
-tuner), `max_epochs` per trial, and `budget_minutes` of wall clock, after which
-the running trial stops at its epoch's end, no new trial starts, and the best
-so far is kept. keras-tuner's state lives in `paths.tuner/<tuner>-<key>`, the
-key hashing everything a trial depends on (space, tuner, seed, fixed settings,
-data version): rerunning resumes a killed or budget-stopped search without
+project's tf.data pipeline, with early stopping, under TensorFlow's op determinism
+(with the seed: the same trials score the same). Budgets: `max_trials` (any
+tuner), `max_epochs` per trial, and `budget_minutes` of wall clock, a guard the
+default params do not reach: past it the running trial stops at its epoch's end,
+no new trial starts, the best so far is kept, and the log, `reports/tune.json`
+(`budget_exhausted`) and best_hparams.yaml's header say the search was cut short
+(its result then depends on the machine's speed). keras-tuner's state lives in
+`paths.tuner/<tuner>-<key>`, the key hashing everything a trial depends on (space,
+tuner, seed, fixed settings, data version): rerunning resumes a killed or budget-stopped search without
 redoing finished trials; changing the space starts a fresh one.
 
 Baseline: the first trial of a fresh search (any tuner, distributed too) is
@@ -92,7 +97,9 @@ def run(cfg: Config) -> dict[str, Any]:
         best_cfg = winner.config if winner else search_space.config_from_values(cfg, best.values)
         rows = report.rows(cfg, result.trials)
         write_csv(_csv_path(cfg), rows, report.columns())
-        write_text(out / hparams.BEST_FILE, _best_text(cfg, best, key, best_cfg, winner))
+        write_text(out / hparams.BEST_FILE, _best_text(cfg, best, key, best_cfg, winner,
+                                                       result.stop_reason == "budget"))
+        hparams.write_searched(cfg, out, tracking.data_version(cfg))
         metrics = {**report.metrics(result, best), **final_round.metrics(final, winner)}
         if final:
             write_csv(out / final_round.FILE, final_round.rows(final), final_round.COLUMNS)
@@ -119,6 +126,10 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def _log_summary(cfg: Config, metrics: dict, best: TrialRecord, best_cfg: Config,
                  winner: final_round.FinalEntry | None) -> None:
+    if metrics["budget_exhausted"]:
+        log.warning(f"tune: the budget of {cfg.tune.budget_minutes:g} min cut the search short "
+                    f"after {metrics['trials']} trials: its result depends on this machine's "
+                    "speed; raise tune.budget_minutes for a reproducible search")
     chosen = (f"; final round at train's length: {winner.name} wins with "
               f"{cfg.tune.objective} {winner.score:.4f}" if winner else "")
     log.info(f"tune: best {cfg.tune.objective} {best.score:.4f} (trial {best.trial_id}) of "
@@ -139,9 +150,12 @@ def _run_worker(cfg: Config) -> dict[str, Any]:
 
 
 def _best_text(cfg: Config, best: TrialRecord, key: str, chosen: Config,
-               winner: final_round.FinalEntry | None) -> str:
+               winner: final_round.FinalEntry | None, cut_short: bool) -> str:
     head = (f"best trial {best.trial_id} of search {project_name(cfg, key)}: "
             f"{cfg.tune.objective} {best.score:.6g}")
+    if cut_short:
+        head += (f"\n# cut short by tune.budget_minutes ({cfg.tune.budget_minutes:g}): "
+                 "a faster or slower machine searches further or less far")
     if winner is not None:
         head += (f"\n# final round at train's length: {winner.name} wins "
                  f"({cfg.tune.objective} {winner.score:.6g})")
@@ -149,7 +163,7 @@ def _best_text(cfg: Config, best: TrialRecord, key: str, chosen: Config,
 
 
 def _pass_on_precision(cfg: Config, out: Path) -> None:
-    """The timed precision decisions (a CPU with bf16 units only) beside best_hparams.yaml:
+    """The timed precision decisions (`timed`, a CPU with bf16 units) beside best_hparams.yaml:
     train reads the one of the architecture it trains, as the final round trained it."""
     from tfmlops.training.fit import PRECISION_CACHE
 
@@ -168,6 +182,7 @@ def _write_untuned(cfg: Config) -> dict[str, Any]:
         text = _header("tune.enabled: false: the settings of params.yaml, no search")
         write_text(out / hparams.BEST_FILE, text + yaml.safe_dump(hparams.tuned_tree(cfg),
                                                                    sort_keys=False))
+        hparams.write_searched(cfg, out, tracking.data_version(cfg))
         write_csv(_csv_path(cfg), [], report.columns())
         parent.log_metrics(metrics)
         swap_in(out, cfg.paths.tuned)

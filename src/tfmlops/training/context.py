@@ -48,6 +48,7 @@ class TrainContext:
     started: float  # perf_counter at the start of the stage
     folders: Folders | None = None
     policy: str | None = None  # the resolved precision policy
+    precision: Any = None  # model/precision.Decision behind `policy` (precision.json)
     done: int = 0  # epochs a killed run finished (resumed after)
     rows: list = field(default_factory=list)  # history rows of those epochs
     run: Any = None  # tracking.StageRun, once open

@@ -167,11 +167,11 @@ def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, 
 def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
                      cache_file: str | Path | None = None, write: bool = True, flags=None):
     """`merged.train.precision` resolved for this model and batch (model/precision.py):
-    on a CPU with bf16 units, `auto` times float32 against mixed_bfloat16 on a few
-    steps of this very model, once per architecture. One log line when decided now.
-    Seeds are consumed by the timing: set them after this call. `cache_file`: the
-    decisions to reuse (`write`: add this one to it). `flags`: the CPU's (default:
-    read from /proc/cpuinfo)."""
+    `auto` from the hardware and the architecture; `timed`, on a CPU with bf16 units,
+    times float32 against mixed_bfloat16 on a few steps of this very model, once per
+    architecture. One log line when decided now. Seeds are consumed by a timing: set
+    them after this call. `cache_file`: the timed decisions to reuse (`write`: add this
+    one to it). `flags`: the CPU's (default: read from /proc/cpuinfo)."""
     import keras
 
     from tfmlops.model import precision
@@ -189,7 +189,9 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
             next(iter(train_ds)), keras)
 
     decision, now = precision.decide_cached(merged.train.precision, key, flags,
-                                            measure if timed else None, cache_file, write)
+                                            measure if timed else None, cache_file, write,
+                                            spec=merged.model,
+                                            margin=merged.train.precision_margin)
     if now:
         log.info(decision.line(merged.train.precision))
     return decision

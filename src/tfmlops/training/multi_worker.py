@@ -127,9 +127,9 @@ def _train(ctx: TrainContext, scratch: Path | None) -> dict:
     merged, placement = ctx.merged, ctx.placement
     tf_keras.utils.set_random_seed(merged.seed)
     # Not timed: each worker would time on its own and could pick another policy than
-    # the others; on a CPU with bf16 units `auto` is float32 here (set it explicitly).
+    # the others; `timed` is float32 here (`auto` is decided from the hardware alone).
     decision = decide_precision(merged, ctx.prepared, merged.train.batch_size, timed=False)
-    ctx.policy = decision.policy
+    ctx.policy, ctx.precision = decision.policy, decision
     ctx.folders = _folders(ctx, scratch)
     ctx.done = finished_epochs(ctx.folders.backup)
     ctx.rows = _resumed_rows(ctx.folders.history, ctx.done)

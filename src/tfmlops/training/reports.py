@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from tfmlops import profiling, tracking
@@ -16,8 +17,8 @@ from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 from tfmlops.training.context import STAGE, TrainContext
 from tfmlops.training.evaluate import classification_report, evaluate_test, summary
 
-OUTPUTS = ("resolved_params.yaml", "tune_merge.json", "classification_report.json",
-           "confusion_matrix.png", "training_curves.png")
+OUTPUTS = ("resolved_params.yaml", "tune_merge.json", "precision.json",
+           "classification_report.json", "confusion_matrix.png", "training_curves.png")
 
 
 def params(merged: Config) -> dict:
@@ -76,6 +77,10 @@ def evaluate_and_save(ctx: TrainContext, model):
     model.save(ctx.folders.out / MODEL_FILE)  # saved locally before anything may fail
     write_resolved(ctx.merged, ctx.folders.out)
     write_json(ctx.folders.out / "tune_merge.json", ctx.changes)
+    # The policy and why (with a timing: its images/s and margin), beside the model it made.
+    decision = asdict(ctx.precision) if ctx.precision is not None else {"policy": ctx.policy}
+    write_json(ctx.folders.out / "precision.json",
+               {"setting": ctx.merged.train.precision, **decision})
     x_test, y_test = pipeline.arrays(ctx.merged, ctx.prepared, "test")
     ctx.model_logging = ctx.run.start_keras_model(model, saved_path=ctx.folders.out / MODEL_FILE,
                                                   input_example=x_test[:2])

@@ -24,13 +24,14 @@ STAGE = "tune"  # the profile folder's name
 class StopAtDeadline(keras.callbacks.Callback):
     """Ends a trial at the first epoch end past the search's wall-clock budget."""
 
-    def __init__(self, deadline: float):
+    def __init__(self, deadline: float, on_stop):
         super().__init__()
-        self.deadline = deadline
+        self.deadline, self.on_stop = deadline, on_stop
 
     def on_epoch_end(self, epoch, logs=None):
         if time.monotonic() > self.deadline:
             self.model.stop_training = True
+            self.on_stop()
 
 
 class TrialModel(kt.HyperModel):
@@ -42,6 +43,7 @@ class TrialModel(kt.HyperModel):
         self.cfg, self.prepared, self.deadline = cfg, prepared, deadline
         self._datasets: dict[int, tuple] = {}
         self.profiled_dir: Path | None = None
+        self.cut_short = False  # the budget ended a trial before its epochs
 
     def declare_hyperparameters(self, hp):
         search_space.declare(hp, self.cfg.tune.space)
@@ -49,8 +51,8 @@ class TrialModel(kt.HyperModel):
     def build(self, hp):
         trial_cfg = search_space.config_from_values(
             self.cfg, search_space.declare(hp, self.cfg.tune.space))
-        # train.precision as train resolves it, timed once per architecture and batch
-        # (the file is shared with the final round and a resumed search); before the seed.
+        # train.precision as train resolves it (`timed`: once per architecture and batch,
+        # the file shared with the final round and a resumed search); before the seed.
         policy = fit.decide_precision(
             trial_cfg, self.prepared, trial_cfg.train.batch_size,
             cache_file=Path(self.cfg.paths.tuner) / fit.PRECISION_CACHE).policy
@@ -93,7 +95,8 @@ class TrialModel(kt.HyperModel):
 
     def _callbacks(self, steps: int) -> list:
         """NaN and deadline stops, early stopping, and a profile of the first trial run."""
-        extra = [keras.callbacks.TerminateOnNaN(), StopAtDeadline(self.deadline)]
+        extra = [keras.callbacks.TerminateOnNaN(),
+                 StopAtDeadline(self.deadline, lambda: setattr(self, "cut_short", True))]
         objective = self.cfg.tune.objective
         patience = self.cfg.tune.early_stopping_patience
         if patience:

@@ -121,9 +121,12 @@ def build_tuner(cfg: Config, parent: tracking.StageRun, key: str):
 
 def _search(tuner: TrackedTuner, cfg: Config) -> None:
     from tfmlops.progress import keras_verbose
+    from tfmlops.training.fit import op_determinism
 
     try:
-        tuner.search(epochs=cfg.tune.max_epochs, verbose=keras_verbose())
+        # as train and the final round: with the seeds, the same trials give the same scores
+        with op_determinism(cfg.pipeline.deterministic):
+            tuner.search(epochs=cfg.tune.max_epochs, verbose=keras_verbose())
     finally:
         tuner.close_open_trial()
 
@@ -143,8 +146,8 @@ def search(cfg: Config, parent: tracking.StageRun, key: str) -> records.SearchRe
     # ended now, by this process or (on a chief) by any worker
     ran_now = [t.trial_id for t in trials
                if t.status in records.ENDED and t.trial_id not in ended_before]
-    return records.SearchResult(trials, ran_now, seconds, oracle.stop_reason or "done",
-                                tuner.hypermodel.profiled_dir)
+    stop = oracle.stop_reason or ("budget" if tuner.hypermodel.cut_short else "done")
+    return records.SearchResult(trials, ran_now, seconds, stop, tuner.hypermodel.profiled_dir)
 
 
 def work(cfg: Config, parent: tracking.StageRun, key: str) -> dict:
