@@ -297,7 +297,7 @@ def test_long_search():
     started, rounds = time.monotonic(), 0
     while time.monotonic() - started < minutes * 60:
         run_state_machine_as_test(PrepareMachine, settings=settings(
-            max_examples=20, stateful_step_count=30, **SEARCH_SETTINGS))
+            max_examples=5, stateful_step_count=30, **SEARCH_SETTINGS))
         rounds += 1
         print(f"prepare search: {rounds} round(s), {STEPS['count']} steps "
               f"({STEPS['failed']} refused on both sides), "
