@@ -148,3 +148,22 @@ def test_a_same_size_rewrite_with_its_old_mtime_is_hashed_again(tmp_path, make_c
     cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1)
     prepare.run(cold)
     assert prepared_bytes(warm) == prepared_bytes(cold)
+
+
+def test_a_cache_entry_with_a_damaged_hash_field_is_decoded_again(tmp_path, make_cfg):
+    """The long search's find: one flipped byte in an entry's sha256 field (no longer
+    hex) crashed every later prepare; now the entry is skipped and its file decoded."""
+    photo_folder(tmp_path / "photos", per_class=4, classes=2)
+    age(tmp_path / "photos")
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=1)
+    prepare.run(warm)
+    (seg,) = Path(warm.paths.prepare_cache).glob("*/*.seg")
+    blob = bytearray(seg.read_bytes())
+    at = blob.index(b'"sha256": "') + len(b'"sha256": "') + 5
+    blob[at] = ord("?")
+    seg.write_bytes(bytes(blob))
+    assert prepare.run(warm)["images_decoded"] == 1
+    assert_rows_match_files(warm)
+    cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1)
+    prepare.run(cold)
+    assert prepared_bytes(warm) == prepared_bytes(cold)
