@@ -70,6 +70,14 @@ def test_every_stage_passes_with_a_backbone(backbone_repo):
     assert sorted(quantize["variants"]) == ["pruned_int8", "trained_int8"]
     int8 = quantize["variants"]["trained_int8"]  # full INT8 of the backbone model
     assert int8["input_dtype"] == "int8" and 0.0 <= int8["accuracy"] <= 1.0, int8
+    # One model through the stages: export scores train's model on the same test split as
+    # train did, and every exported format agrees with it (a wrong model, preprocessing or
+    # split between the stages shows here, however well the tiny model learned).
+    train = json.loads((repo / "reports" / "train.json").read_text())
+    assert export["keras.accuracy"] == pytest.approx(train["test_accuracy"], abs=1e-6)
+    assert export["onnx.accuracy"] == export["keras.accuracy"]
+    decision = json.loads((repo / "reports" / "promote.json").read_text())
+    assert decision["promoted"] in (True, 1) and decision["failed"] == []
 
 
 def test_train_shows_both_phases_in_one_mlflow_history(backbone_repo):

@@ -85,4 +85,4 @@ def test_a_registered_version_holds_production(repro):
     assert int(version.version) == export["registered_version"] == 1
     decision = json.loads((repo / "reports" / "promote.json").read_text())
     assert decision["promoted"] in (True, 1)
-    assert str(decision["candidate"]) == str(decision["production_after"]) == version.version
+    assert str(decision["candidate"]) == str(decision["production_after"]) == str(version.version)

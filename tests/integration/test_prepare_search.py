@@ -74,8 +74,8 @@ class PrepareMachine(RuleBasedStateMachine):
         self.seed = 1
         self.serial = 0
         for cls in ("a", "b"):
-            for _ in range(4):
-                self._write(self._new_name(cls, "png"), image_bytes(self._next(), "png"))
+            for kind in ("png", "bmp", "jpg", "bmp"):
+                self._write(self._new_name(cls, kind), image_bytes(self._next(), kind))
 
     def teardown(self):
         shutil.rmtree(self.work, ignore_errors=True)
@@ -143,17 +143,21 @@ class PrepareMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._files())
     @rule(data=st.data(), same_size=st.booleans())
     def rewrite_in_place(self, data, same_size):
-        """New content in the same inode; a same-size BMP keeps its old mtime too
-        (`cp -p` over it): only the change time tells."""
+        """New content in the same inode. Same size: the old mtime is put back too (`cp -p`
+        over it), so only the change time tells; a BMP gets new pixels of its size, any
+        other file one byte changed near its end (still an image, or now a broken one)."""
         path = data.draw(st.sampled_from(self._files()))
-        if same_size and path.suffix == ".bmp":
-            old = path.read_bytes()
-            for _ in range(50):
-                new = image_bytes(self._next(), "bmp")
-                if len(new) == len(old):
-                    self._write(path, new, keep_mtime=True)
-                    return
-        self._write(path, image_bytes(self._next(), path.suffix[1:] if path.suffix != ".txt" else "png"))
+        if not same_size:
+            kind = path.suffix[1:] if path.suffix in (".jpg", ".png", ".bmp") else "png"
+            self._write(path, image_bytes(self._next(), kind))
+            return
+        old = path.read_bytes()
+        new = bytearray(old)
+        if path.suffix == ".bmp":
+            new[-len(old) // 2] ^= 0xFF  # a pixel in the middle of the image
+        elif new:
+            new[max(0, len(new) - 20)] ^= 0xFF
+        self._write(path, bytes(new), keep_mtime=True)
 
     @precondition(lambda self: self._files())
     @rule(data=st.data())
@@ -293,7 +297,7 @@ def test_long_search():
     started, rounds = time.monotonic(), 0
     while time.monotonic() - started < minutes * 60:
         run_state_machine_as_test(PrepareMachine, settings=settings(
-            max_examples=20, stateful_step_count=30, **SEARCH_SETTINGS))
+            max_examples=5, stateful_step_count=30, **SEARCH_SETTINGS))
         rounds += 1
         print(f"prepare search: {rounds} round(s), {STEPS['count']} steps "
               f"({STEPS['failed']} refused on both sides), "

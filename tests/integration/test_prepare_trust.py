@@ -124,3 +124,46 @@ def test_a_result_about_another_file_stops_the_run(tmp_path, make_cfg, monkeypat
         prepare.run(cfg)
     assert "came back for" in str(err.value) and len(str(err.value).splitlines()) == 1
     assert not Path(cfg.paths.prepared).exists()
+
+
+def test_a_same_size_rewrite_with_its_old_mtime_is_hashed_again(tmp_path, make_cfg):
+    """What the search found when the memo keyed on (size, mtime, inode) alone: one
+    byte of a file changed in place and its old mtime put back (`cp -p` over it) kept
+    the old hash, so the old image was written under the file's name."""
+    files = photo_folder(tmp_path / "photos", per_class=5, classes=2)
+    age(tmp_path / "photos")
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=1)
+    prepare.run(warm)
+    target = files[3]
+    old = target.stat()
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with target.open("r+b") as fh:  # in place: same inode, same size
+        fh.write(bytes(data))
+    os.utime(target, ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert (target.stat().st_ino, target.stat().st_size, target.stat().st_mtime_ns) == (
+        old.st_ino, old.st_size, old.st_mtime_ns)
+    prepare.run(warm)
+    assert_rows_match_files(warm)
+    cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1)
+    prepare.run(cold)
+    assert prepared_bytes(warm) == prepared_bytes(cold)
+
+
+def test_a_cache_entry_with_a_damaged_hash_field_is_decoded_again(tmp_path, make_cfg):
+    """The long search's find: one flipped byte in an entry's sha256 field (no longer
+    hex) crashed every later prepare; now the entry is skipped and its file decoded."""
+    photo_folder(tmp_path / "photos", per_class=4, classes=2)
+    age(tmp_path / "photos")
+    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=1)
+    prepare.run(warm)
+    (seg,) = Path(warm.paths.prepare_cache).glob("*/*.seg")
+    blob = bytearray(seg.read_bytes())
+    at = blob.index(b'"sha256": "') + len(b'"sha256": "') + 5
+    blob[at] = ord("?")
+    seg.write_bytes(bytes(blob))
+    assert prepare.run(warm)["images_decoded"] == 1
+    assert_rows_match_files(warm)
+    cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1)
+    prepare.run(cold)
+    assert prepared_bytes(warm) == prepared_bytes(cold)

@@ -258,3 +258,21 @@ def test_the_trust_cutoff_is_taken_before_the_files_are_read(tmp_path):
     os.utime(f, ns=(cutoff - 1, cutoff - 1))
     memo.replace([(f, stat_key(f.stat()), "a" * 64)], cutoff)
     assert HashMemo(tmp_path / "memo.sqlite").get(f, stat_key(f.stat())) == "a" * 64
+
+
+def test_a_cache_entry_whose_hash_field_is_damaged_is_not_indexed(tmp_path):
+    """What the search found: a flipped byte made an entry's sha256 no hex at all, and
+    every later prepare crashed taking the cached hashes' prefixes."""
+    from tfmlops.data.store import cached_prefixes
+
+    cache = ImageCache(tmp_path, SPEC)
+    good = "ab" * 32
+    cache.put("cd" * 32, Stored(data=b"x" * 30, encoding="png"))
+    cache.put(good, Stored(data=b"y" * 30, encoding="png"))
+    cache.close()
+    (seg,) = cache.folder.glob("*.seg")
+    seg.write_bytes(seg.read_bytes().replace(("cd" * 32).encode(), ("cd" * 16 + "?d" + "cd" * 15).encode()))
+    damaged = ImageCache(tmp_path, SPEC)
+    assert set(damaged.index) == {good}
+    assert len(cached_prefixes(damaged.index)) == 1
+    damaged.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 from dataclasses import asdict, dataclass, fields
@@ -224,6 +225,7 @@ CACHE_KIND = "prepare-cache"  # the marker each spec folder carries (files.claim
 SPEC_FOLDER = r"[0-9a-f]{16}"  # StoreSpec.fingerprint()
 COMPACT_TEMP = ".compact.tmp"
 _HEAD = struct.Struct("<II")  # header length, CRC-32C of header and data
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ImageCache:
@@ -264,16 +266,18 @@ class ImageCache:
                 try:
                     head = json.loads(blob)
                     length = int(head["length"])
-                    sha = head["sha256"]
-                except (ValueError, KeyError, TypeError):
+                    sha, reason = head["sha256"], head.get("reason")
+                except (ValueError, KeyError, TypeError, AttributeError):
                     return  # a torn header: nothing after it is trusted
                 start = pos + _HEAD.size + n
-                if start + length > size:
+                if start + length > size or length < 0:
                     return
                 # A refused file's entry has no data: its CRC is checked now, for the
-                # reason in the index decides whether the file is used at all.
-                if length or _crc(blob, b"") == crc:
-                    self.index[sha] = (number, pos, head.get("reason"))
+                # reason in the index decides whether the file is used at all. An
+                # entry whose hash is no hash (damaged) is skipped, never indexed.
+                whole = length or _crc(blob, b"") == crc
+                if whole and _SHA256.fullmatch(str(sha)) and (reason is None) == (length > 0):
+                    self.index[sha] = (number, pos, reason)
                 pos = start + length
                 fh.seek(pos)
 

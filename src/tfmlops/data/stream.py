@@ -199,10 +199,8 @@ def _warn_across_classes(good, files, keys, image_dir: Path) -> None:
     """One warning line when identical bytes sit in two class folders. They are kept,
     each under its own folder's label, in one split (`images.assign_splits`): a
     contradiction the user should see, not a reason to refuse the folder."""
-    labels: dict[str, set] = {}
-    for sha, label in good:
-        labels.setdefault(sha, set()).add(label)
-    shared = sorted(sha for sha, found in labels.items() if len(found) > 1)
+    first: dict[str, str] = {}  # hash -> its first label (the strings are shared, not copied)
+    shared = sorted({sha for sha, label in good if first.setdefault(sha, label) != label})
     if not shared:
         return
     example = sorted(str(path.relative_to(image_dir))
