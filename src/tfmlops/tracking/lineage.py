@@ -77,6 +77,9 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         "tfmlops.params_hash": cfg.digest(),
         "tfmlops.data_version": data_version(cfg),
         "mlflow.source.git.commit": commit,
+        # MLflow's own guess is this process's argv[0]: `-c` in train's sidecar process.
+        "mlflow.source.name": f"tfmlops {stage}",
+        "mlflow.source.type": "LOCAL",
         "tfmlops.git_dirty": str(dirty).lower(),
         **owner_tags(),  # so a later run can tell this one was orphaned by a kill
     }
