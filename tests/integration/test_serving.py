@@ -190,7 +190,9 @@ def test_the_request_caps_come_from_serving_json(exported_digits, tmp_path):
     out = Path(exported_digits.paths.export)
     config = json.loads((out / CONFIG_FILE).read_text())
     assert config["limits"] == {"max_rows": 1024, "max_image_pixels": 4096 * 4096,
-                                "max_request_pixels": 64 * 2**20}
+                                "max_request_pixels": 64 * 2**20,
+        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
+        "max_concurrent_decodes": 2}
     config["limits"] = {"max_rows": 3, "max_image_pixels": 30 * 30, "max_request_pixels": 2000}
     (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
     predictor = Predictor.from_files(out / config["file"], tmp_path / CONFIG_FILE)
