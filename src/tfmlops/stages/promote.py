@@ -126,9 +126,11 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
                                                   reasons if failed and not force else None)
         reason = (f"DVC experiment {experiment}: experiments never move @production "
                   "(promote.from_experiments is false)")
+        expected = {experiment_alias(experiment): candidate, PRODUCTION: production}
     elif production == candidate:
         outcome, after = "unchanged", production
         summary = reason = f"version {candidate} already holds @production"
+        expected = {PRODUCTION: candidate}
     elif not failed or force:
         # Tag, then @previous, then @production: a crash after any of them leaves
         # @previous and the tags naming what a rollback must restore.
@@ -143,13 +145,17 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
                    + (f" (replaced version {production}, now @previous)" if production else "")
                    + (f"; FORCED past: {reasons}" if failed else ""))
         reason = f"forced past the gate: {reasons}" if failed else "the gate passed"
+        expected = {PRODUCTION: candidate, PREVIOUS: production} if production else \
+            {PRODUCTION: candidate}
     else:
         registry.set_alias(CANDIDATE, candidate)
         outcome, after = "refused", production
         summary = (f"refused version {candidate} (now @candidate): {reasons}"
                    f"; production stays {'version ' + production if production else 'empty'}")
         reason = f"the gate failed: {reasons}"
+        expected = {CANDIDATE: candidate, PRODUCTION: production}
     registry.tag_version(candidate, {"promote.outcome": outcome, "promote.run_id": run_id})
+    registry.expect_aliases(expected)  # a writer outside the lock: a conflict, said so
     return {"action": "promote", "outcome": outcome, "candidate": candidate, "forced": force,
             "experiment": experiment, "reason": reason,
             "production_before": production, "production_after": after,
@@ -188,6 +194,7 @@ def roll_back(registry, still_held, run_id) -> dict:
         registry.delete_alias(PREVIOUS)
     if production:
         registry.tag_version(production, {"promote.rolled_back_by": run_id})
+    registry.expect_aliases({PRODUCTION: previous, PREVIOUS: older})
     return {"action": "rollback", "outcome": "rolled_back", "candidate": previous,
             "production_before": production, "production_after": previous,
             "previous_after": older, "checks": [], "failed": [], "experiment": None,
