@@ -81,6 +81,20 @@ def artifact_location(uri: str) -> str | None:
     return None  # a server decides (`mlflow server --artifacts-destination`)
 
 
+LOCAL_UI = "http://127.0.0.1:5000"  # the README's `mlflow ui` for a local store
+# MLflow's UI keeps a GenAI / Model-training switch in the browser (default GenAI): a link
+# names the view, or a fresh browser opens an experiment on the GenAI overview.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI's page of an experiment (or of one of its runs), in the training
+    view: the tracking server's own UI, or `mlflow ui`'s address for a local store."""
+    base = redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+    page = f"{base}/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{page}?{TRAINING_VIEW}"
+
+
 def is_chief() -> bool:
     """Under TF_CONFIG only the chief (or worker 0 when there is no chief) records."""
     raw = os.environ.get("TF_CONFIG")
