@@ -121,6 +121,15 @@ class DataConfig:
                        f"{self.image_size}; give 0 (= image_size) or at least {self.image_size}")
         return self
 
+    @model_validator(mode="after")
+    def _fits_this_machine(self):
+        from tfmlops.config.machine import check_data
+
+        problem = check_data(self.shards, self.workers)
+        if problem:
+            raise Rule(problem)
+        return self
+
     @field_validator("channels", mode="before")
     @classmethod
     def _channels_as_written(cls, value):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tfmlops import tracking
 from tfmlops.config import Config
+from tfmlops.config.machine import allow_open_files
 from tfmlops.data.images import SPLITS, check_empty_classes, list_files
 from tfmlops.data.stream import prepare_stream
 from tfmlops.errors import DataError
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config) -> dict[str, float]:
     tracking.preflight(cfg)  # a dead server fails in seconds, before the scan
+    allow_open_files(cfg.data.shards)  # every shard of the three splits stays open
     image_dir = Path(cfg.data.image_dir)
     classes, files, refused = list_files(image_dir)
     out = staging_dir(cfg.paths.prepared)
