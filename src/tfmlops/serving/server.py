@@ -37,7 +37,14 @@ def serve(model_uri: str, host: str = "127.0.0.1", port: int = 5000, workers: in
     from tfmlops.tracking import import_mlflow
 
     mlflow = import_mlflow()
-    os.environ[MODEL_ENV] = mlflow.artifacts.download_artifacts(model_uri)
+    try:
+        os.environ[MODEL_ENV] = mlflow.artifacts.download_artifacts(model_uri)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises many kinds for a bad URI
+        from tfmlops.errors import DataError
+        from tfmlops.tracking.retry import first_line
+
+        raise DataError(f"cannot fetch model {model_uri} ({first_line(exc, 200)}); check the "
+                        "URI and MLFLOW_TRACKING_URI (the store holding it)") from None
     log.info("serve: %s on http://%s:%d (%d worker%s)", model_uri, host, port, workers,
              "" if workers == 1 else "s")
     uvicorn.run("tfmlops.serving.server:create_app", factory=True, host=host, port=port,
@@ -69,7 +76,8 @@ class Guard:
         self.app, self.max_body = app, max_body
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/invocations":
+        if scope["type"] != "http" or scope["path"] != "/invocations" \
+                or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         mime = headers.get("content-type", "").split(";")[0].strip().lower()

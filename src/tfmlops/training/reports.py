@@ -76,11 +76,10 @@ def evaluate_and_save(ctx: TrainContext, model):
     model.save(ctx.folders.out / MODEL_FILE)  # saved locally before anything may fail
     write_resolved(ctx.merged, ctx.folders.out)
     write_json(ctx.folders.out / "tune_merge.json", ctx.changes)
-    x_test, y_test = pipeline.arrays(ctx.merged, ctx.prepared, "test")
+    example = pipeline.rows_at(ctx.merged, ctx.prepared, "test", [0, 1], batch_size=2)
     ctx.model_logging = ctx.run.start_keras_model(model, saved_path=ctx.folders.out / MODEL_FILE,
-                                                  input_example=x_test[:2])
-    return evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch,
-                         arrays=(x_test, y_test))
+                                                  input_example=example)
+    return evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch)
 
 
 def finish(ctx: TrainContext, model, evaluation, rows: list[dict], fit_seconds: float):
