@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Services the tests need that pip cannot install: Debian's PostgreSQL server.
+# Services the tests need that pip cannot install: Debian's PostgreSQL server, and
+# Debian's Chromium (tests/integration/test_ui_links.py renders the MLflow UI headless).
 #
 # tests/infra/test_shared_server.py starts its own throwaway cluster (initdb +
 # pg_ctl in a temp folder, on a free port of 127.0.0.1, removed afterwards), so
@@ -24,24 +25,30 @@ pg_bin_dir() {
   return 1
 }
 
-if ! bin_dir=$(pg_bin_dir); then
+# `apt_for PACKAGE`: sets `sudo` and `apt` (the apt-get command line) to install it, after
+# `apt-get update` when the package lists lack it; exits naming it where that cannot be done.
+apt_for() {
   if [ "$(id -u)" -eq 0 ]; then
     sudo=()
   elif command -v sudo >/dev/null; then
     sudo=(sudo)
   else
-    echo "services: PostgreSQL is missing and this is not root: run as root or install postgresql" >&2
+    echo "services: $1 is missing and this is not root: run as root or install $1" >&2
     exit 1
   fi
   if ! command -v apt-get >/dev/null; then
-    echo "services: no apt-get here: install the PostgreSQL server (initdb, pg_ctl) another way" >&2
+    echo "services: no apt-get here: install $1 another way" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt=("${sudo[@]}" apt-get -y -q -o Dpkg::Use-Pty=0)
-  if ! apt-cache policy postgresql 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  if ! apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
     "${apt[@]}" update
   fi
+}
+
+if ! bin_dir=$(pg_bin_dir); then
+  apt_for postgresql
   # No default cluster on port 5432: the tests start their own (the way the
   # official postgres images install it).
   "${apt[@]}" install --no-install-recommends postgresql-common
@@ -53,3 +60,9 @@ fi
 
 echo "services: $("$bin_dir/postgres" --version) server binaries in $bin_dir" \
   "(tests start their own cluster on 127.0.0.1)"
+
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  apt_for chromium
+  "${apt[@]}" install --no-install-recommends chromium
+fi
+echo "services: $(chromium --version 2>/dev/null || chromium-browser --version) (headless UI checks)"

@@ -66,6 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "in a temporary folder (the real stages, their own MLflow store) and print "
                    "what this machine resolves: precision policy, strategy, replicas, devices, "
                    "XLA. The check for GPU-only paths.")
+    p = sub.add_parser("serve", help="serve a registered model over HTTP (MLflow's URL API, "
+                       "with tfmlops' request checks)",
+                       description="MLflow's scoring server (/invocations, /ping, /health, "
+                       "/version) for MODEL, accepting JSON bodies up to "
+                       "export.serving.max_body_bytes; every refusal is one line.")
+    p.add_argument("-m", "--model-uri", required=True,
+                   help="e.g. models:/digits-classifier@production (MLFLOW_TRACKING_URI: the store)")
+    p.add_argument("-H", "--host", default="127.0.0.1", help="default: %(default)s")
+    p.add_argument("-p", "--port", type=int, default=5000, help="default: %(default)s")
+    p.add_argument("-w", "--workers", type=int, default=1, help="server processes "
+                   "(default: %(default)s)")
     sub.add_parser("sync", help="upload MLflow calls queued while the server was away",
                    description="Replay reports/outbox/*.jsonl against the tracking store.")
     return parser
@@ -77,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in LEGACY_KERAS_STAGES:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
     try:
+        if args.command == "serve":  # needs no params.yaml: the model carries its settings
+            from tfmlops.serving.server import serve
+
+            serve(args.model_uri, args.host, args.port, args.workers)
+            return 0
         from tfmlops.config import load_config
 
         cfg = load_config(args.params)

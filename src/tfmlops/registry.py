@@ -6,7 +6,8 @@ rollback target), `candidate` (refused by the gate) and `exp-<name>` (a version
 a DVC experiment produced).
 
 Registration is idempotent: each version carries a `tfmlops.register_key` tag
-(export's: its run id and a digest of the served model), and `register` looks for a version with that
+(export's: digests of its inputs, the trained model, the edge variant and its
+params), and `register` looks for a version with that
 key before creating one, inside the retried call: a timeout after the server
 committed finds the version instead of creating a second one.
 
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 PRODUCTION, PREVIOUS, CANDIDATE = "production", "previous", "candidate"
 LOCK_SUFFIX = ".promotion-lock"
 LOCK_WAIT_S = 300.0
+LOCK_WAIT_MARGIN_S = 30.0  # beyond the holder's lease: time to see it unrenewed and break it
 LOCK_HOLDER, LOCK_LEASE = "tfmlops.lock.holder", "tfmlops.lock.lease_s"
 REGISTER_KEY = "tfmlops.register_key"
 DESCRIPTION_LIMIT = 4900  # the SQL store keeps 5,000 characters of a version description
@@ -99,6 +101,11 @@ class Registry:
             raise DataError(f"version {version} of registered model {self.name} does not exist; "
                             f"see the versions with `mlflow models` or the MLflow UI") from None
         return dict(mv.tags or {})
+
+    def source(self, version: str) -> str:
+        """The model URI version `version` was registered from."""
+        return self._call(lambda c: c.get_model_version(self.name, str(version)),
+                          f"read version {version}").source
 
     def exists(self, version: str) -> bool:
         try:
@@ -171,7 +178,7 @@ class Registry:
                     self._take_away(lock, me, "release")
 
     def _acquire(self, lock: str, me: str, lease_s: float, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
         tags = {LOCK_HOLDER: me, LOCK_LEASE: f"{lease_s:g}"}
         watched: tuple | None = None  # (token, monotonic time it was first seen)
         waited = False
@@ -200,10 +207,11 @@ class Registry:
                     self._take_away(lock, seen["holder"], "break")
                 watched = None
                 continue
-            if now > deadline:
+            # The wait outlasts the holder's lease: a dead lock is always broken first.
+            if now - started > max(wait_s, seen["lease_s"] + LOCK_WAIT_MARGIN_S):
                 raise DataError(
                     f"another promotion of {self.name} holds the lock ({seen['holder']}) after "
-                    f"{wait_s:.0f} s of waiting; it is still renewing it, so it is alive")
+                    f"{now - started:.0f} s of waiting; it is still renewing it, so it is alive")
             if not waited:
                 log.info("promote: waiting for another promotion of %s to finish", self.name)
                 waited = True
@@ -240,15 +248,30 @@ class Registry:
 
     # -- machinery
     def _write(self, fn, what: str):
-        if self._lease is not None:
-            self._lease.check()
-        return self._call(fn, what)
+        lease = self._lease
+        if lease is None:
+            return self._call(fn, what)
+        # Under the lock: ownership checked before every attempt, and the retries of one
+        # write end within half the lease, so no attempt starts when a waiter may break it.
+        return self._call(fn, what, before=lease.check, budget_s=lease.lease_s / 2)
 
-    def _call(self, fn, what: str):
+    def expect_aliases(self, expected: dict[str, str | None]) -> None:
+        """Read the aliases again after a promotion's writes: DataError naming each one
+        that is not what this promotion left (another writer moved it meanwhile)."""
+        now = self.aliases()
+        wrong = [f"@{a} is {now.get(a) or 'unset'}, this promotion left "
+                 f"{'version ' + v if v else 'it unset'}"
+                 for a, v in expected.items() if now.get(a) != v]
+        if wrong:
+            raise DataError(f"conflict on {self.name}: {'; '.join(wrong)}: another writer "
+                            "moved the aliases during this promotion (outside the promotion "
+                            "lock); check them in the MLflow UI, then promote again")
+
+    def _call(self, fn, what: str, before=None, budget_s: float | None = None):
         attempts = self.cfg.tracking.retries + 1
         try:
             return call_with_retry(lambda: fn(self.client), attempts, final_codes=_PERMANENT,
-                                   jitter=True)
+                                   jitter=True, before=before, budget_s=budget_s)
         except RetriesExhausted as exc:
             raise TrackingUnavailable(
                 f"model registry at {tracking.redact(self.uri)} failed to {what} after {attempts} attempts "
@@ -299,9 +322,10 @@ class _Lease:
         self._beats += 1
         description = f"promotion of {self.registry.name} in progress (tfmlops; held by " \
                       f"{self.me}; renewal {self._beats})"
+        asked = time.monotonic()  # before the store commits: a waiter's clock starts later
         self.registry._call(lambda c: c.update_registered_model(self.lock, description),
                             "renew the lock")
-        self.renewed = time.monotonic()
+        self.renewed = asked
 
     def check(self) -> None:
         """Raise unless this process still holds the lock (read from the store now)."""
@@ -321,8 +345,7 @@ class _Lease:
 
 
 def content_digest(path: Path) -> str:
-    """sha256 (first 16 hex digits) of a file, or of a folder's files in path order:
-    with the run id, the registration key of what `export` registers."""
+    """sha256 (first 16 hex digits) of a file, or of a folder's files in path order."""
     h = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:

@@ -53,3 +53,38 @@ def test_dvc_exp_run_never_moves_production(tmp_path):
     git("checkout", "-q", "--", "params.yaml", "dvc.lock", cwd=repo)  # the experiment, dropped
     dvc("repro", cwd=repo)  # plain repro promotes as before
     assert registry.alias("production") == v2
+
+
+@pytest.mark.timeout(1800)  # the first user of the session's pipeline_repo builds it
+def test_an_applied_and_committed_experiment_reaches_production_on_dvc_repro(pipeline_repo,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    """The path the README and the experiment's own log line describe, literally, on a copy
+    of the whole pipeline's repo: `dvc exp run -S export.latency_runs=150`, `dvc exp
+    apply`, `git commit`, `dvc repro`, then the aliases. Promote's deps do not change, so
+    only its `always_changed` runs it."""
+    import shutil
+
+    from tfmlops.config import load_config
+    from tfmlops.registry import Registry
+
+    repo = tmp_path / "repo"
+    shutil.copytree(pipeline_repo[0], repo, symlinks=True)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "--allow-empty", "-m", "the pipeline's first run", cwd=repo)
+    monkeypatch.chdir(repo)  # the params' relative store is the copy's
+    registry = Registry(load_config(repo / "params.yaml"))
+    before = registry.alias("production")
+    assert before is not None
+
+    dvc("exp", "run", "-S", "export.latency_runs=150", cwd=repo)
+    (name,) = dvc("exp", "list", "--name-only", cwd=repo).stdout.split()
+    exp_version = registry.alias(f"exp-{name}")
+    assert exp_version not in (None, before) and registry.alias("production") == before
+    dvc("exp", "apply", name, cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", f"apply {name}", cwd=repo)
+    dvc("repro", cwd=repo)
+    assert registry.alias("production") == exp_version
+    assert registry.alias("previous") == before
+    # A further repro runs promote alone, which does nothing: test_readme checks that.

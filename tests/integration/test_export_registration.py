@@ -15,22 +15,40 @@ from conftest import mlflow_client, save_tiny_trained
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
-def test_a_failure_after_registration_leaves_registered_json_naming_the_version(
-        prepared_digits, make_cfg):
+def test_a_crash_around_registration_leaves_one_version_named_by_registered_json(
+        prepared_digits, make_cfg, monkeypatch):
+    """First the crash lands between registering the version and writing registered.json;
+    the rerun (a new run id, converted files that may differ) finds the version registered
+    for the same inputs (the trained model, the edge variant, export's params) instead of
+    registering a second one, then fails after registration: registered.json names it."""
     from tfmlops.stages import export
 
     cfg = make_cfg(promote={"registered_model": "export-order"})
     shutil.copytree(prepared_digits.paths.prepared, cfg.paths.prepared)
     save_tiny_trained(cfg, epochs=2)
-    # A report export writes after registering cannot be written: the stage fails there.
-    (Path(cfg.paths.reports) / export.FORMATS_CSV).mkdir(parents=True)
+    real_write = export.write_json
 
+    class Crash(BaseException):
+        pass
+
+    def crash_at_registered_json(path, data):
+        if Path(path).name == export.REGISTERED_FILE:
+            raise Crash("killed before registered.json")
+        return real_write(path, data)
+
+    monkeypatch.setattr(export, "write_json", crash_at_registered_json)
+    with pytest.raises(Crash):
+        export.run(cfg)
+    monkeypatch.setattr(export, "write_json", real_write)
+    # A report export writes after registering cannot be written: the rerun fails there.
+    (Path(cfg.paths.reports) / export.FORMATS_CSV).mkdir(parents=True)
     with pytest.raises(OSError):
         export.run(cfg)
 
     versions = mlflow_client(cfg).search_model_versions("name = 'export-order'")
-    assert len(versions) == 1
-    registered = Path(cfg.paths.export) / "registered.json"
+    assert [str(v.version) for v in versions] == ["1"]
+    registered = Path(cfg.paths.export) / export.REGISTERED_FILE
     assert registered.is_file(), "a version was registered but paths.export does not name it"
-    assert json.loads(registered.read_text())["version"] == str(versions[0].version)
+    named = json.loads(registered.read_text())
+    assert named["version"] == "1" and named["model_uri"] == versions[0].source
     assert (Path(cfg.paths.export) / "serving.json").is_file()

@@ -292,3 +292,93 @@ def test_racing_promotions_leave_exactly_one_production(reg, tmp_path):
 def _locks(registry):
     return [m.name for m in registry.client.search_registered_models()
             if ".promotion-lock" in m.name]
+
+
+# ------------------------------------- a write retried under the lock (issue 27, item 5)
+
+def _flaky(client, method: str, failures: int, between=None) -> list[int]:
+    """`client.<method>` raises ConnectionError `failures` times (calling `between()` after
+    each), then goes through; returns the list its attempts are counted in."""
+    real, attempts = getattr(client, method), []
+
+    def wrapped(*args, **kwargs):
+        attempts.append(1)
+        if len(attempts) <= failures:
+            if between is not None:
+                between()
+            raise ConnectionError("read timed out")
+        return real(*args, **kwargs)
+
+    setattr(client, method, wrapped)
+    return attempts
+
+
+def test_a_write_is_not_retried_once_the_lock_was_lost(reg):
+    """The first attempt fails and, meanwhile, the lock goes to another promotion: the
+    retry must not land (ownership is checked before every attempt, not once)."""
+    from tfmlops.errors import DataError
+    from tfmlops.registry import LOCK_HOLDER, LOCK_SUFFIX
+
+    cfg, registry, register = reg
+    v1 = register()
+    lock = registry.name + LOCK_SUFFIX
+
+    def taken_over():
+        registry.client.set_registered_model_tag(lock, LOCK_HOLDER, "someone-else")
+
+    attempts = _flaky(registry.client, "set_registered_model_alias", 1, between=taken_over)
+    with pytest.raises(DataError, match="lost the promotion lock"):
+        with registry.promotion_lock():
+            registry.set_alias("production", v1)
+    assert len(attempts) == 1 and registry.aliases() == {}
+
+
+def test_retries_under_the_lock_end_within_half_the_lease(make_cfg):
+    """With tracking.retries 10 a write would retry for about a minute (past the 3 s
+    lease); under the lock its attempts stop within half the lease."""
+    from tfmlops.errors import TrackingUnavailable
+    from tfmlops.registry import Registry
+
+    cfg = make_cfg(promote={"registered_model": "budget", "lock_lease_s": 3.0},
+                   tracking={"retries": 10})
+    registry = Registry(cfg)
+    attempts = _flaky(registry.client, "set_registered_model_alias", 1000)
+    with pytest.raises(TrackingUnavailable, match="failed to set @production"):
+        with registry.promotion_lock():
+            registry.set_alias("production", "1")
+    assert 1 <= len(attempts) <= 3, len(attempts)  # jittered pauses 0.25-0.75 s, 0.5-1.5 s
+
+
+def test_an_alias_moved_by_another_writer_during_the_promotion_is_a_conflict(reg):
+    """A writer outside the lock (an old tfmlops, a hand in the UI) moves @production
+    right after this promotion's write: the re-read after the writes reports it."""
+    from tfmlops.errors import DataError
+    from tfmlops.stages import promote
+
+    cfg, registry, register = reg
+    v1, v2 = register(), register()
+    real = registry.client.set_registered_model_alias
+
+    def and_another_writer(name, alias, version):
+        real(name, alias, version)
+        if alias == "production":
+            real(name, "production", v2)  # the other writer's move lands after ours
+
+    registry.client.set_registered_model_alias = and_another_writer
+    with pytest.raises(DataError) as caught:
+        promote.decide(cfg, registry, v1, False, lambda: None, "run")
+    assert str(caught.value).startswith(
+        f"conflict on safety: @production is {v2}, this promotion left version {v1}: another "
+        "writer moved the aliases")
+
+
+def test_the_wait_for_the_lock_outlasts_a_lease_longer_than_it(reg, caplog):
+    """A dead holder's lease (3 s) longer than the wait (1 s): the waiter still breaks it
+    after the lease instead of giving up while it is still within it."""
+    cfg, registry, register = reg
+    holder = _holder(cfg, "die")
+    assert holder.wait(timeout=60) == -signal.SIGKILL
+    with registry.promotion_lock(wait_s=1.0):
+        pass
+    assert "breaking the promotion lock" in caplog.text
+    assert _locks(registry) == []

@@ -342,3 +342,51 @@ def test_default_paths_pass_inside_a_dvc_temp_experiment_copy(tmp_path, monkeypa
     config_from_dict({})
     with pytest.raises(ConfigError, match="is the project's src folder"):
         config_from_dict({"paths": {"cache": "src"}})
+
+
+# ------------------------------------- data.shards and data.workers on this machine
+
+def _with_open_files(soft: int, hard: int, code: str, *args: str):
+    """`python -c code args` with RLIMIT_NOFILE set to (soft, hard) before it starts."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return subprocess.run([sys.executable, "-c", code, *args], preexec_fn=limit,
+                          capture_output=True, text=True, timeout=120)
+
+
+CHECK = ("import sys; from tfmlops.cli import main; "
+         "sys.exit(main(['--params', sys.argv[1], 'check']))")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"shards": 1024}, "data.shards 1024 holds 3136 files open at once (3 splits x 1024 + 64); "
+                       "this machine allows 1024 (hard limit of open files, `ulimit -Hn`): use "
+                       "at most 320"),
+    ({"workers": 1024}, "data.workers 1024 is more than this machine's"),
+])
+def test_tfmlops_check_refuses_data_params_beyond_this_machine(tmp_path, data, message):
+    import yaml
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"data": data}))
+    proc = _with_open_files(1024, 1024, CHECK, str(params))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert message in line, line
+
+
+def test_prepare_raises_its_soft_open_files_limit_to_what_the_shards_need():
+    """Soft limit 128, hard 4096: 300 shards need 964 files; the process raises its own
+    soft limit (what `ulimit -n` would do), and 300 shards pass the check."""
+    code = ("import resource; from tfmlops.config import config_from_dict; "
+            "from tfmlops.config.machine import allow_open_files; "
+            "config_from_dict({'data': {'shards': 300}}); allow_open_files(300); "
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE))")
+    proc = _with_open_files(128, 4096, code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(964, 4096)"

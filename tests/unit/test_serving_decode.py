@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from images import png_header
@@ -224,4 +226,164 @@ def test_export_writes_the_request_caps_into_serving_json(tmp_path):
     assert json.loads((tmp_path / "serving.json").read_text())["limits"] == caps
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
     assert json.loads((tmp_path / "serving.json").read_text())["limits"] == {
-        "max_rows": 1024, "max_image_pixels": 4096 * 4096, "max_request_pixels": 64 * 2**20}
+        "max_rows": 1024, "max_image_pixels": 4096 * 4096, "max_request_pixels": 64 * 2**20,
+        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
+        "max_concurrent_decodes": 2}
+
+
+# ------------------------- 16-bit images, decoded bytes, concurrent decodes, plugins
+
+def png16(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array.astype(np.uint16)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_a_16_bit_image_decodes_without_wide_temporaries():
+    """A 2048x2048 16-bit PNG (4 Mi pixels) scaled to 8 bits: the former int64 path held
+    several 32 MB temporaries at once (16 bytes per pixel and more); through the lookup
+    table, PIL's raw 16-bit bytes (joined from chunks: twice 8 MB for a moment) and the
+    8-bit result (4 MB)."""
+    import tracemalloc
+
+    from tfmlops.data.decode import load_pixels
+
+    data = png16(np.zeros((2048, 2048)))
+    tracemalloc.start()
+    try:
+        load_pixels(data, 1, short_side=32)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * 2048 * 2048, peak
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.integers(-70000, 140000), min_size=1, max_size=64),
+       mode=st.sampled_from(["I;16", "I;16B", "I"]))
+def test_the_16_bit_table_scales_exactly_as_the_arithmetic_did(values, mode):
+    """Prepare's stored pixels must not change: the table gives round(v*255/65535) clipped,
+    the formula the int64 path computed, for every mode PIL gives 16-bit images."""
+    from tfmlops.data.decode import to_channels
+
+    wide = np.asarray(values, np.int64)
+    if mode != "I":
+        wide = np.clip(wide, 0, 65535)
+    dtype = {"I;16": "<u2", "I;16B": ">u2", "I": "<i4"}[mode]
+    img = Image.frombuffer(mode, (len(values), 1), wide.astype(dtype).tobytes(), "raw", mode,
+                           0, 1)
+    expected = np.clip((wide * 255 + 32767) // 65535, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(np.asarray(to_channels(img, 1))[0], expected)
+
+
+def test_a_request_of_16_bit_images_is_capped_by_its_decoded_bytes(tmp_path):
+    """Four 4096x4096 16-bit PNGs pass the pixel caps (64 Mi pixels) but decode to 128 MiB;
+    a cap of 100 MiB refuses them before any is decoded, naming the param."""
+    import base64
+
+    from tfmlops.serving.predictor import Predictor
+
+    config = {"classes": ["a", "b"], "image_size": 8, "channels": 1, "mean": [0.5],
+              "std": [0.5], "limits": {"max_request_decoded_bytes": 100 * 2**20}}
+    predictor = Predictor.__new__(Predictor)  # the caps alone: no runtime is needed
+    predictor.channels, predictor.image_size = 1, 8
+    from tfmlops.serving.predictor import _limits
+
+    predictor.limits = _limits(config["limits"])
+    row = {"image": base64.b64encode(png16(np.zeros((4096, 4096)))).decode()}
+    with pytest.raises(RequestError) as caught:
+        predictor.inputs([row] * 4)
+    assert str(caught.value) == (
+        "the request's images decode to 134,217,728 bytes in all; send at most 104,857,600 per "
+        "request (export.serving.max_request_decoded_bytes): fewer, smaller or 8-bit images")
+
+
+def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkeypatch):
+    """Eight threads (eight concurrent requests) decode through one Predictor: never more
+    than export.serving.max_concurrent_decodes at a time."""
+    import threading
+    import time
+
+    from tfmlops.serving import predictor as module
+
+    inside, most, guard = 0, 0, threading.Lock()
+
+    def slow_input(*args, **kwargs):
+        nonlocal inside, most
+        with guard:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.05)
+        with guard:
+            inside -= 1
+        return np.zeros((8, 8, 1), np.float32)
+
+    monkeypatch.setattr(module, "image_input", slow_input)
+    predictor = module.Predictor.__new__(module.Predictor)
+    predictor.channels, predictor.image_size, predictor.mean, predictor.std = 1, 8, [0], [1]
+    predictor.stored_size = None
+    predictor.limits = module._limits({"max_concurrent_decodes": 2})
+    predictor._decoding = threading.BoundedSemaphore(predictor.limits.max_concurrent_decodes)
+    threads = [threading.Thread(target=predictor.image_input, args=(b"x",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == 2
+
+
+@pytest.mark.parametrize("fmt, name", [("TIFF", "TIFF"), ("WEBP", "WEBP"), ("ICO", "ICO"),
+                                       ("PPM", None), ("TGA", None)])
+def test_only_the_supported_pillow_plugins_read_the_bytes(fmt, name, monkeypatch):
+    """Image.open gets the supported formats alone: another format's bytes never reach its
+    plugin (the file is refused as unsupported or as not an image), in prepare and serving."""
+    from tfmlops.data.decode import ImageRejected, open_image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(buf, fmt)
+    data = buf.getvalue()
+    assert Image.open(io.BytesIO(data)).format == fmt  # Pillow itself would open it
+    factory, accept = Image.OPEN[fmt]
+    reached = []
+    monkeypatch.setitem(Image.OPEN, fmt, (lambda *a: reached.append(fmt) or factory(*a), accept))
+    with pytest.raises(ImageRejected) as caught:
+        open_image(data)
+    assert reached == []
+    assert str(caught.value) == (f"unsupported image format {name}; use PNG or JPEG" if name
+                                 else "not an image")
+
+
+def _encoded(fmt: str, width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    photo(width, height, seed=width).save(buf, fmt)
+    return buf.getvalue()
+
+
+def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path):
+    """Through tf.saved_model.load, as TensorFlow Serving loads it: an image whose header
+    claims more than export.serving.max_image_pixels is refused before it is decoded, in
+    every format the signature reads; images within the cap are answered."""
+    import keras
+    import tensorflow as tf
+
+    from tfmlops.serving.signatures import export_saved_model
+
+    inputs = keras.Input((8, 8, 3))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(
+        keras.layers.Flatten()(inputs)))
+    cap = 64 * 48
+    export_saved_model(model, tmp_path / "sm", ["a", "b"], 8, 3, MEAN, STD, max_pixels=cap)
+    serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    for fmt in ("PNG", "JPEG", "GIF", "BMP"):
+        ok = serve(image_bytes=tf.constant([_encoded(fmt, 64, 48)]))
+        assert ok["probabilities"].shape == (1, 2), fmt
+        for big in (_encoded(fmt, 65, 48), _encoded(fmt, 48, 65)):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"more than 3072 pixels \(export.serving.max_image_pixels\)"):
+                serve(image_bytes=tf.constant([_encoded(fmt, 64, 48), big]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="export.serving.max_image_pixels"):
+        serve(image_bytes=tf.constant([png_header(30000, 30000)]))  # a 60-byte bomb
+    top_down = bytearray(_encoded("BMP", 80, 60))
+    top_down[22:26] = (-60).to_bytes(4, "little", signed=True)  # rows stored top-down
+    with pytest.raises(tf.errors.InvalidArgumentError, match="export.serving.max_image_pixels"):
+        serve(image_bytes=tf.constant([bytes(top_down)]))

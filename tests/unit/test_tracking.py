@@ -142,10 +142,47 @@ def test_run_name_under_dvc_exp_run_is_the_experiment_name(tmp_path, make_cfg, m
     ("sqlite:////tmp/x/mlflow.db", "sqlite:////tmp/x/mlflow.db"),
     ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
     ("models:/digits@production", "models:/digits@production"),
+    ("http://user:it's SE CRET@mlflow.example:5000", "http://mlflow.example:5000"),  # ' and spaces
+    ("https://u:\"q\" <x>@mlflow.example/", "https://mlflow.example/"),
 ])
 def test_redact_strips_credentials_and_keeps_the_rest(uri, shown):
     assert tracking.redact(uri) == shown
     assert tracking.redact(f"stopped on {uri}: refused") == f"stopped on {shown}: refused"
+
+
+def test_preflight_passes_a_server_behind_basic_auth_with_credentials_in_the_uri():
+    """`http://user:password@host` is how MLflow's client takes Basic auth: the preflight
+    must send it the same way, not read `user:password@host` as a host name."""
+    import base64
+    import http.server
+    import threading
+
+    seen = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's API
+            seen.append((self.path, self.headers.get("Authorization")))
+            ok = self.headers.get("Authorization") == "Basic " + base64.b64encode(
+                b"alice:it's s@cret").decode()
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        tracking.ensure_reachable(f"http://alice:it%27s%20s%40cret@127.0.0.1:{port}/",
+                                  timeout_s=5)
+        tracking.ensure_reachable(f"http://alice:it's s@cret@127.0.0.1:{port}", timeout_s=5)
+        with pytest.raises(tracking.TrackingUnavailable) as err:  # a wrong password: one line
+            tracking.ensure_reachable(f"http://alice:wrong pw@127.0.0.1:{port}", timeout_s=5)
+    finally:
+        server.shutdown()
+    assert [path for path, _ in seen] == ["/health"] * 3
+    assert "wrong" not in str(err.value) and "401" in str(err.value)
 
 
 def test_run_file_and_messages_carry_no_credentials(tmp_path):

@@ -52,6 +52,8 @@ def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_
     assert finished.data.params == {"a": "1"}
     assert finished.data.tags["tfmlops.precision"] == "float32"
     assert "mlflow.user" in finished.data.tags  # the context tags start_run adds
+    # The UI's Source column: the stage's entry point, not the sidecar's `python -c`.
+    assert finished.data.tags["mlflow.source.name"] == "tfmlops train"
     client = mlflow_client(cfg)
     assert sorted(m.step for m in client.get_metric_history(finished.info.run_id, "loss")) == [
         1, 2, 3]

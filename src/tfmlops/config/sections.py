@@ -121,6 +121,15 @@ class DataConfig:
                        f"{self.image_size}; give 0 (= image_size) or at least {self.image_size}")
         return self
 
+    @model_validator(mode="after")
+    def _fits_this_machine(self):
+        from tfmlops.config.machine import check_data
+
+        problem = check_data(self.shards, self.workers)
+        if problem:
+            raise Rule(problem)
+        return self
+
     @field_validator("channels", mode="before")
     @classmethod
     def _channels_as_written(cls, value):
@@ -531,6 +540,13 @@ class ServingLimits:
     max_image_pixels: Int = Field(4096 * 4096, ge=64, le=2**31)
     # The image rows' header pixels summed over one request: bounds its CPU time.
     max_request_pixels: Int = Field(64 * 2**20, ge=64, le=2**40)
+    # What decoding one request's images holds (header pixels x bytes per pixel of their
+    # mode: 2 for 16-bit grey, 3 for RGB, 4 for RGBA), summed: bounds its memory.
+    max_request_decoded_bytes: Int = Field(256 * 2**20, ge=256, le=2**42)
+    # The HTTP request body `tfmlops serve` reads at most (413 beyond, before parsing).
+    max_body_bytes: Int = Field(64 * 2**20, ge=1024, le=2**34)
+    # Images one server process decodes at once (the rest wait): bounds its memory.
+    max_concurrent_decodes: Int = Field(2, ge=1, le=256)
 
     @model_validator(mode="after")
     def _one_image_fits_a_request(self):

@@ -26,10 +26,20 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# What PIL opens and what the SavedModel's decode_image reads too (MPO is a JPEG).
-FORMATS = {"PNG", "JPEG", "MPO", "GIF", "BMP"}
+# What PIL opens and what the SavedModel's decode_image reads too (MPO is a JPEG). Only
+# these plugins ever see the bytes (OPENERS: the JPEG plugin itself hands MPOs over):
+# every other Pillow decoder stays out of reach of untrusted bytes.
+FORMATS = ("PNG", "JPEG", "MPO", "GIF", "BMP")
+OPENERS = ("PNG", "JPEG", "GIF", "BMP")
 MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+# Signatures of common formats outside FORMATS, named in the refusal without opening them.
+_OTHER_MAGIC = {b"II*\x00": "TIFF", b"MM\x00*": "TIFF", b"\x00\x00\x01\x00": "ICO",
+                b"\x00\x00\x00\x0cjP  ": "JPEG2000", b"\xffO\xffQ": "JPEG2000",
+                b"8BPS": "PSD", b"qoif": "QOI"}
 _SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
+# Bytes per pixel PIL holds once an image of each mode is decoded (others: 4).
+MODE_BYTES = {"1": 1, "L": 1, "P": 1, "LA": 2, "PA": 2, "La": 2, "I;16": 2, "I;16B": 2,
+              "I;16L": 2, "I;16N": 2, "RGB": 3, "YCbCr": 3, "LAB": 3, "HSV": 3}
 AREA_FROM = 2  # reduction factor from which `reduce_short_side` averages areas
 
 
@@ -50,13 +60,16 @@ def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
         with warnings.catch_warnings():
             # Above the limit PIL only warns (it raises above twice the limit): refuse both.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
+            img = Image.open(io.BytesIO(data), formats=OPENERS)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageRejected(f"decompression bomb: the header claims more than {limit:,} pixels "
                             "(PIL's limit); resize the image") from None
     except UnidentifiedImageError:
         if data.startswith(MAGIC):  # an image's header, then garbage or nothing
             raise ImageRejected("corrupt or truncated: unreadable after the header") from None
+        other = other_format(data)
+        if other:
+            raise ImageRejected(f"unsupported image format {other}; use PNG or JPEG") from None
         raise ImageRejected("not an image") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
@@ -67,6 +80,20 @@ def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
         raise ImageRejected(f"image of {img.width}x{img.height} pixels is too large "
                             f"(at most {max_pixels:,} pixels)")
     return img
+
+
+def other_format(data: bytes) -> str | None:
+    """The name of a well-known image format outside FORMATS that `data` starts with."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[4:8] == b"ftyp" and data[8:12] in (b"heic", b"heix", b"mif1", b"avif"):
+        return "HEIF/AVIF"
+    return next((name for magic, name in _OTHER_MAGIC.items() if data.startswith(magic)), None)
+
+
+def decoded_bytes(img: Image.Image) -> int:
+    """What decoding an opened image holds in memory at its header's size and mode."""
+    return img.width * img.height * MODE_BYTES.get(img.mode, 4)
 
 
 def load_image(data: bytes, channels: int, short_side: int | None = None,
@@ -147,10 +174,23 @@ def to_channels(img: Image.Image, channels: int) -> Image.Image:
     return img if img.mode == mode else img.convert(mode)  # convert copies even to its mode
 
 
+def _sixteen_bit_table() -> np.ndarray:
+    # round(v * 255 / 65535) for every 16-bit value: one 64 KiB lookup instead of
+    # int64 temporaries the size of the image.
+    v = np.arange(65536, dtype=np.int64)
+    return ((v * 255 + 32767) // 65535).astype(np.uint8)
+
+
+_SIXTEEN_TO_EIGHT = _sixteen_bit_table()
+
+
 def _sixteen_to_eight(img: Image.Image) -> Image.Image:
-    # A 16-bit PNG spans 0..65535; PIL's convert("L") clips at 255 (all white). Scale instead.
-    values = np.asarray(img, dtype=np.int64)
-    return Image.fromarray(np.clip((values * 255 + 32767) // 65535, 0, 255).astype(np.uint8), "L")
+    # A 16-bit PNG spans 0..65535; PIL's convert("L") clips at 255 (all white). Scale instead,
+    # through the table, in the image's own integer width (mode "I" is clipped in place).
+    values = np.asarray(img)
+    if values.dtype.itemsize > 2 or values.dtype.kind == "i":
+        values = np.clip(values, 0, 65535, out=values if values.flags.writeable else None)
+    return Image.fromarray(_SIXTEEN_TO_EIGHT[values], "L")
 
 
 def bilinear_taps(in_size: int, out_size: int):

@@ -311,6 +311,42 @@ def augmenter(cfg: Config):
     return augment
 
 
+def rows_at(cfg: Config, prepared: Prepared, split: str, indices, normalize: bool = True,
+            batch_size: int = 512):
+    """The images at `indices` (sorted) of a split, in file order: `arrays(...)[0][indices]`,
+    read in batches, one pass, holding only the images kept (not the split)."""
+    import numpy as np
+
+    wanted = np.asarray(indices, dtype=np.int64)
+    kept, start = [], 0
+    if wanted.size == 0:
+        return np.zeros((0, *prepared.input_shape), np.float32)
+    for x, _ in dataset(cfg, prepared, split, batch_size=batch_size, normalize=normalize,
+                        cache="off"):
+        n = int(x.shape[0])
+        pick = wanted[(wanted >= start) & (wanted < start + n)] - start
+        if pick.size:
+            kept.append(x.numpy()[pick])
+        start += n
+        if start > wanted[-1]:
+            break  # the rest of the split is never decoded
+    return np.concatenate(kept)
+
+
+def predicted(model, cfg: Config, prepared: Prepared, split: str, batch_size: int):
+    """(labels, model outputs) over a split, in file order, predicted batch by batch from
+    the TFRecords: memory for the outputs (N x classes), not the images."""
+    import numpy as np
+
+    ys, outs = [], []
+    for x, y in dataset(cfg, prepared, split, batch_size=batch_size, cache="off"):
+        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
+        # every replica's copy of the outputs.
+        outs.append(np.asarray(model.predict(x, batch_size=batch_size, verbose=0)))
+        ys.append(y.numpy())
+    return np.concatenate(ys), np.concatenate(outs)
+
+
 def arrays(cfg: Config, prepared: Prepared, split: str, normalize: bool = True):
     """The whole split as numpy arrays (x float32, y int64), in file order."""
     import numpy as np

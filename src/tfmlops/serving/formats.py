@@ -82,7 +82,8 @@ def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs
     saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
     log.info("export: [1/3] SavedModel: writing, then reloading it in a fresh process")
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
-                       prepared.mean, prepared.std, prepared.stored_size)
+                       prepared.mean, prepared.std, prepared.stored_size,
+                       cfg.export.serving.max_image_pixels)
     reloaded = reload_check(saved, x, encoded, keras_probs, prepared.classes, cfg.export.atol)
     onnx_path = out / "model.onnx"
     log.info("export: [2/3] ONNX: converting (opset %d), checking parity", cfg.export.onnx_opset)

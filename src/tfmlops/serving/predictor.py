@@ -10,8 +10,10 @@ export. A request is a table of rows, each with either
 Every row is checked before any inference, so a bad row refuses the whole
 request with one clear line (`RequestError`) and nothing else is affected.
 What a request may cost is capped by `export.serving` (rows, header pixels
-per image, header pixels per request), from `serving.json`: every image's
-header is read and counted before the first pixel of any is decoded.
+per image, header pixels and decoded bytes per request), from `serving.json`:
+every image's header is read and counted before the first pixel of any is
+decoded, and at most `max_concurrent_decodes` images decode at once in one
+server process, whatever the number of concurrent requests.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmlops.serving.preprocess import RequestError, decode_base64, image_input, image_size
+from tfmlops.serving.preprocess import RequestError, decode_base64, image_header, image_input
 
 CONFIG_FILE = "serving.json"
 MODEL_ARTIFACT, CONFIG_ARTIFACT = "model", "config"  # the pyfunc model's artifact names
@@ -47,6 +49,7 @@ class Predictor:
         self.model = (TFLiteModel(str(model_path), threads) if runtime == "tflite"
                       else OnnxModel(str(model_path), threads))
         self._lock = threading.Lock()  # a LiteRT interpreter is not thread-safe
+        self._decoding = threading.BoundedSemaphore(self.limits.max_concurrent_decodes)
 
     @classmethod
     def from_files(cls, model_path: str | Path, config_path: str | Path) -> Predictor:
@@ -63,8 +66,9 @@ class Predictor:
 
     def image_input(self, data: bytes) -> np.ndarray:
         """Encoded image bytes -> this model's float input, as training saw such an image."""
-        return image_input(data, self.channels, self.image_size, self.mean, self.std,
-                           self.stored_size, self.limits.max_image_pixels)
+        with self._decoding:
+            return image_input(data, self.channels, self.image_size, self.mean, self.std,
+                               self.stored_size, self.limits.max_image_pixels)
 
     def inputs(self, rows: list[dict]) -> np.ndarray:
         """Request rows -> float32 [N, H, W, C]; raises RequestError naming the bad row.
@@ -78,11 +82,17 @@ class Predictor:
             raise RequestError(f"{len(rows)} rows in one request; send at most {cap.max_rows} "
                                "(export.serving.max_rows)")
         parsed = [self._checked(i, row, self._parse) for i, row in enumerate(rows)]
-        total = sum(pixels for kind, _, pixels in parsed if kind == "image")
+        total = sum(cost[0] for kind, _, cost in parsed if kind == "image")
         if total > cap.max_request_pixels:
             raise RequestError(f"the request's images claim {total:,} pixels in all; send at most "
                                f"{cap.max_request_pixels:,} per request "
                                "(export.serving.max_request_pixels): fewer or smaller images")
+        held = sum(cost[1] for kind, _, cost in parsed if kind == "image")
+        if held > cap.max_request_decoded_bytes:
+            raise RequestError(f"the request's images decode to {held:,} bytes in all; send at "
+                               f"most {cap.max_request_decoded_bytes:,} per request "
+                               "(export.serving.max_request_decoded_bytes): fewer, smaller or "
+                               "8-bit images")
         return np.stack([self._checked(i, p, self._finish) for i, p in enumerate(parsed)])
 
     @staticmethod
@@ -92,25 +102,25 @@ class Predictor:
         except RequestError as exc:
             raise RequestError(f"row {i}: {exc}") from None
 
-    def _parse(self, row: dict) -> tuple[str, object, int]:
-        """("image", bytes, header pixels) or ("pixels", float array, 0), checked."""
+    def _parse(self, row: dict) -> tuple[str, object, tuple[int, int]]:
+        """("image", bytes, (header pixels, decoded bytes)) or ("pixels", floats, (0, 0))."""
         image, pixels = _present(row.get("image")), _present(row.get("pixels"))
         if image is not None and pixels is not None:
             raise RequestError("has both 'image' and 'pixels'; send one of them")
         if image is not None:
             data = decode_base64(image)
-            width, height = image_size(data)
+            width, height, held = image_header(data)
             cap = self.limits.max_image_pixels
             if width * height > cap:
                 raise RequestError(f"'image' of {width}x{height} = {width * height:,} pixels is "
                                    f"too large; send at most {cap:,} pixels per image "
                                    "(export.serving.max_image_pixels)")
-            return "image", data, width * height
+            return "image", data, (width * height, held)
         if pixels is not None:
-            return "pixels", self._pixels(pixels), 0
+            return "pixels", self._pixels(pixels), (0, 0)
         raise RequestError(f"has neither 'image' nor 'pixels'; {REQUEST_HELP}")
 
-    def _finish(self, parsed: tuple[str, object, int]) -> np.ndarray:
+    def _finish(self, parsed: tuple[str, object, tuple[int, int]]) -> np.ndarray:
         kind, value, _ = parsed
         return self.image_input(value) if kind == "image" else value
 

@@ -20,7 +20,13 @@ import binascii
 
 import numpy as np
 
-from tfmlops.data.decode import ImageRejected, bilinear_taps, load_pixels, open_image
+from tfmlops.data.decode import (
+    ImageRejected,
+    bilinear_taps,
+    decoded_bytes,
+    load_pixels,
+    open_image,
+)
 
 
 class RequestError(ValueError):
@@ -37,12 +43,14 @@ def decode_base64(text: object) -> bytes:
             from None
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) the header of encoded image bytes claims; no pixel is decoded."""
+def image_header(data: bytes) -> tuple[int, int, int]:
+    """(width, height, bytes its decoding holds) the header of encoded image bytes claims;
+    no pixel is decoded."""
     if not data:
         raise RequestError("'image' is empty; send base64-encoded PNG or JPEG bytes")
     try:
-        return open_image(data).size
+        img = open_image(data)
+        return img.width, img.height, decoded_bytes(img)
     except ImageRejected as exc:
         raise _refused(exc) from None
     except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes

@@ -2,7 +2,9 @@
 
 Two signatures over the same Keras 3 model:
 - `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/GIF/BMP
-  strings of any size, grayscale or colour. Decoding, the channel conversion
+  strings, grayscale or colour, each up to `export.serving.max_image_pixels` as
+  its header claims (read in the graph before anything is decoded: beyond it the
+  call fails with InvalidArgumentError naming the cap). Decoding, the channel conversion
   `prepare` applies (transparency onto white, PIL's integer grayscale formula),
   the reduction to prepare's stored short side (JPEG draft scale, then bilinear
   below 2x and area averaging from 2x: within one grey level of OpenCV's),
@@ -56,6 +58,57 @@ def decode_like_prepare(encoded: tf.Tensor, channels: int,
     return reduce_like_prepare(image, stored_size)
 
 
+PNG_MAGIC, GIF_MAGIC, BMP_MAGIC = b"\x89PNG\r\n\x1a\n", b"GIF8", b"BM"
+
+
+def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
+    """int64 width x height that one encoded image's header claims, no pixel decoded:
+    JPEG by its SOF marker, PNG by IHDR (big-endian), GIF by its logical screen, BMP by
+    its info header (little-endian; a negative height is top-down). 0 for other bytes
+    (decoding then fails on them anyway)."""
+    head = tf.io.decode_raw(tf.strings.substr(
+        tf.strings.join([tf.strings.substr(encoded, 0, 32), tf.constant(b"\0" * 32)]), 0, 32),
+        tf.uint8)
+    b = tf.cast(head, tf.int64)
+
+    def number(start: int, size: int, big_endian: bool) -> tf.Tensor:
+        order = range(size) if big_endian else reversed(range(size))
+        value = tf.constant(0, tf.int64)
+        for i in order:
+            value = value * 256 + b[start + i]
+        return value
+
+    def bmp():
+        height = number(22, 4, False)
+        height = tf.where(height >= 2**31, 2**32 - height, height)  # int32: top-down rows
+        return number(18, 4, False) * height
+
+    def starts(magic: bytes) -> tf.Tensor:
+        return tf.equal(tf.strings.substr(encoded, 0, len(magic)), magic)
+
+    def jpeg():
+        shape = tf.cast(tf.io.extract_jpeg_shape(encoded), tf.int64)
+        return shape[0] * shape[1]
+
+    return tf.case([
+        (tf.io.is_jpeg(encoded), jpeg),
+        (starts(PNG_MAGIC), lambda: number(16, 4, True) * number(20, 4, True)),
+        (starts(GIF_MAGIC), lambda: number(6, 2, False) * number(8, 2, False)),
+        (starts(BMP_MAGIC), bmp),
+    ], default=lambda: tf.constant(0, tf.int64), exclusive=False)
+
+
+def within_cap(encoded: tf.Tensor, max_pixels: int) -> tf.Tensor:
+    """`encoded` once its header is checked against `max_pixels` (InvalidArgumentError
+    naming export.serving.max_image_pixels beyond it)."""
+    check = tf.debugging.assert_less_equal(
+        header_pixels(encoded), tf.constant(max_pixels, tf.int64),
+        message=f"image refused: its header claims more than {max_pixels} pixels "
+                "(export.serving.max_image_pixels); send a smaller image")
+    with tf.control_dependencies([check]):
+        return tf.identity(encoded)
+
+
 def _draft_jpeg(encoded: tf.Tensor, channels: int, short_side: int) -> tf.Tensor:
     # PIL's JPEG draft: the largest of 8, 4, 2, 1 that keeps both sides >= short_side, and
     # libjpeg's own grayscale output when one channel is asked for.
@@ -106,8 +159,13 @@ def _convert_like_pil(image: tf.Tensor, channels: int) -> tf.Tensor:
 
 
 def serving_functions(model, classes: list[str], image_size: int, channels: int, mean, std,
-                      stored_size: int | None = None):
-    """The two serving functions (plain Python; `export_saved_model` traces them)."""
+                      stored_size: int | None = None, max_pixels: int | None = None):
+    """The two serving functions (plain Python; `export_saved_model` traces them);
+    `max_pixels` caps each image's header (None: export.serving's default)."""
+    if max_pixels is None:
+        from tfmlops.config.sections import ServingLimits
+
+        max_pixels = ServingLimits().max_image_pixels
     names = tf.constant(classes)
 
     def outputs(probabilities):
@@ -120,8 +178,8 @@ def serving_functions(model, classes: list[str], image_size: int, channels: int,
 
     def serve_image_bytes(image_bytes):
         x = tf.map_fn(
-            lambda b: preprocess(decode_like_prepare(b, channels, stored_size), image_size,
-                                 mean, std),
+            lambda b: preprocess(decode_like_prepare(within_cap(b, max_pixels), channels,
+                                                     stored_size), image_size, mean, std),
             image_bytes,
             fn_output_signature=tf.TensorSpec((image_size, image_size, channels), tf.float32),
         )
@@ -131,12 +189,12 @@ def serving_functions(model, classes: list[str], image_size: int, channels: int,
 
 
 def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
-                       stored_size: int | None = None) -> None:
+                       stored_size: int | None = None, max_pixels: int | None = None) -> None:
     """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too."""
     import keras
 
     serve_bytes, serve_floats = serving_functions(model, classes, image_size, channels, mean, std,
-                                                  stored_size)
+                                                  stored_size, max_pixels)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[

@@ -20,6 +20,7 @@ Reports: `reports/export.json` (metrics, the skew pairs' among them) and
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -85,7 +86,8 @@ def run(cfg: Config) -> dict:
         # Outputs in place first, then register, then name the version beside them: a
         # failure before registration leaves no version without its registered.json.
         final = swap_in(out, cfg.paths.export)
-        registered = register(cfg, run, final, rows, parities, serving, lineage, card, encoded[0])
+        registered = register(cfg, run, final, serving,
+                              version_tags(rows, parities, serving, lineage), card, encoded[0])
         write_json(final / REGISTERED_FILE, registered)
 
         metrics = {**export_metrics(rows, parities, serving), **skew_metrics(pairs),
@@ -154,8 +156,9 @@ def export_metrics(rows, parities, serving) -> dict:
 
 # ---------------------------------------------------------------- registry
 
-def register(cfg, run, out: Path, rows, parities, serving, lineage, card, example_png) -> dict:
-    """Log the served model to MLflow and register a new version; {name, version, run_id}."""
+def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dict:
+    """Log the served model to MLflow and register a version (the one registered for the
+    same inputs if a run before this one got that far); {name, version, run_id, model_uri}."""
     name = cfg.promote.registered_model
     if not run.active:
         log.warning("export: tracking is off: the model is not registered "
@@ -170,12 +173,26 @@ def register(cfg, run, out: Path, rows, parities, serving, lineage, card, exampl
     if uri is None:
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")
-    # Keyed by this run and the served bytes: a retried call finds the version it created.
-    key = f"{run.run_id}:{registry.content_digest(out / serving['file'])}"
-    version = registry.Registry(cfg, name).register(
-        uri, version_tags(rows, parities, serving, lineage), card, key=key)
+    # Keyed by the inputs, not this run or the converted bytes (both differ on a rerun):
+    # a rerun after a crash between registering and registered.json finds its version.
+    key = registration_key(cfg)
+    reg = registry.Registry(cfg, name)
+    version = reg.register(uri, tags, card, key=key)
     log.info("export: registered %s version %s", name, version)
-    return {"name": name, "version": version, "run_id": run.run_id, "model_uri": uri}
+    return {"name": name, "version": version, "run_id": run.run_id,
+            "model_uri": reg.source(version)}  # an earlier run's, if it registered these inputs
+
+
+def registration_key(cfg: Config) -> str:
+    """sha256 of the trained model, quantize's edge variant and export's params."""
+    from tfmlops.model.artifacts import trained_model_path
+
+    edge = read_edge(cfg)
+    params = json.dumps({"export": cfg.to_dict()["export"], "name": cfg.promote.registered_model},
+                        sort_keys=True)
+    return ":".join([registry.content_digest(trained_model_path(cfg)),
+                     registry.content_digest(Path(cfg.paths.tflite) / edge["file"]),
+                     hashlib.sha256(params.encode()).hexdigest()[:16]])
 
 
 def version_tags(rows, parities, serving, lineage) -> dict[str, str]:
@@ -206,38 +223,8 @@ def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
     for stage, folder in folders.items():
         tags[f"lineage.run.{stage}"] = tracking.read_run_file(folder).get("run_id") or "none"
     tags["lineage.run.export"] = export_run_id or "none"
-    tags.update(dvc_data_hashes(cfg, root))
+    tags.update(tracking.dvc_data_hashes(cfg, root))
     return tags
-
-
-def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
-    """The dvc.lock hash of every data folder (image_dir, builtin, prepared)."""
-    import yaml
-
-    lock = root / "dvc.lock"
-    if not lock.is_file():
-        return {"lineage.dvc_lock": "none"}
-    wanted = {_rel_to(root, p) for p in (cfg.data.image_dir, cfg.paths.builtin, cfg.paths.prepared)}
-    found = {}
-    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
-    for stage in stages.values():
-        for entry in [*stage.get("deps", []), *stage.get("outs", [])]:
-            if entry.get("path") in wanted and entry.get("md5"):
-                found[f"lineage.dvc.{entry['path']}"] = entry["md5"]
-    return found or {"lineage.dvc_lock": "no data entries"}
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def _rel_to(root: Path, path: str) -> str:
-    p = Path(path)
-    if p.is_absolute():
-        try:
-            return str(p.relative_to(root))
-        except ValueError:
-            return str(p)
-    return str(p)
 
 
 def format_table(rows, serving, registered) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tfmlops import faults, tracking
 from tfmlops.config import Config
+from tfmlops.config.machine import allow_open_files
 from tfmlops.data.images import SPLITS, check_empty_classes, list_files
 from tfmlops.data.stream import prepare_stream
 from tfmlops.errors import DataError
@@ -39,6 +40,7 @@ LOCK = "prepare.lock"  # in paths.prepare_cache: one prepare at a time per proje
 
 def run(cfg: Config) -> dict[str, float]:
     tracking.preflight(cfg)  # a dead server fails in seconds, before the scan
+    allow_open_files(cfg.data.shards)  # every shard of the three splits stays open
     lock = Path(cfg.paths.prepare_cache) / LOCK
     with hold_lock(lock, f"prepare: another prepare of this project is running (it holds "
                          f"{lock}); waiting for it to finish"):

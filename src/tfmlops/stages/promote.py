@@ -5,10 +5,11 @@ an absolute floor on test accuracy, a tolerated change against the version
 holding @production, size and latency budgets, and the parity checks. Pass:
 the candidate gets @production and the version it replaced @previous. Fail:
 the candidate gets @candidate, production is unchanged, and the stage exits 0
-unless `promote.fail_pipeline`. `--rollback` moves @production back to
-@previous; `--version N [--force]` promotes a chosen version (forced: the gate
-is evaluated and recorded, not applied).
+unless `promote.fail_pipeline`. `--rollback` moves @production back to @previous;
+`--version N [--force]` promotes a chosen version (forced: the gate is not applied).
 
+DVC runs the stage on every `dvc repro` (an applied experiment changes none of its
+deps); when the exported version holds @production it only says so in promote.json.
 A promotion run by `dvc exp run` (DVC sets DVC_EXP_NAME; the run is tagged
 `dvc.exp_name`) is tentative: the gate is evaluated and recorded, the version
 gets @exp-<name>, and @production is left alone unless `promote.from_experiments`.
@@ -16,9 +17,8 @@ gets @exp-<name>, and @production is left alone unless `promote.from_experiments
 Every alias move happens under the registry's promotion lock, after reading
 @production again, so concurrent promotions serialize. The writes of a
 promotion go in an order whose every prefix is safe for `--rollback`: the
-candidate's `promote.replaced` tag, then @previous, then @production. Each decision (every
-check with its values) goes to `reports/promote.json`, to a `promote` MLflow
-run (decision.json) and to the candidate version's tags.
+candidate's `promote.replaced` tag, then @previous, then @production. Each decision goes
+to `reports/promote.json`, a `promote` MLflow run and the candidate version's tags.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
         raise DataError("promote needs the MLflow model registry; set tracking.enabled: true")
     candidate = None if rollback else (str(version) if version else exported_version(cfg))
     registry = Registry(cfg)
+    if candidate and not version and (cfg.promote.from_experiments or not dvc_experiment()) \
+            and registry.alias("production") == candidate:
+        return unchanged(cfg, registry.name, candidate)  # dvc runs promote on every repro
     out_dir = Path(cfg.paths.reports) / STAGE  # mlflow_run.json; paths.export is export's output
     params = {"promote": cfg.to_dict()["promote"], "rollback": rollback,
               "version": version, "force": force}
@@ -78,6 +81,18 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
         raise DataError(f"{decision['summary']} (promote.fail_pipeline is true)")
     return {"outcome": decision["outcome"], "promoted": decision["promoted"],
             "candidate": decision["candidate"], "production": decision["production_after"]}
+
+
+def unchanged(cfg: Config, name: str, candidate: str) -> dict:
+    """The exported version holds @production already: nothing to gate, move or record."""
+    summary = f"version {candidate} already holds @production; nothing to do"
+    result = {"outcome": "unchanged", "promoted": False, "candidate": candidate}
+    write_json(Path(cfg.paths.reports) / "promote.json", {
+        **result, "action": "promote", "model": name, "production_before": candidate,
+        "production_after": candidate, "checks": [], "failed": [], "reason": summary,
+        "summary": summary, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    log.info("promote: %s", summary)
+    return {**result, "production": candidate}
 
 
 def exported_version(cfg: Config) -> str:
@@ -126,9 +141,11 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
                                                   reasons if failed and not force else None)
         reason = (f"DVC experiment {experiment}: experiments never move @production "
                   "(promote.from_experiments is false)")
+        expected = {experiment_alias(experiment): candidate, PRODUCTION: production}
     elif production == candidate:
         outcome, after = "unchanged", production
         summary = reason = f"version {candidate} already holds @production"
+        expected = {PRODUCTION: candidate}
     elif not failed or force:
         # Tag, then @previous, then @production: a crash after any of them leaves
         # @previous and the tags naming what a rollback must restore.
@@ -143,13 +160,17 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
                    + (f" (replaced version {production}, now @previous)" if production else "")
                    + (f"; FORCED past: {reasons}" if failed else ""))
         reason = f"forced past the gate: {reasons}" if failed else "the gate passed"
+        expected = {PRODUCTION: candidate, PREVIOUS: production} if production else \
+            {PRODUCTION: candidate}
     else:
         registry.set_alias(CANDIDATE, candidate)
         outcome, after = "refused", production
         summary = (f"refused version {candidate} (now @candidate): {reasons}"
                    f"; production stays {'version ' + production if production else 'empty'}")
         reason = f"the gate failed: {reasons}"
+        expected = {CANDIDATE: candidate, PRODUCTION: production}
     registry.tag_version(candidate, {"promote.outcome": outcome, "promote.run_id": run_id})
+    registry.expect_aliases(expected)  # a writer outside the lock: a conflict, said so
     return {"action": "promote", "outcome": outcome, "candidate": candidate, "forced": force,
             "experiment": experiment, "reason": reason,
             "production_before": production, "production_after": after,
@@ -188,6 +209,7 @@ def roll_back(registry, still_held, run_id) -> dict:
         registry.delete_alias(PREVIOUS)
     if production:
         registry.tag_version(production, {"promote.rolled_back_by": run_id})
+    registry.expect_aliases({PRODUCTION: previous, PREVIOUS: older})
     return {"action": "rollback", "outcome": "rolled_back", "candidate": previous,
             "production_before": production, "production_after": previous,
             "previous_after": older, "checks": [], "failed": [], "experiment": None,

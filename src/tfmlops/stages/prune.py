@@ -79,8 +79,8 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
     keras.utils.set_random_seed(cfg.seed)
     log.info("prune: [1/3] loading the trained model into tf_keras, its test accuracy")
     original, twin = source.load_trained(cfg, tcfg, prepared)
-    x_test, y_test = pipeline.arrays(cfg, prepared, "test")
-    trained_accuracy = accuracy(original.predict(x_test, verbose=0), y_test)
+    y_test, outputs = pipeline.predicted(original, cfg, prepared, "test", 256)
+    trained_accuracy = accuracy(outputs, y_test)
     # The same tf_keras format as the pruned file, saved before fine-tuning
     # (the pruning wrappers share these layers' weights).
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,11 +115,13 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
 
     log.info("prune: [3/3] stripping the wrappers, recalibrating batch norm, measuring")
     stripped = pruning.strip(wrapped)
-    x_train, _ = pipeline.arrays(cfg, prepared, "train")
-    stripped = pruning.recalibrated_batch_norm(stripped, x_train[:BN_CALIBRATION_IMAGES], keras)
+    first = range(min(BN_CALIBRATION_IMAGES, prepared.counts["train"]))  # not the whole split
+    stripped = pruning.recalibrated_batch_norm(
+        stripped, pipeline.rows_at(cfg, prepared, "train", first), keras)
     stripped.save(out / MODEL_FILE)
     rows, overall = sparsity_table(pruning.layer_weights(stripped, pruned_names))
-    pruned_accuracy = accuracy(stripped.predict(x_test, verbose=0), y_test)
+    pruned_accuracy = accuracy(pipeline.predicted(stripped, cfg, prepared, "test", 256)[1],
+                               y_test)
     pruned_gzip = gzip_bytes(out / MODEL_FILE)
     if cfg.profiling.enabled:
         run.log_artifact(log_dir, "profile")

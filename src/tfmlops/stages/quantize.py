@@ -106,8 +106,8 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
     keras = source.tf_keras_module()
     keras.utils.set_random_seed(cfg.seed)
     q = cfg.quantize
-    x_train, _ = pipeline.arrays(cfg, prepared, "train")
-    calibration = x_train[tflite.sample_indices(len(x_train), q.representative_samples, cfg.seed)]
+    indices = tflite.sample_indices(prepared.counts["train"], q.representative_samples, cfg.seed)
+    calibration = pipeline.rows_at(cfg, prepared, "train", indices)  # the sample alone read
     x_test, y_test = pipeline.arrays(cfg, prepared, "test")
     log.info("quantize: loading the trained and pruned models, Keras reference on %d images",
              len(x_test))

@@ -18,7 +18,13 @@ This file only re-exports the names callers use. Importing it imports no MLflow:
 """
 
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tracking.lineage import RUN_FILE, data_version, git_state, read_run_file
+from tfmlops.tracking.lineage import (
+    RUN_FILE,
+    data_version,
+    dvc_data_hashes,
+    git_state,
+    read_run_file,
+)
 from tfmlops.tracking.ops import REPLAYABLE
 from tfmlops.tracking.outbox import OUTBOX_DIR, sync
 from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run
@@ -33,6 +39,7 @@ from tfmlops.tracking.uri import (
     redact,
     repo_root,
     tracking_uri,
+    ui_url,
     use_uri,
 )
 
@@ -40,8 +47,9 @@ _import_mlflow = import_mlflow  # the old private name, still used by tests/infr
 
 __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
-    "attach_run", "data_version", "ensure_reachable", "git_state", "import_mlflow", "is_chief",
+    "attach_run", "data_version", "dvc_data_hashes", "ensure_reachable", "git_state",
+    "import_mlflow", "is_chief",
     "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
     "start_sidecar",
-    "stage_run", "sync", "tracking_uri", "use_uri",
+    "stage_run", "sync", "tracking_uri", "ui_url", "use_uri",
 ]

@@ -77,6 +77,9 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         "tfmlops.params_hash": cfg.digest(),
         "tfmlops.data_version": data_version(cfg),
         "mlflow.source.git.commit": commit,
+        # MLflow's own guess is this process's argv[0]: `-c` in train's sidecar process.
+        "mlflow.source.name": f"tfmlops {stage}",
+        "mlflow.source.type": "LOCAL",
         "tfmlops.git_dirty": str(dirty).lower(),
         **owner_tags(),  # so a later run can tell this one was orphaned by a kill
     }
@@ -87,3 +90,30 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         if up.get("run_id"):
             tags[f"tfmlops.upstream.{name}"] = up["run_id"]
     return tags
+
+
+def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
+    """The dvc.lock hash of every data folder (image_dir, builtin, prepared)."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return {"lineage.dvc_lock": "none"}
+    wanted = {_rel_to(root, p) for p in (cfg.data.image_dir, cfg.paths.builtin, cfg.paths.prepared)}
+    found = {}
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    for stage in stages.values():
+        for entry in [*stage.get("deps", []), *stage.get("outs", [])]:
+            if entry.get("path") in wanted and entry.get("md5"):
+                found[f"lineage.dvc.{entry['path']}"] = entry["md5"]
+    return found or {"lineage.dvc_lock": "no data entries"}
+
+
+def _rel_to(root: Path, path: str) -> str:
+    p = Path(path)
+    if p.is_absolute():
+        try:
+            return str(p.relative_to(root))
+        except ValueError:
+            return str(p)
+    return str(p)

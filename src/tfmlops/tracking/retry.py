@@ -27,18 +27,24 @@ class RetriesExhausted(Exception):
 
 
 def call_with_retry(fn: Callable[[], T], attempts: int, *, final_codes: Collection[str] = (),
-                    jitter: bool = False) -> T:
+                    jitter: bool = False, before: Callable[[], None] | None = None,
+                    budget_s: float | None = None) -> T:
     """`fn()`, tried up to `attempts` times with `backoff_s` between tries.
 
     An error whose MLflow `error_code` is in `final_codes` (the store answered and
     refused: trying again would be refused too) is raised at once. After the last
     failed attempt, RetriesExhausted is raised. `jitter` spreads the sleeps of
     processes that failed together (competing promotions), so they do not retry in step.
+    `before()` runs ahead of every attempt (it raises to stop them: a lost lock); with
+    `budget_s`, no attempt starts later than that after the first one did.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
     last: Exception | None = None
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     for attempt in range(attempts):
+        if before is not None:
+            before()
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified here, raised below
@@ -47,7 +53,10 @@ def call_with_retry(fn: Callable[[], T], attempts: int, *, final_codes: Collecti
             last = exc
             if attempt + 1 < attempts:
                 pause = backoff_s(attempt)
-                time.sleep(pause * (0.5 + random.random()) if jitter else pause)
+                pause = pause * (0.5 + random.random()) if jitter else pause
+                if deadline is not None and time.monotonic() + pause > deadline:
+                    raise RetriesExhausted(attempt + 1, last) from None
+                time.sleep(pause)
     raise RetriesExhausted(attempts, last)
 
 

@@ -41,6 +41,7 @@ from tfmlops.tracking.uri import (
     is_chief,
     redact,
     tracking_uri,
+    ui_url,
     use_uri,
 )
 
@@ -493,8 +494,11 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         launcher = os.environ.pop("MLFLOW_RUN_ID", None)
         if launcher:
             tags["mlflow.parentRunId"] = launcher
-        return mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
-                                tags=tags).info.run_id
+        run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
+                                  tags=tags).info.run_id
+        log.info("%s: MLflow run %s: %s (runs table: %s)", stage, run_name,
+                 ui_url(uri, experiment_id, run_id), ui_url(uri, experiment_id))
+        return run_id
     except TrackingUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. the server died between check and start

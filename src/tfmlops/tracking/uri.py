@@ -26,9 +26,10 @@ from tfmlops.project import SQLITE, repo_root
 _uri_set_here: str | None = None  # the URI use_uri last pointed MLflow at
 _echo: str | None = None  # MLFLOW_TRACKING_URI as set_tracking_uri exported it, not the user
 
-# `scheme://user:password@` up to the last "@" of the token (a raw "@" or "/" in a
-# password must not leave its tail behind), and password-like query values.
-_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"<>]*@")
+# `scheme://user:password@` up to the last "@" of the line (a raw "@", "/", quote or
+# space in a password must not leave its tail behind: removing too much of a message
+# is safe, leaving part of a password is not), not across another URI's "://".
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)(?:(?!://)[^\r\n])*@")
 _SECRET_QUERY = re.compile(
     r"(?i)([?&;](?:password|passwd|pwd|secret|token|access_token|api_key|sslpassword)=)"
     r"[^&;\s'\"]*?(?=[&;\s'\"]|:\s|:?$)")  # a message's "uri: reason" keeps its colon
@@ -62,6 +63,20 @@ def artifact_location(uri: str) -> str | None:
     return None  # a server decides (`mlflow server --artifacts-destination`)
 
 
+LOCAL_UI = "http://127.0.0.1:5000"  # the README's `mlflow ui` for a local store
+# MLflow's UI keeps a GenAI / Model-training switch in the browser (default GenAI): a link
+# names the view, or a fresh browser opens an experiment on the GenAI overview.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI's page of an experiment (or of one of its runs), in the training
+    view: the tracking server's own UI, or `mlflow ui`'s address for a local store."""
+    base = redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+    page = f"{base}/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{page}?{TRAINING_VIEW}"
+
+
 def is_chief() -> bool:
     """Under TF_CONFIG only the chief (or worker 0 when there is no chief) records."""
     raw = os.environ.get("TF_CONFIG")
@@ -79,13 +94,15 @@ def is_chief() -> bool:
 def ensure_reachable(uri: str, timeout_s: float) -> None:
     """Fail within seconds, before any expensive work, if the store is away."""
     if uri.startswith(("http://", "https://")):
-        url = uri.rstrip("/") + "/health"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            with urllib.request.urlopen(_health_request(uri), timeout=timeout_s) as resp:
                 if resp.status >= 500:
                     raise OSError(f"HTTP {resp.status}")
-        except (OSError, urllib.error.URLError) as exc:
+        except (OSError, ValueError, urllib.error.URLError) as exc:  # ValueError: a bad URL
             reason = getattr(exc, "reason", exc)
+            if isinstance(exc, urllib.error.HTTPError):  # it answered: say what
+                reason = f"HTTP {exc.code} {exc.reason}" + (
+                    ": check the user and password in the URI" if exc.code in (401, 403) else "")
             raise TrackingUnavailable(
                 f"MLflow tracking server {redact(uri)} is unreachable ({redact(reason)}); start it, fix "
                 "MLFLOW_TRACKING_URI, or set tracking.enabled: false in params.yaml"
@@ -96,6 +113,24 @@ def ensure_reachable(uri: str, timeout_s: float) -> None:
             raise TrackingUnavailable(
                 f"MLflow store {redact(uri)}: folder {folder} does not exist; create it or fix the URI"
             )
+
+
+def _health_request(uri: str) -> urllib.request.Request:
+    """GET <uri>/health; `user:password@` goes into a Basic auth header, as MLflow's
+    client (requests) sends it: urllib reads it as part of the host name."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    scheme, rest = uri.split("://", 1)
+    headers = {}
+    if "@" in rest:  # the last "@": a raw "@" or "/" may sit in the password
+        userinfo, rest = rest.rsplit("@", 1)
+        user, _, password = userinfo.partition(":")
+        token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    parts = urlsplit(f"{scheme}://{rest}")
+    url = urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/health"))
+    return urllib.request.Request(url, headers=headers)
 
 
 def preflight(cfg: Config) -> None:

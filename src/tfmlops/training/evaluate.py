@@ -9,10 +9,9 @@ import statistics
 from tfmlops.config import Config
 
 
-def evaluate_test(model, merged: Config, prepared, global_batch: int, arrays=None):
-    """(Keras metrics on the test split, its images, labels and predicted classes).
-
-    `arrays`: the test split's (images, labels) if the caller has read them already."""
+def evaluate_test(model, merged: Config, prepared, global_batch: int):
+    """(Keras metrics on the test split, None, its labels and predicted classes), both
+    read batch by batch from the TFRecords: memory does not grow with the split."""
     import tensorflow as tf
 
     from tfmlops.data import pipeline
@@ -21,9 +20,8 @@ def evaluate_test(model, merged: Config, prepared, global_batch: int, arrays=Non
     test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
     test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(steps)),
                           verbose=0, return_dict=True)
-    x_test, y_test = arrays if arrays is not None else pipeline.arrays(merged, prepared, "test")
-    predicted = model.predict(x_test, batch_size=global_batch, verbose=0).argmax(-1)
-    return test, x_test, y_test, predicted
+    y_test, outputs = pipeline.predicted(model, merged, prepared, "test", global_batch)
+    return test, None, y_test, outputs.argmax(-1)
 
 
 def classification_report(y_true, y_pred, classes: list[str]) -> dict:

@@ -81,11 +81,10 @@ def evaluate_and_save(ctx: TrainContext, model):
     decision = asdict(ctx.precision) if ctx.precision is not None else {"policy": ctx.policy}
     write_json(ctx.folders.out / "precision.json",
                {"setting": ctx.merged.train.precision, **decision})
-    x_test, y_test = pipeline.arrays(ctx.merged, ctx.prepared, "test")
+    example = pipeline.rows_at(ctx.merged, ctx.prepared, "test", [0, 1], batch_size=2)
     ctx.model_logging = ctx.run.start_keras_model(model, saved_path=ctx.folders.out / MODEL_FILE,
-                                                  input_example=x_test[:2])
-    return evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch,
-                         arrays=(x_test, y_test))
+                                                  input_example=example)
+    return evaluate_test(model, ctx.merged, ctx.prepared, ctx.global_batch)
 
 
 def finish(ctx: TrainContext, model, evaluation, rows: list[dict], fit_seconds: float):
