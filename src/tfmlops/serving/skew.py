@@ -50,6 +50,8 @@ class Pair:
     parity: Parity
     min_agreement: float | None = None  # None: bound by max |difference| (parity.atol)
     gated: bool = True
+    bound_key: str = "export.atol"  # the param that sets the bound
+    unit: str = "probability"  # what max |difference| counts: probability | grey levels
 
     @property
     def agreement(self) -> float:
@@ -64,19 +66,24 @@ class Pair:
 
     def to_dict(self) -> dict:
         bound = ({"min_top1_agreement": self.min_agreement} if self.min_agreement is not None
-                 else {"atol": self.parity.atol, "top1_mismatches": 0})
-        return {"images": self.parity.images, "max_abs_diff": self.parity.max_abs_diff,
+                 else {"max_abs_diff": self.parity.atol, "top1_mismatches": 0})
+        return {"images": self.parity.images, "unit": self.unit,
+                "max_abs_diff": self.parity.max_abs_diff,
                 "top1_agreement": round(self.agreement, 6), "bound": bound,
-                "gated": self.gated, "passed": self.passed}
+                "bound_param": self.bound_key, "gated": self.gated, "passed": self.passed}
 
     def describe(self) -> str:
         p = self.parity
-        verdict = "ok" if self.passed else "FAILED"
-        bound = (f"top-1 agreement {self.agreement:.4f} vs at least {self.min_agreement:g} "
-                 "(export.skew.source_min_agreement)" if self.min_agreement is not None
-                 else f"bound export.atol {p.atol:g}, {p.top1_mismatches} top-1 labels differ")
+        verdict = ("ok" if self.passed else "FAILED") if self.gated else "reported, not gated"
+        if self.min_agreement is not None:
+            bound = (f"top-1 agreement {self.agreement:.4f} vs at least {self.min_agreement:g} "
+                     f"({self.bound_key})")
+        elif self.unit == "grey levels":
+            bound = f"bound {p.atol:g} ({self.bound_key})"
+        else:
+            bound = f"bound {p.atol:g} ({self.bound_key}), {p.top1_mismatches} top-1 labels differ"
         return (f"skew keras vs {self.name} {verdict}: max |difference| {p.max_abs_diff:.3g} "
-                f"over {p.images} images; {bound}")
+                f"{self.unit} over {p.images} images; {bound}")
 
 
 def check(pairs: list[Pair]) -> None:
@@ -143,14 +150,16 @@ def source_pairs(prepared, keras_model, served, limits, rows: int) -> tuple[list
     reference = np.asarray(keras_model.predict(ours, batch_size=256, verbose=0), np.float32)
     candidate = pyfunc_probabilities(served, [originals[i] for i in kept], rows)
     pairs = [Pair("source_served_pyfunc", compare("source_served_pyfunc", reference, candidate, 0.0),
-                  min_agreement=limits.source_min_agreement)]
+                  min_agreement=limits.source_min_agreement,
+                  bound_key="export.skew.source_min_agreement")]
     upright = [originals[i] for i in kept if files[i] not in rotated]
     grey = graph_decoding_difference(manifest, upright)
     facts["saved_model_pixels"] = {"images": len(upright), "max_grey_levels": grey}
     if upright:
         pairs.append(Pair("source_saved_model_pixels",
                           Parity("source_saved_model_pixels", len(upright), float(grey), 0,
-                                 float(limits.source_max_grey_levels))))
+                                 float(limits.source_max_grey_levels)),
+                          bound_key="export.skew.source_max_grey_levels", unit="grey levels"))
     return pairs, facts
 
 
