@@ -59,3 +59,16 @@ def save(name: str, result: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **result}, indent=2) + "\n")
     return path
+
+
+def tree_rss(proc) -> int:
+    """RSS of a psutil.Process and all its children, in bytes (a pool's workers count too)."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, machine, scratch_config  # noqa: E402
+from common import ROOT, machine, scratch_config, tree_rss  # noqa: E402
 from photo_set import make_photo_set  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks_prepare.json"
@@ -79,18 +79,6 @@ def pil_loop(files: list[Path]) -> tuple[float, float]:
         with Image.open(p) as img:
             img.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)
     return len(files) / (time.perf_counter() - start), (time.process_time() - cpu) / len(files)
-
-
-def tree_rss(proc) -> int:
-    import psutil
-
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 def timed_prepare(params: Path) -> dict:

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from common import save  # noqa: E402
+from common import save, tree_rss  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -72,18 +72,6 @@ def png16(side: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.zeros((side, side), np.uint16)).save(buf, "PNG")
     return buf.getvalue()
-
-
-def tree_rss(proc) -> int:
-    import psutil
-
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
 
 
 def start(server: str, model: Path, log: Path) -> tuple[subprocess.Popen, str]:
