@@ -189,8 +189,8 @@ def main() -> None:
 
 def run(args) -> dict:
     from tfmlops.config import load_config
+    from tfmlops.data.stored_split import StoredSplit
     from tfmlops.registry import PRODUCTION, Registry
-    from tfmlops.serving.formats import load_test_split
 
     if args.scratch:
         cfg = scratch_pipeline(args.epochs)
@@ -203,7 +203,7 @@ def run(args) -> dict:
                          "`dvc repro` (and promote), or pass --scratch")
     from tfmlops.data.pipeline import load_prepared
 
-    encoded, x, _ = load_test_split(load_prepared(cfg))
+    encoded, x, _ = StoredSplit.of(load_prepared(cfg)).arrays()
     with tempfile.TemporaryDirectory(prefix="tfmlops-serving-bench-") as folder:
         return measure(cfg, registry, version, encoded, x, Path(folder), args)
 

@@ -297,11 +297,12 @@ def exported_digits(tmp_path_factory, prepared_digits):
 def exported_offline(exported_digits):
     """The exported Keras model's answers on the test split, in export's order."""
     from tfmlops.data.pipeline import load_prepared
+    from tfmlops.data.stored_split import StoredSplit
     from tfmlops.model.artifacts import load_keras3, trained_model_path
-    from tfmlops.serving.formats import load_test_split
 
     prepared = load_prepared(exported_digits)
     model = load_keras3(trained_model_path(exported_digits))
-    encoded, x, y = load_test_split(prepared)
-    return {"prepared": prepared, "encoded": encoded, "x": x, "y": y,
+    split = StoredSplit.of(prepared)
+    encoded, x, y = split.arrays()
+    return {"prepared": prepared, "split": split, "encoded": encoded, "x": x, "y": y,
             "probs": model.predict(x, verbose=0)}

@@ -97,3 +97,64 @@ def test_peak_memory_does_not_grow_with_the_split(splits):
     assert peaks["4x"]["whole"] > 3 * peaks["1x"]["whole"]  # what the old path held
     assert peaks["4x"]["sample"] < 1.5 * peaks["1x"]["sample"]
     assert peaks["4x"]["predict"] < four.counts["test"] * image_bytes / 4
+
+
+def _eager_records(prepared):
+    """The split read record by record, eagerly: what export's evaluation held whole."""
+    import tensorflow as tf
+
+    from tfmlops.data.pipeline import FEATURES, decode_stored, preprocess, shard_files
+
+    encoded, xs, ys = [], [], []
+    for record in tf.data.TFRecordDataset(shard_files(prepared.folder, "test")):
+        ex = tf.io.parse_single_example(record, FEATURES)
+        image = decode_stored(ex["image"], prepared.channels)
+        xs.append(preprocess(image, prepared.image_size, prepared.mean, prepared.std).numpy())
+        encoded.append(ex["image"].numpy())
+        ys.append(int(ex["label"].numpy()))
+    return encoded, np.stack(xs), np.asarray(ys)
+
+
+def test_stored_split_gives_every_record_in_file_order(splits):
+    """Batch by batch (a batch size that does not divide the split), through a fresh
+    process's description of it: the same bytes, inputs and labels as record by record."""
+    from tfmlops.data.stored_split import StoredSplit
+
+    _, prepared, _ = splits
+    split = StoredSplit.from_dict(json.loads(json.dumps(
+        StoredSplit.of(prepared, batch_size=37).to_dict())))
+    encoded, x, y = _eager_records(prepared)
+    got_encoded, got_x, got_y = split.arrays()
+    assert got_encoded == encoded
+    np.testing.assert_array_equal(got_y, y)
+    np.testing.assert_array_equal(split.labels(), y)
+    np.testing.assert_allclose(got_x, x, rtol=0, atol=1e-6)
+    first_bytes, first_x = split.first()
+    assert first_bytes == encoded[0] and first_x.shape == (1, *prepared.input_shape)
+    np.testing.assert_allclose(split.predict(lambda b: b.mean(axis=(1, 2, 3))[:, None]),
+                               x.mean(axis=(1, 2, 3))[:, None], rtol=1e-5)
+    sizes = split.predict_encoded(lambda e: np.asarray([[len(b)] for b in e]))
+    assert sizes[:, 0].tolist() == [len(b) for b in encoded]
+
+
+def test_stored_split_evaluation_does_not_grow_with_the_split(splits):
+    """What export and quantize do over the test split (labels, every runtime's
+    predictions, the first image), at 1x and 4x: the peak Python holds stays flat,
+    where holding the split (`arrays`, what they did before) grows with it."""
+    from tfmlops.data.stored_split import StoredSplit
+
+    _, one, four = splits
+
+    def evaluate(split):
+        split.labels()
+        split.predict(lambda x: np.stack([x.mean(axis=(1, 2, 3))] * 10, axis=1))
+        split.predict_encoded(lambda e: np.zeros((len(e), 10), np.float32))
+        split.first()
+
+    peaks = {name: {"evaluate": _peak(lambda s=StoredSplit.of(p, batch_size=64): evaluate(s)),
+                    "whole": _peak(lambda s=StoredSplit.of(p, batch_size=64): s.arrays())}
+             for name, p in (("1x", one), ("4x", four))}
+    print(peaks)
+    assert peaks["4x"]["whole"] > 3 * peaks["1x"]["whole"]
+    # per-image outputs (labels, 10 probabilities) grow; the images must not
+    assert peaks["4x"]["evaluate"] < peaks["1x"]["evaluate"] + four.counts["test"] * 100

@@ -109,12 +109,12 @@ def test_onnx_parity_fails_on_a_perturbed_model(exported_digits, exported_offlin
 
     cfg, offline = exported_digits, exported_offline
     source = Path(cfg.paths.export) / "model.onnx"
-    assert check_onnx(source, offline["x"], offline["probs"], cfg.export.atol).passed
+    assert check_onnx(source, offline["split"], offline["probs"], cfg.export.atol).passed
     perturbed = tmp_path / "perturbed.onnx"
     shutil.copy2(source, perturbed)
     perturb_onnx_bias(perturbed)
     with pytest.raises(DataError) as err:
-        check_onnx(perturbed, offline["x"], offline["probs"], cfg.export.atol)
+        check_onnx(perturbed, offline["split"], offline["probs"], cfg.export.atol)
     message = str(err.value)
     assert "onnx parity FAILED" in message and "over by" in message
     assert "\n" not in message

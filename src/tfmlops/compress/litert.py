@@ -14,12 +14,14 @@ from tfmlops.compress.measure import gzip_bytes, sparse_tensors
 from tfmlops.runtimes import TFLiteModel, accuracy, latency_ms, top1_agreement
 
 
-def evaluate(path: Path, x: np.ndarray, y: np.ndarray, reference: np.ndarray, threads: int,
+def evaluate(path: Path, split, y: np.ndarray, reference: np.ndarray, threads: int,
              runs: int, warmup: int) -> dict:
-    """One frontier row (minus its name) from real predictions on the whole split."""
+    """One frontier row (minus its name) from real predictions on the whole split
+    (`StoredSplit`, read batch by batch)."""
     model = TFLiteModel(str(path), threads=threads)
-    probs = model.predict_all(x, batch=1)  # batch 1: the edge case, and safe for every graph
-    timing = latency_ms(model.predict, x[:1], runs=runs, warmup=warmup)
+    # batch 1: the edge case, and safe for every graph
+    probs = split.predict(lambda x: model.predict_all(x, batch=1))
+    timing = latency_ms(model.predict, split.first()[1], runs=runs, warmup=warmup)
     return {
         "accuracy": round(accuracy(probs, y), 6),
         "agreement": round(top1_agreement(probs, reference), 6),

@@ -7,6 +7,8 @@ format's accuracy, size and single-image latency; `choose_serving` picks the
 fastest runtime the served model can run among those that passed parity;
 `check_served` runs the served model's own path (PIL + NumPy + runtime).
 A required parity that fails raises DataError saying by how much.
+Every check reads the test split batch by batch (`data.stored_split.StoredSplit`):
+what stays in memory is per image (labels, probabilities), never the images.
 """
 
 from __future__ import annotations
@@ -49,34 +51,11 @@ def float32_model(path: Path, tcfg: Config, prepared):
     return rebuild(model, tcfg, keras, prepared.input_shape, prepared.num_classes)
 
 
-def load_test_split(prepared):
-    """The test split: stored image bytes, float inputs and labels, in one fixed order.
-
-    The float inputs go through the pipeline's own decode and preprocess (what
-    training and `train`'s evaluation read), so the bytes signature and the
-    served model can be compared with them image by image.
-    """
-    import tensorflow as tf
-
-    from tfmlops.data.pipeline import FEATURES, decode_stored, preprocess, shard_files
-
-    files = shard_files(prepared.folder, "test")
-    if not files:
-        raise DataError(f"no test TFRecords in {prepared.folder}; run `dvc repro prepare`")
-    encoded, xs, ys = [], [], []
-    for record in tf.data.TFRecordDataset(files):
-        ex = tf.io.parse_single_example(record, FEATURES)
-        image = decode_stored(ex["image"], prepared.channels)
-        xs.append(preprocess(image, prepared.image_size, prepared.mean, prepared.std).numpy())
-        encoded.append(ex["image"].numpy())
-        ys.append(int(ex["label"].numpy()))
-    return encoded, np.stack(xs).astype(np.float32), np.asarray(ys)
-
-
 # ------------------------------------------------------------------ formats
 
-def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs) -> dict:
-    """Write every format into `out`; fail on the first parity the stage requires."""
+def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> dict:
+    """Write every format into `out`; fail on the first parity the stage requires.
+    `split` is the test split (`StoredSplit`), read batch by batch by each check."""
     from tfmlops.serving.signatures import export_saved_model
 
     saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
@@ -84,29 +63,28 @@ def build_formats(cfg, model, prepared, edge, out: Path, encoded, x, keras_probs
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
                        prepared.mean, prepared.std, prepared.stored_size,
                        cfg.export.serving.max_image_pixels)
-    reloaded = reload_check(saved, x, encoded, keras_probs, prepared.classes, cfg.export.atol)
+    reloaded = reload_check(saved, split, keras_probs, prepared.classes, cfg.export.atol)
     onnx_path = out / "model.onnx"
     log.info("export: [2/3] ONNX: converting (opset %d), checking parity", cfg.export.onnx_opset)
     to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
-    check_onnx(onnx_path, x, keras_probs, cfg.export.atol)
+    check_onnx(onnx_path, split, keras_probs, cfg.export.atol)
     log.info("export: [3/3] TFLite: the edge variant %s from quantize", edge["variant"])
     shutil.copy2(Path(cfg.paths.tflite) / edge["file"], out / "model.tflite")
     return {"saved_model": saved, "onnx": onnx_path, "tflite": out / "model.tflite",
             "reload_parity": reloaded["saved_model_bytes"]}
 
 
-def reload_check(saved: Path, x, encoded, keras_probs, classes, atol: float) -> dict:
-    """Reload the SavedModel in a fresh process; both signatures must match Keras."""
+def reload_check(saved: Path, split, keras_probs, classes, atol: float) -> dict:
+    """Reload the SavedModel in a fresh process; both signatures must match Keras.
+    The process reads the test split from its TFRecords itself, batch by batch."""
     from tfmlops.serving.parity import compare
-    from tfmlops.serving.signatures import pack_bytes
 
     with tempfile.TemporaryDirectory(prefix="tfmlops-reload-") as tmp:
-        buffer, offsets = pack_bytes(encoded)
-        np.savez(Path(tmp) / "in.npz", x=x, encoded=buffer, offsets=offsets)
+        write_json(Path(tmp) / "split.json", split.to_dict())
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
         proc = subprocess.run(
             [sys.executable, "-m", "tfmlops.serving.signatures", str(saved),
-             str(Path(tmp) / "in.npz"), str(Path(tmp) / "out.npz")],
+             str(Path(tmp) / "split.json"), str(Path(tmp) / "out.npz")],
             capture_output=True, text=True, env=env, timeout=900)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
@@ -145,12 +123,13 @@ def to_onnx(model, path: Path, input_shape, opset: int) -> None:
             from None
 
 
-def check_onnx(path: Path, x, keras_probs, atol: float):
-    """ONNX Runtime on the whole test split against Keras; DataError saying by how much."""
+def check_onnx(path: Path, split, keras_probs, atol: float):
+    """ONNX Runtime on the whole test split (`StoredSplit`) against Keras; DataError saying
+    by how much."""
     from tfmlops.runtimes import OnnxModel
     from tfmlops.serving.parity import compare
 
-    result = compare("onnx", keras_probs, OnnxModel(str(path)).predict(x), atol)
+    result = compare("onnx", keras_probs, split.predict(OnnxModel(str(path)).predict), atol)
     if not result.passed:
         raise DataError(f"{result.describe()}; raise export.atol only if that is acceptable")
     return result
@@ -158,8 +137,9 @@ def check_onnx(path: Path, x, keras_probs, atol: float):
 
 # ---------------------------------------------------------------- measuring
 
-def measure(cfg, model, out: Path, formats: dict, x, y, keras_probs):
-    """One row per format (accuracy, bytes, latency) and the parity of each runtime."""
+def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
+    """One row per format (accuracy, bytes, latency) and the parity of each runtime, each
+    runtime over the test split (`StoredSplit`) batch by batch."""
     import tensorflow as tf
 
     from tfmlops.runtimes import OnnxModel, TFLiteModel, accuracy, latency_ms
@@ -168,16 +148,15 @@ def measure(cfg, model, out: Path, formats: dict, x, y, keras_probs):
 
     runs = cfg.export.latency_runs
     warmup = max(1, runs // 10)
-    x1 = x[:1]
+    _, x1 = split.first()
     sig = tf.saved_model.load(str(formats["saved_model"])).signatures[FLOAT_SIGNATURE]
     onnx_model = OnnxModel(str(formats["onnx"]), LATENCY_THREADS)
     tflite_model = TFLiteModel(str(formats["tflite"]), LATENCY_THREADS)
     probs = {
         "keras": keras_probs,
-        "saved_model": np.concatenate([sig(image=tf.constant(x[i:i + 256]))["probabilities"]
-                                       .numpy() for i in range(0, len(x), 256)]),
-        "onnx": onnx_model.predict(x),
-        "tflite": tflite_model.predict_all(x, batch=64),
+        "saved_model": split.predict(lambda x: sig(image=tf.constant(x))["probabilities"]),
+        "onnx": split.predict(onnx_model.predict),
+        "tflite": split.predict(lambda x: tflite_model.predict_all(x, batch=64)),
     }
     call = {
         "keras": lambda a: model(a, training=False).numpy(),  # eager Keras, one image
@@ -228,7 +207,7 @@ def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None
         "threads": LATENCY_THREADS, "limits": limits})
 
 
-def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, encoded, y,
+def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y,
                         keras_probs, parities, report_path: Path) -> tuple[dict, list]:
     """The served MLflow model saved and loaded back as `mlflow models serve` loads it,
     checked on the stored test images, then the skew report written to `report_path`:
@@ -237,17 +216,18 @@ def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, encoded,
 
     log.info("export: checking the served MLflow model (%s) on the test split's stored "
              "images", serving["runtime"])
+    first, _ = split.first()
     with tempfile.TemporaryDirectory(prefix="tfmlops-served-") as tmp:
         served = registry.save_serving_model(out, serving["file"],
-                                             registry.request_example(encoded[0]),
+                                             registry.request_example(first),
                                              Path(tmp) / "model")
-        row = check_served(cfg, out, serving, served, encoded, y, keras_probs, parities)
+        row = check_served(cfg, out, serving, served, split, y, keras_probs, parities)
         pairs, report = check_skew(cfg, prepared, model, served, parities)
     write_json(report_path, report)
     return row, pairs
 
 
-def check_served(cfg, out: Path, serving: dict, served, encoded, y, keras_probs,
+def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
                  parities) -> dict:
     """The served MLflow model (`served`, loaded back by `mlflow.pyfunc.load_model`) on
     the stored test bytes vs Keras on the pipeline's tensors.
@@ -262,14 +242,15 @@ def check_served(cfg, out: Path, serving: dict, served, encoded, y, keras_probs,
     from tfmlops.serving.predictor import CONFIG_FILE, Predictor
     from tfmlops.serving.skew import pyfunc_probabilities
 
-    probs = pyfunc_probabilities(served, encoded, request_rows(cfg))
+    rows = request_rows(cfg)
+    probs = split.predict_encoded(lambda encoded: pyfunc_probabilities(served, encoded, rows))
     p = compare("served_pyfunc", keras_probs, probs, cfg.export.atol)
     parities.append(p)
     if not p.passed:
         raise DataError(f"the served model's decoding or preprocessing drifted from training: "
                         f"{p.describe()}")
     predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
-    row = [{"image": base64.b64encode(encoded[0]).decode()}]
+    row = [{"image": base64.b64encode(split.first()[0]).decode()}]
     runs = cfg.export.latency_runs
     timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))
     serving["latency_p50_ms"] = timing["p50_ms"]

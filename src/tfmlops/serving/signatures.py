@@ -21,6 +21,7 @@ SavedModel in a fresh process and runs both signatures (the export check).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -204,43 +205,38 @@ def export_saved_model(model, path, classes, image_size: int, channels: int, mea
     archive.write_out(str(path), verbose=False)
 
 
-def run_signatures(path, x: np.ndarray, encoded: list[bytes], batch: int = 256) -> dict:
-    """Both signatures of the SavedModel at `path` on floats `x` and encoded images."""
+def run_signatures(path, split) -> dict:
+    """Both signatures of the SavedModel at `path` on the split's (`StoredSplit`) float
+    inputs and stored bytes, batch by batch."""
     loaded = tf.saved_model.load(str(path))
     floats = loaded.signatures[FLOAT_SIGNATURE]
     images = loaded.signatures[BYTES_SIGNATURE]
     default = loaded.signatures["serving_default"]
-    prob_f = [floats(image=tf.constant(x[i:i + batch]))["probabilities"].numpy()
-              for i in range(0, len(x), batch)]
-    out_b = [images(image_bytes=tf.constant(encoded[i:i + batch]))
-             for i in range(0, len(encoded), batch)]
-    first = default(image_bytes=tf.constant(encoded[:1]))["probabilities"].numpy()
+    prob_f, prob_b, labels = [], [], []
+    for encoded, x, _ in split.batches():
+        prob_f.append(floats(image=tf.constant(x))["probabilities"].numpy())
+        out = images(image_bytes=tf.constant(encoded))
+        prob_b.append(out["probabilities"].numpy())
+        labels.append(out["label"].numpy().astype(str))
+    first = default(image_bytes=tf.constant([split.first()[0]]))["probabilities"].numpy()
     return {
         "float_probabilities": np.concatenate(prob_f),
-        "bytes_probabilities": np.concatenate([o["probabilities"].numpy() for o in out_b]),
-        "bytes_labels": np.concatenate([o["label"].numpy().astype(str) for o in out_b]),
+        "bytes_probabilities": np.concatenate(prob_b),
+        "bytes_labels": np.concatenate(labels),
         "default_probabilities": first,
     }
 
 
 def main(argv: list[str]) -> int:
-    """Reload in this (fresh) process: DIR INPUTS.npz OUTPUTS.npz."""
-    path, inputs, outputs = argv
-    data = np.load(inputs, allow_pickle=False)
-    encoded = unpack_bytes(data["encoded"], data["offsets"])
-    np.savez(outputs, **run_signatures(path, data["x"], encoded))
+    """Reload in this (fresh) process: DIR SPLIT.json OUTPUTS.npz."""
+    import json
+
+    from tfmlops.data.stored_split import StoredSplit
+
+    path, split_file, outputs = argv
+    split = StoredSplit.from_dict(json.loads(Path(split_file).read_text()))
+    np.savez(outputs, **run_signatures(path, split))
     return 0
-
-
-def pack_bytes(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Variable-length byte strings as one uint8 buffer + offsets (npz without pickle)."""
-    offsets = np.cumsum([0] + [len(b) for b in items])
-    return np.frombuffer(b"".join(items), dtype=np.uint8), offsets
-
-
-def unpack_bytes(buffer: np.ndarray, offsets: np.ndarray) -> list[bytes]:
-    raw = buffer.tobytes()
-    return [raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
-
 from tfmlops import registry, tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError
@@ -57,20 +55,24 @@ def run(cfg: Config) -> dict:
                             params={"export": cfg.to_dict()["export"],
                                     "promote.registered_model": cfg.promote.registered_model}) as run:
         # TensorFlow loads after the run opened: a dead tracking server fails first.
+        from tfmlops.data.stored_split import StoredSplit
         from tfmlops.serving import formats as fmt
         from tfmlops.serving.card import model_card
 
         model = fmt.float32_model(trained_model_path(cfg), tcfg, prepared)
-        encoded, x, y = fmt.load_test_split(prepared)
-        keras_probs = np.asarray(model.predict(x, batch_size=256, verbose=0), np.float32)
-        formats = fmt.build_formats(cfg, model, prepared, edge, out, encoded, x, keras_probs)
-        _profile_serving(cfg, run, formats["saved_model"], encoded)
-        rows, parities = fmt.measure(cfg, model, out, formats, x, y, keras_probs)
+        # The test split is read batch by batch by every check, never held whole.
+        split = StoredSplit.of(prepared)
+        y = split.labels()
+        keras_probs = split.predict(lambda x: model.predict(x, batch_size=256, verbose=0))
+        formats = fmt.build_formats(cfg, model, prepared, edge, out, split, keras_probs)
+        first_image = split.first()[0]
+        _profile_serving(cfg, run, formats["saved_model"], first_image)
+        rows, parities = fmt.measure(cfg, model, out, formats, split, y, keras_probs)
         parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
         serving = fmt.choose_serving(rows, parities)
         fmt.write_serving_config(out, serving, prepared,
                                  dataclasses.asdict(cfg.export.serving))
-        served_row, pairs = fmt.check_serving_paths(cfg, prepared, model, out, serving, encoded,
+        served_row, pairs = fmt.check_serving_paths(cfg, prepared, model, out, serving, split,
                                                     y, keras_probs, parities, out / SKEW_FILE)
         rows.append(served_row)
         for r in rows:
@@ -87,7 +89,7 @@ def run(cfg: Config) -> dict:
         # failure before registration leaves no version without its registered.json.
         final = swap_in(out, cfg.paths.export)
         registered = register(cfg, run, final, serving,
-                              version_tags(rows, parities, serving, lineage), card, encoded[0])
+                              version_tags(rows, parities, serving, lineage), card, first_image)
         write_json(final / REGISTERED_FILE, registered)
 
         metrics = {**export_metrics(rows, parities, serving), **skew_metrics(pairs),
@@ -105,7 +107,7 @@ def run(cfg: Config) -> dict:
 
 # ------------------------------------------------------------------ inputs
 
-def _profile_serving(cfg: Config, run, saved: Path, encoded) -> None:
+def _profile_serving(cfg: Config, run, saved: Path, image: bytes) -> None:
     """A profiler trace of the SavedModel's bytes-in serving function, warmed up first."""
     import tensorflow as tf
 
@@ -115,7 +117,7 @@ def _profile_serving(cfg: Config, run, saved: Path, encoded) -> None:
         return
     serve = tf.saved_model.load(str(saved)).signatures["serving_default"]
     name = next(iter(serve.structured_input_signature[1]))
-    batch = tf.constant(list(encoded[:1]))
+    batch = tf.constant([image])
     for _ in range(cfg.profiling.start_step):  # tracing and first calls stay out of the trace
         serve(**{name: batch})
     with profiling.trace(cfg, STAGE) as folder:

@@ -101,6 +101,7 @@ def _check(cfg: Config) -> Config:
 def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path | None):
     from tfmlops.compress import litert, tflite
     from tfmlops.data import pipeline
+    from tfmlops.data.stored_split import StoredSplit
     from tfmlops.runtimes import accuracy
 
     keras = source.tf_keras_module()
@@ -108,11 +109,14 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
     q = cfg.quantize
     indices = tflite.sample_indices(prepared.counts["train"], q.representative_samples, cfg.seed)
     calibration = pipeline.rows_at(cfg, prepared, "train", indices)  # the sample alone read
-    x_test, y_test = pipeline.arrays(cfg, prepared, "test")
+    test = StoredSplit.of(prepared)  # read batch by batch by each variant, never held whole
+    y_test = test.labels()
     log.info("quantize: loading the trained and pruned models, Keras reference on %d images",
-             len(x_test))
+             len(y_test))
     original, trained_twin = source.load_trained(cfg, tcfg, prepared)
-    reference = original.predict(x_test, verbose=0)  # the Keras reference every variant meets
+    # the Keras reference every variant meets
+    # (Keras's default batch of 32: a batch's activations are what this stage peaks on)
+    reference = test.predict(lambda x: original.predict(x, verbose=0))
     reference_accuracy = accuracy(reference, y_test)
     models = {"pruned": source.load_pruned(cfg), "trained": trained_twin}
 
@@ -130,9 +134,9 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
     rows, details = [], {}
     for i, name in enumerate(built, 1):
         log.info("quantize: [%d/%d] evaluating %s on %d test images, timing %d runs",
-                 i, len(built), name, len(x_test), q.latency_runs)
+                 i, len(built), name, len(y_test), q.latency_runs)
         try:
-            row = litert.evaluate(out / f"{name}.tflite", x_test, y_test, reference, q.threads,
+            row = litert.evaluate(out / f"{name}.tflite", test, y_test, reference, q.threads,
                                   q.latency_runs, q.latency_warmup)
         except (RuntimeError, ValueError) as exc:  # built, but LiteRT cannot run it
             failed[name] = f"LiteRT: {tflite.first_line(exc)}"

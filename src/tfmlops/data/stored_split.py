@@ -1,0 +1,104 @@
+"""A split read batch by batch from its TFRecords, for evaluation that must not hold it.
+
+`export` and `quantize` run every format over the whole test split. At 100,000
+test photos of 224 px the float inputs alone are 60 GB, so a `StoredSplit`
+never holds more than one batch of images: each pass decodes the TFRecords
+again (stored bytes, the pipeline's own decode and preprocess, labels), in one
+fixed order, the shards' file order. What the callers keep is per image and
+small: labels and probabilities (N x classes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfmlops.errors import DataError
+
+BATCH = 256  # images per batch: a few MB of float inputs at 96 px, 150 MB at 224 px x 3
+
+
+@dataclass(frozen=True)
+class StoredSplit:
+    files: tuple[str, ...]
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    batch_size: int = BATCH
+
+    @classmethod
+    def of(cls, prepared, split: str = "test", batch_size: int = BATCH) -> StoredSplit:
+        from tfmlops.data.pipeline import shard_files
+
+        files = shard_files(prepared.folder, split)
+        if not files:
+            raise DataError(f"no {split} TFRecords in {prepared.folder}; run `dvc repro prepare`")
+        return cls(tuple(files), prepared.channels, prepared.image_size, tuple(prepared.mean),
+                   tuple(prepared.std), batch_size)
+
+    # A fresh process (the SavedModel's reload check) reads the same split from this.
+    def to_dict(self) -> dict:
+        return {"files": list(self.files), "channels": self.channels,
+                "image_size": self.image_size, "mean": list(self.mean), "std": list(self.std),
+                "batch_size": self.batch_size}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StoredSplit:
+        return cls(tuple(d["files"]), d["channels"], d["image_size"], tuple(d["mean"]),
+                   tuple(d["std"]), d["batch_size"])
+
+    def batches(self, batch_size: int | None = None
+                ) -> Iterator[tuple[list[bytes], np.ndarray, np.ndarray]]:
+        """(stored bytes, float32 model inputs, labels) per batch, in file order."""
+        import tensorflow as tf
+
+        from tfmlops.data.pipeline import FEATURES, decode_stored, preprocess
+
+        def parse(record):
+            ex = tf.io.parse_single_example(record, FEATURES)
+            image = decode_stored(ex["image"], self.channels)
+            x = preprocess(image, self.image_size, self.mean, self.std)
+            return ex["image"], x, ex["label"]
+
+        ds = (tf.data.TFRecordDataset(list(self.files))
+              .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+              .batch(batch_size or self.batch_size)
+              .prefetch(1))
+        for encoded, x, y in ds:
+            yield list(encoded.numpy()), x.numpy().astype(np.float32), y.numpy()
+
+    def labels(self) -> np.ndarray:
+        import tensorflow as tf
+
+        from tfmlops.data.pipeline import FEATURES
+
+        ds = (tf.data.TFRecordDataset(list(self.files))
+              .map(lambda r: tf.io.parse_single_example(r, FEATURES)["label"])
+              .batch(4096))
+        return np.concatenate([y.numpy() for y in ds] or [np.zeros(0, np.int64)])
+
+    def first(self) -> tuple[bytes, np.ndarray]:
+        """The first image: its stored bytes and its model input (a batch of one)."""
+        encoded, x, _ = next(self.batches(batch_size=1))
+        return encoded[0], x
+
+    def predict(self, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """`fn` over every batch of model inputs, concatenated (float32)."""
+        return np.concatenate([np.asarray(fn(x), np.float32) for _, x, _ in self.batches()])
+
+    def predict_encoded(self, fn: Callable[[list[bytes]], np.ndarray]) -> np.ndarray:
+        """`fn` over every batch of stored bytes, concatenated (float32)."""
+        return np.concatenate([np.asarray(fn(e), np.float32) for e, _, _ in self.batches()])
+
+    def arrays(self) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+        """The whole split in memory (stored bytes, inputs, labels): for tests and
+        benchmarks on small splits, never for a stage."""
+        encoded, xs, ys = [], [], []
+        for e, x, y in self.batches():
+            encoded.extend(e)
+            xs.append(x)
+            ys.append(y)
+        return encoded, np.concatenate(xs), np.concatenate(ys)
