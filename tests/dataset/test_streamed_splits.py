@@ -151,9 +151,11 @@ def test_stored_split_evaluation_does_not_grow_with_the_split(splits):
         split.predict_encoded(lambda e: np.zeros((len(e), 10), np.float32))
         split.first()
 
-    peaks = {name: {"evaluate": _peak(lambda s=StoredSplit.of(p, batch_size=64): evaluate(s)),
-                    "whole": _peak(lambda s=StoredSplit.of(p, batch_size=64): s.arrays())}
-             for name, p in (("1x", one), ("4x", four))}
+    peaks = {}
+    for name, prepared in (("1x", one), ("4x", four)):
+        split = StoredSplit.of(prepared, batch_size=64)
+        peaks[name] = {"evaluate": _peak(lambda s=split: evaluate(s)),
+                       "whole": _peak(lambda s=split: s.arrays())}
     print(peaks)
     assert peaks["4x"]["whole"] > 3 * peaks["1x"]["whole"]
     # per-image outputs (labels, 10 probabilities) grow; the images must not

@@ -124,7 +124,7 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
 
 @pytest.mark.timeout(1200)
 def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tmp_path):
-    from tfmlops.training.multi_worker import finished_epochs
+    from tfmlops.training.multi_worker import chief_finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, tracking={"enabled": False})
@@ -134,7 +134,7 @@ def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tm
     deadline = time.monotonic() + 1140
     first = Workers(tmp_path, attempt="killed")
     try:
-        while finished_epochs(backup) < 1:
+        while chief_finished_epochs(backup) < 1:
             assert all(p.poll() is None for p in first.procs), first.tails()
             assert time.monotonic() < deadline, "no backup in the test's time\n" + first.tails()
             time.sleep(0.05)
@@ -144,7 +144,7 @@ def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tm
     finally:
         first.kill()
     assert chief_code != 0
-    killed_after = finished_epochs(backup)
+    killed_after = chief_finished_epochs(backup)
     assert 1 <= killed_after < epochs, first.tails()
     assert not Path(cfg.paths.train).exists()  # nothing half-written, nothing "done"
 

@@ -29,8 +29,8 @@ def test_train_sends_several_workers_to_tf_keras_which_refuses_lamb(digits_workd
 
 
 def test_no_backup_means_nothing_to_resume(tmp_path):
-    from tfmlops.training.multi_worker import finished_epochs
+    from tfmlops.training.multi_worker import chief_finished_epochs
 
-    assert finished_epochs(tmp_path / "missing") == 0
+    assert chief_finished_epochs(tmp_path / "missing") == 0
     (tmp_path / "chief").mkdir()
-    assert finished_epochs(tmp_path) == 0
+    assert chief_finished_epochs(tmp_path) == 0

@@ -60,7 +60,7 @@ def convert(model, variant: str, calibration: np.ndarray | None = None) -> bytes
     return converter.convert()
 
 
-def first_line(exc: BaseException) -> str:
+def converter_message(exc: BaseException) -> str:
     """The converter's own message, on one line (its tracebacks run for pages)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")

@@ -31,15 +31,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfmlops.data.decode import ImageRejected, load_image, to_channels
+from tfmlops.data.decode import ImageRejected, load_image
 from tfmlops.errors import DataError
 
 SUPPORTED = {".png", ".jpg", ".jpeg", ".mpo", ".bmp", ".gif"}
 SPLITS = ("train", "val", "test")
-
-# The name serving/preprocess.py imports; the function lives in data/decode.py.
-_to_channels = to_channels
-
 
 @dataclass(frozen=True)
 class GoodImage:

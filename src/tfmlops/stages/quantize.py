@@ -139,7 +139,7 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
             row = litert.evaluate(out / f"{name}.tflite", test, y_test, reference, q.threads,
                                   q.latency_runs, q.latency_warmup)
         except (RuntimeError, ValueError) as exc:  # built, but LiteRT cannot run it
-            failed[name] = f"LiteRT: {tflite.first_line(exc)}"
+            failed[name] = f"LiteRT: {tflite.converter_message(exc)}"
             (out / f"{name}.tflite").unlink()
             continue
         details[name] = row
@@ -174,7 +174,7 @@ def _convert_all(models: dict, calibration, out: Path, q, failed: dict) -> list[
         try:
             data = tflite.convert(models[src], variant, calibration)
         except Exception as exc:  # noqa: BLE001 - reported per variant, see `required`
-            failed[name] = tflite.first_line(exc)
+            failed[name] = tflite.converter_message(exc)
             log.info("quantize: [%d/%d] %s not built: %s", k, total, name, failed[name])
             continue
         (out / f"{name}.tflite").write_bytes(data)
@@ -209,7 +209,7 @@ def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, buil
                                       keras_verbose(), callbacks)
         data = tflite.convert(model, INT8, calibration)
     except Exception as exc:  # noqa: BLE001 - an unsupported model is reported
-        failed[QAT_VARIANT] = tflite.first_line(exc)
+        failed[QAT_VARIANT] = tflite.converter_message(exc)
         report["error"] = failed[QAT_VARIANT]
         return report
     (out / f"{QAT_VARIANT}.tflite").write_bytes(data)

@@ -120,10 +120,6 @@ class StageRun:
     def log_dataset(self, name: str, source: str, digest: str, context: str) -> None:
         self._do("dataset", {"name": name, "source": source, "digest": digest, "context": context})
 
-    def log_keras_model(self, model, saved_path: str | Path, **kwargs) -> None:
-        """Log (and optionally register) a Keras model; on failure queue its saved file."""
-        self.start_keras_model(model, **kwargs).wait(saved_path)
-
     def start_keras_model(self, model, saved_path: str | Path | None = None,
                           **kwargs) -> ModelLogging:
         """Start logging a Keras model in a thread; the caller goes on working and calls

@@ -90,7 +90,7 @@ def run(cfg: Config, merged: Config, changes: list, prepared, started: float) ->
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def finished_epochs(backup_dir: str | Path) -> int:
+def chief_finished_epochs(backup_dir: str | Path) -> int:
     """Epochs the chief's tf_keras backup in `backup_dir` has finished (0: nothing to resume)."""
     import tensorflow as tf
 
@@ -131,7 +131,7 @@ def _train(ctx: TrainContext, scratch: Path | None) -> dict:
     decision = decide_precision(merged, ctx.prepared, merged.train.batch_size, timed=False)
     ctx.policy, ctx.precision = decision.policy, decision
     ctx.folders = _folders(ctx, scratch)
-    ctx.done = finished_epochs(ctx.folders.backup)
+    ctx.done = chief_finished_epochs(ctx.folders.backup)
     ctx.rows = _resumed_rows(ctx.folders.history, ctx.done)
     resolver = ctx.strategy.cluster_resolver
     task = f"{resolver.task_type}:{resolver.task_id}"
@@ -165,7 +165,7 @@ def _adopt_backup(backup_dir: Path, merged: Config) -> None:
 
     fingerprint = {"params": merged.digest("seed", "data", "pipeline", "model", "train"),
                    "data": tracking.data_version(merged), "format": BACKUP_FORMAT}
-    had_backup = finished_epochs(backup_dir) > 0
+    had_backup = chief_finished_epochs(backup_dir) > 0
     if had_backup and cb.matches(backup_dir, fingerprint):
         return
     if had_backup:
