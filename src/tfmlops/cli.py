@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 
 from tfmlops import logs
@@ -32,6 +33,18 @@ STAGES = {
 }
 # tfmot works only on tf_keras: these stages run with Keras 2 (own process).
 LEGACY_KERAS_STAGES = {"prune", "quantize"}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI cancel, `timeout`, a pod deleted), raised in the main thread.
+
+    A KeyboardInterrupt, so a stage ends as on Ctrl-C: its MLflow run KILLED, its
+    staging folder and pool removed by the cleanup that already runs, nothing swapped in.
+    """
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,10 +121,16 @@ def main(argv: list[str] | None = None) -> int:
             kwargs = {}
             if args.command == "promote":
                 kwargs = {"rollback": args.rollback, "version": args.version, "force": args.force}
+            signal.signal(signal.SIGTERM, _terminate)
             result = module.run(cfg, **kwargs)
     except UserError as exc:
         log.error("tfmlops %s: error: %s", args.command, exc)
         return exc.exit_code
+    except KeyboardInterrupt as exc:
+        name = "SIGTERM" if isinstance(exc, Terminated) else "an interrupt (Ctrl-C)"
+        log.error("tfmlops %s: stopped by %s; its MLflow run ended KILLED and no output was "
+                  "recorded as done (run it again to redo it)", args.command, name)
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     if isinstance(result, dict) and result.get("exit_code"):
         return int(result["exit_code"])
     # The result is the command's output, not a log record: on stdout whatever

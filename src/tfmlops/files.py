@@ -111,16 +111,22 @@ def staging_dir(final: str | Path) -> Path:
 
 
 def swap_in(tmp: Path, final: str | Path) -> Path:
-    """Replace `final` by the finished `tmp` folder (synced to disk first). A kill
-    between the two renames leaves `.<name>.old`: the next swap removes it."""
+    """Replace `final` by the finished `tmp` folder (synced to disk first). A kill -9
+    between the two renames leaves `.<name>.old`: the next swap removes it; an
+    exception there (SIGTERM, Ctrl-C) puts the old folder back first."""
     final = Path(final)
     _sync_tree(tmp)
     old = final.with_name(f".{final.name}.old")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-        faults.point("swap.old")
-        os.replace(tmp, final)
+        try:
+            faults.point("swap.old")
+            os.replace(tmp, final)
+        except BaseException:  # SIGTERM or Ctrl-C between the renames: the old one back
+            if old.exists() and not final.exists():
+                os.replace(old, final)
+            raise
     else:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, final)

@@ -73,6 +73,27 @@ def _run(cfg: Config) -> dict[str, float]:
         raise
 
     metrics = _metrics(tally, write_seconds, len(classes))
+    try:
+        _record_and_swap(cfg, out, image_dir, manifest, mean, std, metrics)
+    except BaseException:  # a failure or SIGTERM: the staged folder goes, the old output stays
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    faults.point("swap.done")
+    tally.cache.compact(tally.hashes)  # only once the new output is in place
+    faults.point("prepare.compacted")
+    write_json(Path(cfg.paths.reports) / "prepare.json", metrics)
+    faults.point("prepare.reported")
+    counts = manifest["split_counts"]
+    log.info(f"prepare: {tally.good} images ({len(tally.bad)} quarantined) in {len(classes)} "
+             f"classes -> " + ", ".join(f"{s} {counts[s]}" for s in SPLITS)
+             + f"; {tally.decoded} decoded, {tally.cached} from the cache")
+    return metrics
+
+
+def _record_and_swap(cfg: Config, out: Path, image_dir: Path, manifest: dict, mean, std,
+                     metrics: dict) -> None:
+    """The stage's MLflow run (profile, data version, metrics, dataset, the JSON files),
+    then the staged output swapped in, inside the run: it ends FINISHED only if done."""
     with tracking.stage_run(cfg, STAGE, out, params=_params(cfg)) as run:
         if cfg.profiling.enabled:
             metrics["pipeline_images_per_s"] = round(_profile_pipeline(cfg, out, manifest,
@@ -85,16 +106,6 @@ def _run(cfg: Config) -> dict[str, float]:
         for name in ("manifest.json", "stats.json", "quarantine.json"):
             run.log_artifact(out / name, "prepared")
         swap_in(out, cfg.paths.prepared)
-    faults.point("swap.done")
-    tally.cache.compact(tally.hashes)  # only once the new output is in place
-    faults.point("prepare.compacted")
-    write_json(Path(cfg.paths.reports) / "prepare.json", metrics)
-    faults.point("prepare.reported")
-    counts = manifest["split_counts"]
-    log.info(f"prepare: {tally.good} images ({len(tally.bad)} quarantined) in {len(classes)} "
-             f"classes -> " + ", ".join(f"{s} {counts[s]}" for s in SPLITS)
-             + f"; {tally.decoded} decoded, {tally.cached} from the cache")
-    return metrics
 
 
 def _check(cfg: Config, image_dir: Path, classes: list[str], tally) -> None:

@@ -30,6 +30,7 @@ import os
 import pickle
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -344,6 +345,10 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
 
 
 def main(argv: list[str]) -> int:
+    # A SIGTERM to the whole process group (CI cancel, a pod deleted) must not end this
+    # process before its stage: the stage ends the run KILLED through it, and this
+    # process ends the run KILLED itself when the stage is gone (its pipe closes).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     calls = _inbox(Connection(int(argv[0]), writable=False))
     replies = _Replies(Connection(int(argv[1]), readable=False))
     try:
