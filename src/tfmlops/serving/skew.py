@@ -192,8 +192,11 @@ def sample_sources(manifest: dict, limit: int) -> tuple[list[str], set[str]]:
         return [], set()
     step = max(1, len(names) // (limit * HEADER_SCAN_FACTOR))
     candidates = [str(root / n) for n in names[::step]]
-    rotated = [f for f in candidates if _orientation(f) not in (None, 1)][:max(1, limit // 4)]
-    rest = [f for f in candidates if f not in set(rotated)]
+    turned = {f for f in candidates if _orientation(f) not in (None, 1)}
+    rotated = [f for f in candidates if f in turned][:max(1, limit // 4)]
+    # Only upright files spread the rest: a rotated one past the cap counted as upright
+    # compared the graph's unrotated decoding with prepare's rotated one (255 grey levels).
+    rest = [f for f in candidates if f not in turned]
     spread = rest[::max(1, len(rest) // max(1, limit - len(rotated)))]
     return (rotated + spread)[:limit], set(rotated)
 
