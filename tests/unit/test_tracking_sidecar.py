@@ -180,6 +180,7 @@ def test_a_sidecar_run_still_fails_at_once_when_the_server_is_away(tmp_path, mak
 
 def test_tracking_off_records_nothing_and_starts_no_process(tmp_path, make_cfg):
     cfg = make_cfg(tracking={"enabled": False})
+    tracking.discard_sidecar()  # one an earlier test in this process left (not this one's)
     tracking.start_sidecar(cfg)
     with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
         assert not run.active

@@ -9,15 +9,14 @@ pipeline), and of the pruned model also INT8 in TFLite's sparse encoding; with
 A variant the converter refuses is reported with the converter's message;
 only the variants in `quantize.required` (of the pruned model) fail the stage.
 
-Every variant runs in LiteRT on the whole test split: accuracy, top-1
-agreement with the Keras reference (the trained model's predictions), bytes
-raw and gzipped, batch-1 latency p50/p95 (same image, `quantize.threads`).
+Every variant runs in LiteRT on the whole test split (read in batches): accuracy, top-1
+agreement with the Keras reference (the trained model's predictions), bytes raw and
+gzipped, batch-1 latency p50/p95 (same image, `quantize.threads`).
 The edge variant is the smallest (`quantize.edge_pick: fastest`: the lowest
 p50) within `quantize.accuracy_budget` of the reference.
 
-Outputs: `paths.tflite/<source>_<variant>.tflite`, `edge.json`,
-`frontier.png`, `mlflow_run.json` (staged, swapped in whole);
-`reports/quantize.json` and `reports/frontier.csv`.
+Outputs: `paths.tflite/<source>_<variant>.tflite`, `edge.json`, `frontier.png`,
+`mlflow_run.json` (staged, swapped in whole); `reports/quantize.json`, `reports/frontier.csv`.
 """
 
 from __future__ import annotations
@@ -100,8 +99,7 @@ def _check(cfg: Config) -> Config:
 
 def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path | None):
     from tfmlops.compress import litert, tflite
-    from tfmlops.data import pipeline
-    from tfmlops.data.stored_split import StoredSplit
+    from tfmlops.data import pipeline, stored_split
     from tfmlops.runtimes import accuracy
 
     keras = source.tf_keras_module()
@@ -109,14 +107,12 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
     q = cfg.quantize
     indices = tflite.sample_indices(prepared.counts["train"], q.representative_samples, cfg.seed)
     calibration = pipeline.rows_at(cfg, prepared, "train", indices)  # the sample alone read
-    test = StoredSplit.of(prepared)  # read batch by batch by each variant, never held whole
+    test = stored_split.StoredSplit.of(prepared)  # read in batches by each variant, not held
     y_test = test.labels()
     log.info("quantize: loading the trained and pruned models, Keras reference on %d images",
              len(y_test))
     original, trained_twin = source.load_trained(cfg, tcfg, prepared)
-    # the Keras reference every variant meets
-    # (Keras's default batch of 32: a batch's activations are what this stage peaks on)
-    reference = test.predict(lambda x: original.predict(x, verbose=0))
+    reference = test.predict(lambda x: original.predict(x, verbose=0))  # batch 32: the peak
     reference_accuracy = accuracy(reference, y_test)
     models = {"pruned": source.load_pruned(cfg), "trained": trained_twin}
 

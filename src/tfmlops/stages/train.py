@@ -50,7 +50,14 @@ def run(cfg: Config) -> dict:
     backbones.ensure_weights(merged.model)  # ImageNet weights: in Keras' cache, or fetched now
     # The run's process starts now: it imports MLflow while this one imports TensorFlow.
     tracking.start_sidecar(cfg)
+    try:
+        return _run_started(cfg, merged, changes, started)
+    except BaseException:  # before its run took the sidecar over: it is closed, not left
+        tracking.discard_sidecar()
+        raise
 
+
+def _run_started(cfg: Config, merged: Config, changes, started: float) -> dict:
     from tfmlops.data import pipeline  # imports TensorFlow (no op runs yet)
     from tfmlops.model import strategy as dist
     from tfmlops.model.builder import check_buildable

@@ -28,6 +28,7 @@ from tfmlops.tracking.lineage import (
 from tfmlops.tracking.ops import REPLAYABLE
 from tfmlops.tracking.outbox import OUTBOX_DIR, sync
 from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run
+from tfmlops.tracking.sidecar import discard_early as discard_sidecar
 from tfmlops.tracking.sidecar import sidecar_run
 from tfmlops.tracking.sidecar import start_early as start_sidecar
 from tfmlops.tracking.uri import (
@@ -51,5 +52,6 @@ __all__ = [
     "import_mlflow", "is_chief",
     "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
     "start_sidecar",
+    "discard_sidecar",
     "stage_run", "sync", "tracking_uri", "ui_url", "use_uri",
 ]

@@ -82,6 +82,16 @@ def start_early(cfg) -> None:
         _early["process"] = _Process(cfg)
 
 
+def discard_early() -> None:
+    """Close a sidecar `start_early` spawned that no run took over (its stage failed
+    first): it exits as its pipe closes. A library caller's process keeps none."""
+    process, _early["process"] = _early["process"], None
+    if process is not None:
+        process.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.proc.wait(10)
+
+
 @contextlib.contextmanager
 def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = None,
                 params: dict[str, Any] | None = None) -> Iterator[StageRun]:
