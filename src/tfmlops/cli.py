@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt as exc:
         name = "SIGTERM" if isinstance(exc, Terminated) else "an interrupt (Ctrl-C)"
-        log.error("tfmlops %s: stopped by %s; its MLflow run ended KILLED and no output was "
-                  "recorded as done (run it again to redo it)", args.command, name)
+        log.error("tfmlops %s: stopped by %s; no output was recorded as done and its MLflow "
+                  "run (if tracking is on) ended KILLED; run it again to redo it", args.command,
+                  name)
         return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     if isinstance(result, dict) and result.get("exit_code"):
         return int(result["exit_code"])

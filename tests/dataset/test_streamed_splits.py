@@ -129,7 +129,7 @@ def test_stored_split_gives_every_record_in_file_order(splits):
     np.testing.assert_array_equal(got_y, y)
     np.testing.assert_array_equal(split.labels(), y)
     np.testing.assert_allclose(got_x, x, rtol=0, atol=1e-6)
-    first_bytes, first_x = split.first()
+    first_bytes, first_x = split.first
     assert first_bytes == encoded[0] and first_x.shape == (1, *prepared.input_shape)
     np.testing.assert_allclose(split.predict(lambda b: b.mean(axis=(1, 2, 3))[:, None]),
                                x.mean(axis=(1, 2, 3))[:, None], rtol=1e-5)
@@ -149,7 +149,7 @@ def test_stored_split_evaluation_does_not_grow_with_the_split(splits):
         split.labels()
         split.predict(lambda x: np.stack([x.mean(axis=(1, 2, 3))] * 10, axis=1))
         split.predict_encoded(lambda e: np.zeros((len(e), 10), np.float32))
-        split.first()
+        assert split.first[0]
 
     peaks = {}
     for name, prepared in (("1x", one), ("4x", four)):

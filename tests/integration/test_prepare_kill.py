@@ -65,24 +65,52 @@ def tiny_params_for(work: Path, **sections):
     return tiny_params(work, **sections)
 
 
-@pytest.mark.parametrize("point", POINTS)
-def test_a_prepare_killed_at_any_point_then_run_again_equals_a_cold_one(scene, point):
-    root, make_cfg, cold = scene
-    work = root / point
+def _stopped_at(scene, point: str, how: str):
+    """A copy of the warm template, `tfmlops prepare` stopped at `point` by the signal
+    `how` (TFMLOPS_FAULT_SIGNAL): (cfg, work folder, its exit code, its log's end, the
+    tag its processes carry)."""
+    root, make_cfg, _ = scene
+    work = root / f"{point}-{how}"
     shutil.copytree(root / "template", work)
     cfg = trust_cfg(make_cfg, work, root / "photos", workers=2, max_bad_fraction=0.2)
     tag = uuid.uuid4().hex
-    env = {**os.environ, "TFMLOPS_FAULT": point, "TFMLOPS_KILL_TEST": tag}
+    env = {**os.environ, "TFMLOPS_FAULT": point, "TFMLOPS_FAULT_SIGNAL": how,
+           "TFMLOPS_KILL_TEST": tag}
     log = work / "killed.log"  # a file, not a pipe: a surviving worker would hold a pipe open
     with log.open("w") as out:
-        killed = subprocess.run([str(VENV_BIN / "tfmlops"), "--params", str(work / "params.yaml"),
-                                 "prepare"], env=env, stdout=out, stderr=out, timeout=300)
+        stopped = subprocess.run([str(VENV_BIN / "tfmlops"), "--params", str(work / "params.yaml"),
+                                  "prepare"], env=env, stdout=out, stderr=out, timeout=300)
     log_text = log.read_text()[-1500:]
     log.unlink()
-    assert killed.returncode == -signal.SIGKILL, (point, killed.returncode, log_text)
+    return cfg, work, stopped.returncode, log_text, tag
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_prepare_killed_at_any_point_then_run_again_equals_a_cold_one(scene, point):
+    root, make_cfg, cold = scene
+    cfg, work, code, log_text, tag = _stopped_at(scene, point, "SIGKILL")
+    assert code == -signal.SIGKILL, (point, code, log_text)
     assert not _tagged(tag, wait=10), "a pool worker outlived the killed prepare"
 
     # again, in this process with one worker (the output does not depend on the count)
+    prepare.run(trust_cfg(make_cfg, work, root / "photos", workers=1, max_bad_fraction=0.2))
+    assert prepared_bytes(cfg) == cold
+    assert_rows_match_files(cfg)
+    left = [str(p.relative_to(work)) for p in work.rglob("*")
+            if any(mark in p.name for mark in TEMP_MARKS)]
+    assert left == []
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_a_prepare_stopped_by_sigterm_at_any_point_then_run_again_equals_a_cold_one(scene, point):
+    """SIGTERM runs Python's cleanup (the staged folder's removal, swap-in's roll-back,
+    the pool's shutdown) where SIGKILL runs none: neither may lose or mix anything."""
+    root, make_cfg, cold = scene
+    cfg, work, code, log_text, tag = _stopped_at(scene, point, "SIGTERM")
+    assert code == 128 + signal.SIGTERM, (point, code, log_text)
+    assert "stopped by SIGTERM" in log_text.strip().splitlines()[-1], log_text
+    assert not _tagged(tag, wait=10), "a pool worker outlived the stopped prepare"
+
     prepare.run(trust_cfg(make_cfg, work, root / "photos", workers=1, max_bad_fraction=0.2))
     assert prepared_bytes(cfg) == cold
     assert_rows_match_files(cfg)

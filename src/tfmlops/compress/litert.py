@@ -21,7 +21,7 @@ def evaluate(path: Path, split, y: np.ndarray, reference: np.ndarray, threads: i
     model = TFLiteModel(str(path), threads=threads)
     # batch 1: the edge case, and safe for every graph
     probs = split.predict(lambda x: model.predict_all(x, batch=1))
-    timing = latency_ms(model.predict, split.first()[1], runs=runs, warmup=warmup)
+    timing = latency_ms(model.predict, split.first[1], runs=runs, warmup=warmup)
     return {
         "accuracy": round(accuracy(probs, y), 6),
         "agreement": round(top1_agreement(probs, reference), 6),

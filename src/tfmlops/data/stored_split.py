@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -80,8 +81,10 @@ class StoredSplit:
               .batch(4096))
         return np.concatenate([y.numpy() for y in ds] or [np.zeros(0, np.int64)])
 
+    @cached_property
     def first(self) -> tuple[bytes, np.ndarray]:
-        """The first image: its stored bytes and its model input (a batch of one)."""
+        """The first image: its stored bytes and its model input (a batch of one), read
+        once (every latency and every example uses it)."""
         encoded, x, _ = next(self.batches(batch_size=1))
         return encoded[0], x
 

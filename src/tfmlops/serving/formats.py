@@ -148,7 +148,7 @@ def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
 
     runs = cfg.export.latency_runs
     warmup = max(1, runs // 10)
-    _, x1 = split.first()
+    _, x1 = split.first
     sig = tf.saved_model.load(str(formats["saved_model"])).signatures[FLOAT_SIGNATURE]
     onnx_model = OnnxModel(str(formats["onnx"]), LATENCY_THREADS)
     tflite_model = TFLiteModel(str(formats["tflite"]), LATENCY_THREADS)
@@ -216,7 +216,7 @@ def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y
 
     log.info("export: checking the served MLflow model (%s) on the test split's stored "
              "images", serving["runtime"])
-    first, _ = split.first()
+    first, _ = split.first
     with tempfile.TemporaryDirectory(prefix="tfmlops-served-") as tmp:
         served = registry.save_serving_model(out, serving["file"],
                                              registry.request_example(first),
@@ -250,7 +250,7 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
         raise DataError(f"the served model's decoding or preprocessing drifted from training: "
                         f"{p.describe()}")
     predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
-    row = [{"image": base64.b64encode(split.first()[0]).decode()}]
+    row = [{"image": base64.b64encode(split.first[0]).decode()}]
     runs = cfg.export.latency_runs
     timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))
     serving["latency_p50_ms"] = timing["p50_ms"]

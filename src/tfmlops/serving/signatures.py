@@ -218,7 +218,7 @@ def run_signatures(path, split) -> dict:
         out = images(image_bytes=tf.constant(encoded))
         prob_b.append(out["probabilities"].numpy())
         labels.append(out["label"].numpy().astype(str))
-    first = default(image_bytes=tf.constant([split.first()[0]]))["probabilities"].numpy()
+    first = default(image_bytes=tf.constant([split.first[0]]))["probabilities"].numpy()
     return {
         "float_probabilities": np.concatenate(prob_f),
         "bytes_probabilities": np.concatenate(prob_b),

@@ -65,7 +65,7 @@ def run(cfg: Config) -> dict:
         y = split.labels()
         keras_probs = split.predict(lambda x: model.predict(x, batch_size=256, verbose=0))
         formats = fmt.build_formats(cfg, model, prepared, edge, out, split, keras_probs)
-        first_image = split.first()[0]
+        first_image = split.first[0]
         _profile_serving(cfg, run, formats["saved_model"], first_image)
         rows, parities = fmt.measure(cfg, model, out, formats, split, y, keras_probs)
         parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process

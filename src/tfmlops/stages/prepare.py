@@ -67,15 +67,9 @@ def _run(cfg: Config) -> dict[str, float]:
         write_json(out / "quarantine.json", tally.bad)
         mean, std = tally.mean_std()
         write_json(out / "stats.json", {"mean": mean, "std": std})
-        write_seconds = time.perf_counter() - started
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)  # never a half-written folder left behind
-        raise
-
-    metrics = _metrics(tally, write_seconds, len(classes))
-    try:
+        metrics = _metrics(tally, time.perf_counter() - started, len(classes))
         _record_and_swap(cfg, out, image_dir, manifest, mean, std, metrics)
-    except BaseException:  # a failure or SIGTERM: the staged folder goes, the old output stays
+    except BaseException:  # a failure or SIGTERM: no half-written folder left, the old stays
         shutil.rmtree(out, ignore_errors=True)
         raise
     faults.point("swap.done")
