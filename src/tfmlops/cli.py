@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
-import signal
-import sys
 
 from tfmlops import logs
-from tfmlops.errors import UserError
+from tfmlops.harness import run_command
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +30,6 @@ STAGES = {
 }
 # tfmot works only on tf_keras: these stages run with Keras 2 (own process).
 LEGACY_KERAS_STAGES = {"prune", "quantize"}
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a CI cancel, `timeout`, a pod deleted), raised in the main thread.
-
-    A KeyboardInterrupt, so a stage ends as on Ctrl-C: its MLflow run KILLED, its
-    staging folder and pool removed by the cleanup that already runs, nothing swapped in.
-    """
-
-
-def _terminate(signum, frame) -> None:
-    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,42 +85,30 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(args.verbosity)  # before any stage imports TensorFlow
     if args.command in LEGACY_KERAS_STAGES:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
-    try:
-        if args.command == "serve":  # needs no params.yaml: the model carries its settings
-            from tfmlops.serving.server import serve
+    # A stage ends as on Ctrl-C on SIGTERM; `serve` keeps the default (its server stops).
+    return run_command(args.command, lambda: _command(args),
+                       sigterm=args.command != "serve")
 
-            serve(args.model_uri, args.host, args.port, args.workers)
-            return 0
-        from tfmlops.config import load_config
 
-        cfg = load_config(args.params)
-        if args.command == "check":
-            log.info("%s: ok", args.params)
-            return 0
-        if args.command == "sync":
-            from tfmlops.tracking import sync
+def _command(args: argparse.Namespace):
+    """What `tfmlops <command>` returns (its JSON result); harness.run_command runs it."""
+    if args.command == "serve":  # needs no params.yaml: the model carries its settings
+        from tfmlops.serving.server import serve
 
-            result = sync(cfg)
-        else:
-            module = importlib.import_module(f"tfmlops.stages.{args.command}")
-            kwargs = {}
-            if args.command == "promote":
-                kwargs = {"rollback": args.rollback, "version": args.version, "force": args.force}
-            signal.signal(signal.SIGTERM, _terminate)
-            result = module.run(cfg, **kwargs)
-    except UserError as exc:
-        log.error("tfmlops %s: error: %s", args.command, exc)
-        return exc.exit_code
-    except KeyboardInterrupt as exc:
-        name = "SIGTERM" if isinstance(exc, Terminated) else "an interrupt (Ctrl-C)"
-        log.error("tfmlops %s: stopped by %s; no output was recorded as done and its MLflow "
-                  "run (if tracking is on) ended KILLED; run it again to redo it", args.command,
-                  name)
-        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
-    if isinstance(result, dict) and result.get("exit_code"):
-        return int(result["exit_code"])
-    # The result is the command's output, not a log record: on stdout whatever
-    # -q/-v say, so `tfmlops train | jq` and tests parse its last line.
-    out = json.dumps(result, default=str, sort_keys=True) if result is not None else ""
-    sys.stdout.write(out + "\n")
-    return 0
+        serve(args.model_uri, args.host, args.port, args.workers)
+        return None
+    from tfmlops.config import load_config
+
+    cfg = load_config(args.params)
+    if args.command == "check":
+        log.info("%s: ok", args.params)
+        return None
+    if args.command == "sync":
+        from tfmlops.tracking import sync
+
+        return sync(cfg)
+    module = importlib.import_module(f"tfmlops.stages.{args.command}")
+    kwargs = {}
+    if args.command == "promote":
+        kwargs = {"rollback": args.rollback, "version": args.version, "force": args.force}
+    return module.run(cfg, **kwargs)

@@ -5,7 +5,8 @@ import hashlib
 import numpy as np
 from PIL import Image
 
-from tfmlops.data.builtin import SHAPES, materialize, write_digits, write_shapes
+from tfmlops.data.builtin import SHAPES, write_digits, write_shapes
+from tfmlops.stages import materialize
 
 
 def folder_digest(root):
@@ -55,10 +56,10 @@ def test_classes_differ_visibly(tmp_path):
 def test_materialize_replaces_the_folder_whole(make_cfg):
     cfg = make_cfg(data={"builtin": "synthetic", "synthetic": {"count": 24, "image_size": 16,
                                                                "classes": 3}})
-    assert materialize(cfg) == {"images": 24, "classes": 3}
+    assert materialize.run(cfg) == {"images": 24, "classes": 3}
     cfg2 = make_cfg(data={"builtin": "synthetic", "synthetic": {"count": 20, "image_size": 16,
                                                                 "classes": 2}})
-    assert materialize(cfg2) == {"images": 20, "classes": 2}
+    assert materialize.run(cfg2) == {"images": 20, "classes": 2}
     from pathlib import Path
 
     assert sorted(p.name for p in Path(cfg2.paths.builtin).iterdir()) == ["circle", "square"]

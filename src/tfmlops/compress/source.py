@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tfmlops.artifacts import MANIFEST, require
 from tfmlops.config import Config
-from tfmlops.errors import DataError
 from tfmlops.model.artifacts import MODEL_FILE, trained_config, trained_model_path
 
 
@@ -23,17 +23,14 @@ def trained(cfg: Config) -> Config:
 
 
 def pruned_path(cfg: Config) -> Path:
-    path = Path(cfg.paths.pruned) / MODEL_FILE
-    if not path.is_file():
-        raise DataError(f"no pruned model in {cfg.paths.pruned}; run `dvc repro prune` first")
-    return path
+    return require(Path(cfg.paths.pruned) / MODEL_FILE, "prune",
+                   f"no pruned model in {cfg.paths.pruned}:")
 
 
 def train_split_size(cfg: Config) -> int:
     """Train examples, from prepare's manifest (no TensorFlow needed)."""
-    manifest = Path(cfg.paths.prepared) / "manifest.json"
-    if not manifest.is_file():
-        raise DataError(f"prepared data not found in {cfg.paths.prepared}; run `dvc repro prepare`")
+    manifest = require(Path(cfg.paths.prepared) / MANIFEST, "prepare",
+                       f"prepared data ({MANIFEST}) in {cfg.paths.prepared}")
     return int(json.loads(manifest.read_text())["split_counts"]["train"])
 
 

@@ -15,20 +15,17 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from tfmlops.config import Config
-from tfmlops.files import staging_dir, swap_in
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "bar")
 
 
-def materialize(cfg: Config) -> dict[str, int]:
-    """Write the dataset named by `data.builtin` to `paths.builtin`, atomically."""
-    tmp = staging_dir(cfg.paths.builtin)
+def write_builtin(cfg: Config, folder: Path) -> dict[str, int]:
+    """Write the dataset named by `data.builtin` into `folder` as class folders."""
     if cfg.data.builtin == "digits":
-        counts = write_digits(tmp)
+        counts = write_digits(folder)
     else:
         s = cfg.data.synthetic
-        counts = write_shapes(tmp, s.count, s.image_size, s.classes, cfg.seed)
-    swap_in(tmp, cfg.paths.builtin)  # a kill leaves the old folder or the new, never half
+        counts = write_shapes(folder, s.count, s.image_size, s.classes, cfg.seed)
     return {"images": sum(counts.values()), "classes": len(counts)}
 
 

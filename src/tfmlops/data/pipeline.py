@@ -28,6 +28,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from tfmlops.artifacts import MANIFEST, STATS, require
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import MARKER, claim_folder, owned_children
@@ -68,11 +69,9 @@ class Prepared:
 def load_prepared(cfg: Config) -> Prepared:
     """Read the manifest and stats; fail clearly if they are missing or stale."""
     folder = Path(cfg.paths.prepared)
-    manifest_path, stats_path = folder / "manifest.json", folder / "stats.json"
-    if not manifest_path.is_file() or not stats_path.is_file():
-        raise DataError(
-            f"prepared data not found in {folder}; run `dvc repro prepare` (or `tfmlops prepare`)"
-        )
+    what = f"prepared data in {folder}"
+    manifest_path = require(folder / MANIFEST, "prepare", f"{what} ({MANIFEST})")
+    stats_path = require(folder / STATS, "prepare", f"{what} ({STATS})")
     manifest = json.loads(manifest_path.read_text())
     stats = json.loads(stats_path.read_text())
     if manifest["image_size"] != cfg.data.image_size or manifest["channels"] != cfg.data.channels:

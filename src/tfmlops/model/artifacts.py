@@ -13,11 +13,9 @@ from pathlib import Path
 
 import yaml
 
+from tfmlops.artifacts import MODEL_FILE, require
+from tfmlops.artifacts import RESOLVED_PARAMS as RESOLVED_FILE
 from tfmlops.config import Config, config_from_dict
-from tfmlops.errors import DataError
-
-MODEL_FILE = "model.keras"
-RESOLVED_FILE = "resolved_params.yaml"
 
 
 def trained_model_path(cfg: Config) -> Path:
@@ -26,9 +24,9 @@ def trained_model_path(cfg: Config) -> Path:
 
 def trained_config(cfg: Config) -> Config:
     """The config the trained model was built with (paths taken from `cfg`)."""
-    path = Path(cfg.paths.train) / RESOLVED_FILE
-    if not path.is_file() or not trained_model_path(cfg).is_file():
-        raise DataError(f"no trained model in {cfg.paths.train}; run `dvc repro train` first")
+    what = f"no trained model in {cfg.paths.train}:"
+    require(trained_model_path(cfg), "train", f"{what} {MODEL_FILE}")
+    path = require(Path(cfg.paths.train) / RESOLVED_FILE, "train", f"{what} {RESOLVED_FILE}")
     tree = yaml.safe_load(path.read_text())
     tree["paths"] = cfg.to_dict()["paths"]
     return config_from_dict(tree)

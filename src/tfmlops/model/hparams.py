@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from tfmlops.artifacts import require
 from tfmlops.config import Config, config_from_dict, flatten, set_dotted
 from tfmlops.errors import ConfigError, DataError
 
@@ -42,9 +43,7 @@ def tuned_tree(cfg: Config) -> dict[str, Any]:
 
 
 def read_best(cfg: Config) -> dict[str, Any]:
-    path = best_path(cfg)
-    if not path.is_file():
-        raise DataError(f"{path} not found; run `dvc repro tune` (tune.enabled: false skips the search)")
+    path = require(best_path(cfg), "tune", hint=" (tune.enabled: false skips the search)")
     data = yaml.safe_load(path.read_text()) or {}
     return {k: data[k] for k in ("model", "train") if k in data}
 

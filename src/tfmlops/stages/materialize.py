@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 
+from tfmlops import harness
 from tfmlops.config import Config
-from tfmlops.data.builtin import materialize
+from tfmlops.data.builtin import write_builtin
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict[str, int]:
-    counts = materialize(cfg)
+    # Staged and swapped in whole: a kill leaves the old folder or the new, never half.
+    with harness.stage(cfg, "materialize", output=cfg.paths.builtin, tracked=False) as st:
+        counts = write_builtin(cfg, st.out)
     log.info("materialize: %d %s images in %d classes -> %s", counts["images"], cfg.data.builtin,
              counts["classes"], cfg.paths.builtin)
     return counts

@@ -23,13 +23,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tfmlops import tracking
+from tfmlops import harness
+from tfmlops.artifacts import MODEL_FILE, report_path
 from tfmlops.compress import source
 from tfmlops.compress.measure import SPARSITY_COLUMNS, gzip_bytes, sparsity_table
 from tfmlops.compress.schedule import pruning_steps
 from tfmlops.config import Config
-from tfmlops.files import staging_dir, swap_in, write_csv, write_json
-from tfmlops.model.artifacts import MODEL_FILE
+from tfmlops.files import write_csv
 
 log = logging.getLogger(__name__)
 
@@ -47,27 +47,25 @@ def run(cfg: Config) -> dict:
     batch_size = tcfg.train.batch_size
     steps = pruning_steps(cfg.prune, prepared.counts["train"], batch_size)
 
-    out = staging_dir(cfg.paths.pruned)
     upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train}
     params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],
               "schedule_steps": asdict(steps)}
-    with tracking.stage_run(cfg, STAGE, out, upstream=upstream, params=params) as run:
-        metrics, rows = _prune(cfg, tcfg, prepared, steps, out, run)
-        sparsity_csv = write_csv(Path(cfg.paths.reports) / "prune_sparsity.csv", rows,
+    with harness.stage(cfg, STAGE, output=cfg.paths.pruned, upstream=upstream,
+                       params=params) as st:
+        metrics, rows = _prune(cfg, tcfg, prepared, steps, st)
+        sparsity_csv = write_csv(report_path(cfg.paths.reports, STAGE, "_sparsity.csv"), rows,
                                  SPARSITY_COLUMNS)
-        final = swap_in(out, cfg.paths.pruned)
-        # Logged from the final folder: a queued upload (server away) must find its file.
-        run.log_metrics(metrics)
-        run.log_artifact(sparsity_csv, "reports")
-        run.log_artifact(final / MODEL_FILE, "model")
-    write_json(Path(cfg.paths.reports) / "prune.json", metrics)
+        final = st.swap()  # logged from the final folder: a queued upload must find its file
+        st.report(metrics)
+        st.run.log_artifact(sparsity_csv, "reports")
+        st.run.log_artifact(final / MODEL_FILE, "model")
     log.info("prune: sparsity %.3f (target %s), test accuracy %.4f (trained %.4f), "
              "gzip %.2fx smaller", metrics["sparsity"], cfg.prune.final_sparsity,
              metrics["test_accuracy"], metrics["trained_test_accuracy"], metrics["gzip_ratio"])
     return metrics
 
 
-def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[dict, list]:
+def _prune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple[dict, list]:
     from tfmlops import profiling
     from tfmlops.compress import pruning
     from tfmlops.data import pipeline
@@ -94,7 +92,7 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
     wrapped.compile(optimizer=keras.optimizers.Adam(cfg.prune.learning_rate),
                     loss=make_loss(tcfg.train.loss, prepared.num_classes, keras),
                     metrics=["accuracy"])
-    log_dir = profiling.fresh_profile_dir(cfg, STAGE)
+    out, run, log_dir = st.out, st.run, st.profile_dir()
     callbacks = pruning.callbacks(str(log_dir),
                                   profiling.keras_profile_batch(cfg, steps.steps_per_epoch))
     train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
@@ -123,8 +121,6 @@ def _prune(cfg: Config, tcfg: Config, prepared, steps, out: Path, run) -> tuple[
     pruned_accuracy = accuracy(pipeline.predicted(stripped, cfg, prepared, "test", 256)[1],
                                y_test)
     pruned_gzip = gzip_bytes(out / MODEL_FILE)
-    if cfg.profiling.enabled:
-        run.log_artifact(log_dir, "profile")
 
     metrics = {
         **overall,

@@ -22,27 +22,16 @@ Outputs: `paths.tflite/<source>_<variant>.tflite`, `edge.json`, `frontier.png`,
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 
-from tfmlops import profiling, tracking
+from tfmlops import harness
+from tfmlops.artifacts import EDGE, FRONTIER_PNG, TAG_EDGE_VARIANT, report_path
 from tfmlops.compress import source
-from tfmlops.compress.frontier import (
-    FRONTIER_COLUMNS,
-    QAT_VARIANT,
-    SOURCES,
-    ratio,
-    required_names,
-    select_edge,
-    variants,
-)
-from tfmlops.compress.measure import gzip_bytes
-from tfmlops.compress.variants import INT8
+from tfmlops.compress.frontier import FRONTIER_COLUMNS, QAT_VARIANT, required_names, select_edge
 from tfmlops.config import Config
 from tfmlops.errors import DataError
-from tfmlops.files import staging_dir, swap_in, write_csv, write_json
-from tfmlops.model.artifacts import trained_model_path
+from tfmlops.files import write_csv, write_json
 
 log = logging.getLogger(__name__)
 
@@ -56,29 +45,25 @@ def run(cfg: Config) -> dict:
     from tfmlops.data import pipeline
 
     prepared = pipeline.load_prepared(cfg)
-    out = staging_dir(cfg.paths.tflite)
     upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train,
                 "prune": cfg.paths.pruned}
     params = {"quantize": cfg.to_dict()["quantize"], "model": tcfg.to_dict()["model"]}
-    # QAT's fine-tune is the one part worth a trace; its folder is this run's.
-    qat_profile = profiling.fresh_profile_dir(cfg, STAGE) if (
-        cfg.quantize.qat and cfg.profiling.enabled) else None
-    with tracking.stage_run(cfg, STAGE, out, upstream=upstream, params=params) as run:
-        metrics, rows, edge = _quantize(cfg, tcfg, prepared, out, qat_profile)
-        write_json(out / "edge.json", edge)
-        frontier_csv = write_csv(Path(cfg.paths.reports) / "frontier.csv", rows, FRONTIER_COLUMNS)
-        frontier_png(rows, edge, out / "frontier.png")
-        final = swap_in(out, cfg.paths.tflite)
-        # Logged from the final folder: a queued upload (server away) must find its file.
-        run.log_metrics(metrics)
-        run.set_tags({"tfmlops.edge_variant": edge["variant"]})
-        run.log_artifact(frontier_csv, "reports")
-        run.log_artifact(final / "frontier.png", "plots")
-        run.log_artifact(final / "edge.json", "tflite")
-        run.log_artifact(final / edge["file"], "tflite")
-        if qat_profile is not None and profiling.trace_files(qat_profile):
-            run.log_artifact(qat_profile, "profile")  # QAT fine-tune
-    write_json(Path(cfg.paths.reports) / "quantize.json", metrics)
+    with harness.stage(cfg, STAGE, output=cfg.paths.tflite, upstream=upstream,
+                       params=params) as st:
+        # QAT's fine-tune is the one part worth a trace; its folder is this run's.
+        qat_profile = st.profile_dir() if cfg.quantize.qat and cfg.profiling.enabled else None
+        metrics, rows, edge = _quantize(cfg, tcfg, prepared, st.out, qat_profile)
+        write_json(st.out / EDGE, edge)
+        frontier_csv = write_csv(report_path(cfg.paths.reports, "frontier", ".csv"), rows,
+                                 FRONTIER_COLUMNS)
+        frontier_png(rows, edge, st.out / FRONTIER_PNG)
+        final = st.swap()  # logged from the final folder: a queued upload must find its file
+        st.report(metrics)
+        st.run.set_tags({TAG_EDGE_VARIANT: edge["variant"]})
+        st.run.log_artifact(frontier_csv, "reports")
+        st.run.log_artifact(final / FRONTIER_PNG, "plots")
+        st.run.log_artifact(final / EDGE, "tflite")
+        st.run.log_artifact(final / edge["file"], "tflite")
     log.info("quantize: %d variants; edge %s (%s bytes, accuracy %.4f vs Keras %.4f)", len(rows),
              edge["variant"], edge["bytes"], edge["accuracy"], edge["reference_accuracy"])
     return metrics
@@ -98,7 +83,7 @@ def _check(cfg: Config) -> Config:
 
 
 def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path | None):
-    from tfmlops.compress import litert, tflite
+    from tfmlops.compress import conversion, litert, tflite
     from tfmlops.data import pipeline, stored_split
     from tfmlops.runtimes import accuracy
 
@@ -118,13 +103,13 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
 
     failed: dict[str, str] = {}
     started = time.perf_counter()
-    built = _convert_all(models, calibration, out, q, failed)
+    built = conversion.convert_all(models, calibration, out, q, failed)
     if q.qat:
         log.info("quantize: [%d/%d] %s: QAT fine-tune (%d epoch(s)), then converting",
                  len(built) + len(failed) + 1, len(built) + len(failed) + 1, QAT_VARIANT,
                  q.qat_epochs)
-    qat_report = _qat(cfg, tcfg, prepared, models["pruned"], calibration, out, failed, built,
-                      qat_profile)
+    qat_report = conversion.qat_variant(cfg, tcfg, prepared, models["pruned"], calibration, out,
+                                        failed, built, qat_profile)
     convert_seconds = time.perf_counter() - started
 
     rows, details = [], {}
@@ -151,100 +136,7 @@ def _quantize(cfg: Config, tcfg: Config, prepared, out: Path, qat_profile: Path 
         name, message = next(iter(failed.items()))
         raise DataError(f"quantize: no TFLite variant could be built ({name}: {message})")
     edge = select_edge(rows, reference_accuracy, q.accuracy_budget, q.edge_pick)
-    metrics = _metrics(cfg, details, failed, reference_accuracy, edge, qat_report)
+    metrics = conversion.quantize_metrics(cfg, details, failed, reference_accuracy, edge,
+                                          qat_report)
     metrics["convert_seconds"] = round(convert_seconds, 2)
     return metrics, rows, edge
-
-
-def _convert_all(models: dict, calibration, out: Path, q, failed: dict) -> list[str]:
-    """Every source x variant of `quantize.variants` converted into `out` (names of those
-    built); one log line each."""
-    from tfmlops.compress import tflite
-
-    planned = [(src, variant) for src in SOURCES for variant in variants(src, q.variants)]
-    total = len(planned) + (1 if q.qat else 0)  # QAT's variant comes after these
-    built = []
-    for k, (src, variant) in enumerate(planned, 1):
-        name = f"{src}_{variant}"
-        log.info("quantize: [%d/%d] converting %s", k, total, name)
-        try:
-            data = tflite.convert(models[src], variant, calibration)
-        except Exception as exc:  # noqa: BLE001 - reported per variant, see `required`
-            failed[name] = tflite.converter_message(exc)
-            log.info("quantize: [%d/%d] %s not built: %s", k, total, name, failed[name])
-            continue
-        (out / f"{name}.tflite").write_bytes(data)
-        built.append(name)
-    return built
-
-
-def _qat(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dict, built: list,
-         profile_dir: Path | None):
-    """Optional QAT INT8 of the pruned model; a failure is reported, not raised."""
-    if not cfg.quantize.qat:
-        return None
-    from tfmlops.compress import qat, tflite
-    from tfmlops.data import pipeline
-    from tfmlops.model.optim import make_loss
-    from tfmlops.progress import keras_verbose
-
-    keras = source.tf_keras_module()
-    report: dict = {"scheme": "Default8BitPrunePreserveQuantizeScheme"}
-    try:
-        model, left_float = qat.quantize_aware(pruned, keras)
-        report["left_float"] = left_float
-        train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
-                                 training=True)
-        loss = make_loss(tcfg.train.loss, prepared.num_classes, keras)
-        steps = math.ceil(prepared.counts["train"] / tcfg.train.batch_size)
-        profile = profiling.keras_profile_batch(cfg, steps)
-        callbacks = [keras.callbacks.TensorBoard(
-            str(profile_dir), profile_batch=profile)] if profile and profile_dir else []
-        report["fit"] = qat.fine_tune(model, train, cfg.quantize.qat_epochs,
-                                      cfg.quantize.qat_learning_rate, loss, keras,
-                                      keras_verbose(), callbacks)
-        data = tflite.convert(model, INT8, calibration)
-    except Exception as exc:  # noqa: BLE001 - an unsupported model is reported
-        failed[QAT_VARIANT] = tflite.converter_message(exc)
-        report["error"] = failed[QAT_VARIANT]
-        return report
-    (out / f"{QAT_VARIANT}.tflite").write_bytes(data)
-    built.append(QAT_VARIANT)
-    return report
-
-
-def _metrics(cfg: Config, details: dict, failed: dict, reference_accuracy: float, edge: dict,
-             qat_report) -> dict:
-    """quantize.json: per-variant figures, the edge pick and the ratios the targets name."""
-
-    def get(name, key):
-        return details.get(name, {}).get(key)
-
-    keras_gzip = gzip_bytes(trained_model_path(cfg))
-    out = {
-        "edge_variant": edge["variant"],
-        "edge_within_budget": edge["within_budget"],
-        "reference_accuracy": round(reference_accuracy, 6),
-        "accuracy_budget": cfg.quantize.accuracy_budget,
-        "variants": {
-            name: {**d, "accuracy_delta": round(d["accuracy"] - reference_accuracy, 6)}
-            for name, d in details.items()
-        },
-        "failed": failed,
-        "keras_model_gzip_bytes": keras_gzip,
-    }
-    for src in SOURCES:
-        out[f"{src}_int8_vs_float32_bytes"] = ratio(get(f"{src}_float32", "bytes"),
-                                                    get(f"{src}_int8", "bytes"))
-    out["pruned_int8_sparse_vs_float32_bytes"] = ratio(get("pruned_float32", "bytes"),
-                                                       get("pruned_int8_sparse", "bytes"))
-    # Prune + INT8 against the trained float32 model: the gzip of the trained
-    # model.keras file, and (weights only, no optimizer state or Keras metadata)
-    # the gzip of the trained float32 .tflite.
-    out["keras_gzip_vs_pruned_int8_gzip"] = ratio(keras_gzip, get("pruned_int8", "gzip_bytes"))
-    out["trained_float32_gzip_vs_pruned_int8_gzip"] = ratio(
-        get("trained_float32", "gzip_bytes"), get("pruned_int8", "gzip_bytes")
-    )
-    if qat_report is not None:
-        out["qat"] = qat_report
-    return out

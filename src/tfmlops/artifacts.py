@@ -1,0 +1,54 @@
+"""The names of everything one stage hands to another, and the check that it is there.
+
+A stage writes its outputs under `paths.<stage>` and `reports/`; later stages,
+tests and benchmarks read them by these names, never by a literal of their own.
+`require` is the one "run the upstream stage first" check: a missing input fails
+with one line naming the file and the `dvc repro` that makes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tfmlops.errors import DataError
+
+# -- files in a stage's output folder, by the stage that writes them
+RUN_FILE = "mlflow_run.json"  # every stage: its run's id and store (lineage)
+MANIFEST = "manifest.json"  # prepare: label map, counts, the files and their hashes
+STATS = "stats.json"  # prepare: per-channel mean and std of the train split
+QUARANTINE = "quarantine.json"  # prepare: every rejected file and why
+BEST_HPARAMS = "best_hparams.yaml"  # tune: the partial params tree train merges
+SEARCHED = "searched_params.json"  # tune: what the search read (train refuses it stale)
+FINAL_ROUND = "final_round.csv"  # tune
+PRECISION = "precision.json"  # tune and train: the timed precision decisions
+MODEL_FILE = "model.keras"  # train and prune
+RESOLVED_PARAMS = "resolved_params.yaml"  # train: the config really trained
+TUNE_MERGE = "tune_merge.json"  # train: what tune changed
+EDGE = "edge.json"  # quantize: the edge variant chosen
+FRONTIER_PNG = "frontier.png"  # quantize
+SERVING = "serving.json"  # export: the served runtime and its settings
+SKEW = "skew.json"  # export: every served path against Keras
+REGISTERED = "registered.json"  # export: {name, version, run_id, model_uri}
+MODEL_CARD = "model_card.md"  # export
+
+# -- MLflow tags other stages or the registry read
+TAG_STAGE = "tfmlops.stage"
+TAG_DATA_VERSION = "tfmlops.data_version"
+TAG_EDGE_VARIANT = "tfmlops.edge_variant"
+TAG_SERVED_RUNTIME = "tfmlops.export.served_runtime"
+TAG_PARITY_PASSED = "tfmlops.export.parity"
+TAG_TUNE_SEARCH = "tfmlops.tune.search"
+TAG_PROMOTE = "tfmlops.promote."  # prefix: action, outcome, candidate, production_before/after
+
+
+def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
+    """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's metrics."""
+    return Path(reports) / f"{stage}{suffix}"
+
+
+def require(path: str | Path, stage: str, what: str | None = None, *, hint: str = "") -> Path:
+    """`path` if it exists, else DataError: `<what> not found; run dvc repro <stage> first`."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{what or path} not found; run `dvc repro {stage}` first{hint}")
+    return path

@@ -1,0 +1,222 @@
+"""Every stage's lifecycle, written once: a stage module holds only its own logic.
+
+`stage(cfg, name, output=...)` is the block a stage does its work in. In order:
+1. SIGTERM becomes `Terminated` (a KeyboardInterrupt) in the main thread, so a CI
+   cancel, `timeout` or a deleted pod ends the stage as Ctrl-C does;
+2. the output lock (`.<output>.lock` beside the output folder, chief only): two
+   `tfmlops <stage>` on one repo outside DVC take turns, the second says so in one
+   line and waits, so the folder swapped in is one run's;
+3. an empty staging folder (`Stage.out`) the stage builds its output in;
+4. the stage's MLflow run (`Stage.run`; `sidecar=True`: kept by a separate
+   process, see tracking/sidecar.py; `tracked=False`: none, for `materialize`);
+5. on success: the staging folder swapped in whole (unless the stage did it with
+   `Stage.swap()` to log from the final folder or to register after it), the
+   profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`;
+   on failure or a signal: the run FAILED or KILLED, the staging folder removed, the
+   old output left in place, child processes of a pool stopped.
+`run_command` turns what a command raised into one line and its exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfmlops import faults
+from tfmlops.artifacts import report_path
+from tfmlops.errors import UserError
+from tfmlops.files import hold_lock, staging_dir, swap_in, write_json
+
+log = logging.getLogger(__name__)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: the stage ends as on Ctrl-C (run KILLED,
+    staging removed, nothing swapped in)."""
+
+
+@dataclass
+class Stage:
+    """What a stage's block works with; see the module docstring."""
+
+    cfg: Any
+    name: str
+    run: Any
+    out: Path | None  # the staging folder, None for a stage without an output folder
+    final: Path | None  # where `out` is swapped in
+    metrics: dict | None = None  # reports/<stage>.json, written once the run has ended
+    swapped: bool = False
+    _profiles: list[Path] = field(default_factory=list)
+
+    def swap(self) -> Path:
+        """Swap the staging folder in now (once): later calls log from the final folder."""
+        if not self.swapped:
+            swap_in(self.out, self.final)
+            self.swapped = True
+        return self.final
+
+    def report(self, metrics: dict, *, log_metrics: bool = True) -> dict:
+        """The stage's metrics: logged to its run now, written to reports/ at the end."""
+        self.metrics = metrics
+        if log_metrics:
+            self.run.log_metrics(metrics)
+        return metrics
+
+    def profile_dir(self) -> Path:
+        """A fresh profile folder for this run, logged as `profile` if it holds anything."""
+        from tfmlops import profiling
+
+        folder = profiling.fresh_profile_dir(self.cfg, self.name)
+        self._profiles.append(folder)
+        return folder
+
+    @contextlib.contextmanager
+    def trace(self) -> Iterator[Path | None]:
+        """A TensorFlow Profiler trace of the block (`profiling.enabled`), logged at the end."""
+        from tfmlops import profiling
+
+        with profiling.trace(self.cfg, self.name) as folder:
+            if folder is not None:
+                self._profiles.append(folder)
+            yield folder
+
+    def _log_profiles(self) -> None:
+        if not self.cfg.profiling.enabled:
+            return
+        for folder in self._profiles:
+            if folder.is_dir() and any(p.is_file() for p in folder.rglob("*")
+                                       if p.name != ".tfmlops-owned"):
+                self.run.log_artifact(folder, "profile")
+
+
+@contextlib.contextmanager
+def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Path | None = None,
+          upstream: dict[str, str | Path] | None = None, params: dict | None = None,
+          tracked: bool = True, sidecar: bool = False, async_batches: bool = True,
+          staged: bool = True) -> Iterator[Stage]:
+    """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
+    when the stage has no output folder; `staged=False` writes into `output` directly
+    (a non-chief worker's scratch output)."""
+    final = Path(output) if output is not None else None
+    with terminated_on_sigterm(), _output_lock(name, final if staged else None):
+        out = staging_dir(final) if final is not None and staged else final
+        current = None
+        try:
+            with _run(cfg, name, out or run_dir, upstream, params, tracked, sidecar,
+                      async_batches) as run:
+                current = Stage(cfg, name, run, out, final, swapped=not staged)
+                faults.point(f"{name}.running")
+                yield current
+                if out is not None and not current.swapped:
+                    current.swap()
+                current._log_profiles()
+        except BaseException:
+            if out is not None and staged and not (current and current.swapped):
+                shutil.rmtree(out, ignore_errors=True)  # the old output stays as it was
+            _stop_children()
+            raise
+    if current.metrics is not None:
+        write_json(report_path(cfg.paths.reports, name), current.metrics)
+    faults.point(f"{name}.reported")
+
+
+@contextlib.contextmanager
+def terminated_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises `Terminated` in the main thread for the block (elsewhere: as it was)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is _terminate:  # nested (a stage run inside a command's block)
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_command(command: str, work: Callable[[], Any], *, sigterm: bool = True) -> int:
+    """Run one `tfmlops` command: its result as JSON on stdout, exit 0; a UserError as
+    one line and its exit code (2); an interrupt or SIGTERM (`sigterm`) as one line and
+    128 + signal. A None result prints nothing."""
+    try:
+        with terminated_on_sigterm() if sigterm else contextlib.nullcontext():
+            result = work()
+    except UserError as exc:
+        log.error("tfmlops %s: error: %s", command, exc)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:
+        term = isinstance(exc, Terminated)
+        log.error("tfmlops %s: stopped by %s; no output was recorded as done and its MLflow "
+                  "run (if tracking is on) ended KILLED; run it again to redo it", command,
+                  "SIGTERM" if term else "an interrupt (Ctrl-C)")
+        return 128 + (signal.SIGTERM if term else signal.SIGINT)
+    if isinstance(result, dict) and result.get("exit_code"):
+        return int(result["exit_code"])
+    # The result is the command's output, not a log record: on stdout whatever -q/-v
+    # say, so `tfmlops train | jq` and tests parse its last line.
+    if result is not None:
+        sys.stdout.write(json.dumps(result, default=str, sort_keys=True) + "\n")
+    return 0
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _output_lock(name: str, final: Path | None) -> Iterator[None]:
+    from tfmlops.tracking import is_chief
+
+    # Other workers of a distributed run write scratch outputs and wait on the chief's
+    # collectives: a lock they shared with it would deadlock them.
+    if final is None or not is_chief():
+        yield
+        return
+    lock = final.with_name(f".{final.name}.lock")
+    with hold_lock(lock, f"{name}: another `tfmlops {name}` is writing {final} (it holds "
+                         f"{lock}); waiting for it to finish"):
+        faults.point(f"{name}.output_locked")
+        yield
+
+
+def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches):
+    from tfmlops import tracking
+
+    if not tracked:
+        return contextlib.nullcontext(_Untracked())
+    if sidecar:
+        return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params)
+    return tracking.stage_run(cfg, name, folder, upstream=upstream, params=params,
+                              async_batches=async_batches)
+
+
+class _Untracked:
+    """The run of a stage that records nothing (materialize)."""
+
+    run_id = None
+    active = False
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def _stop_children() -> None:
+    """Stop the multiprocessing children a failing stage left (a pool's workers): none
+    outlives it. The train sidecar is a plain subprocess that ends its run first."""
+    for child in multiprocessing.active_children():
+        child.terminate()
+    for child in multiprocessing.active_children():
+        child.join(timeout=5)

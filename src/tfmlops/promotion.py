@@ -1,0 +1,151 @@
+"""The moves of a promotion, under the registry's promotion lock: gate, aliases, rollback.
+
+Every function here runs with the lock held (`still_held()` checks it before the
+first alias move) and reads @production again first, so concurrent promotions
+serialize. The writes go in an order whose every prefix is safe for `--rollback`:
+the candidate's `promote.replaced` tag, then @previous, then @production. Each
+returns the decision record `stages/promote.py` logs and writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict
+
+from tfmlops.config import Config
+from tfmlops.errors import DataError
+from tfmlops.gate import VersionMetrics, evaluate_gate
+from tfmlops.registry import CANDIDATE, PREVIOUS, PRODUCTION
+
+
+def dvc_experiment() -> str | None:
+    """The name of the DVC experiment this process runs in (`dvc exp run` sets DVC_EXP_NAME,
+    the same variable the tracking runs' `dvc.exp_name` tag comes from), else None."""
+    return os.environ.get("DVC_EXP_NAME") or None
+
+
+def experiment_alias(name: str) -> str:
+    """`exp-<name>` in the characters an MLflow alias accepts."""
+    return "exp-" + (re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:200] or "unnamed")
+
+
+def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_id,
+           experiment: str | None = None) -> dict:
+    """Under the lock: read @production again, apply the gate, move the aliases."""
+    metrics = VersionMetrics.from_tags(candidate, registry.tags(candidate))
+    production = registry.alias(PRODUCTION)
+    against = None
+    if production and production != candidate:
+        against = VersionMetrics.from_tags(production, registry.tags(production))
+    checks = evaluate_gate(cfg.promote.gate, metrics, against)
+    failed = [c for c in checks if not c.passed]
+    still_held()
+    reasons = "; ".join(c.message for c in failed)
+    if experiment and not cfg.promote.from_experiments:
+        outcome, after, summary = hold_experiment(registry, candidate, production, experiment,
+                                                  reasons if failed and not force else None)
+        reason = (f"DVC experiment {experiment}: experiments never move @production "
+                  "(promote.from_experiments is false)")
+        expected = {experiment_alias(experiment): candidate, PRODUCTION: production}
+    elif production == candidate:
+        outcome, after = "unchanged", production
+        summary = reason = f"version {candidate} already holds @production"
+        expected = {PRODUCTION: candidate}
+    elif not failed or force:
+        # Tag, then @previous, then @production: a crash after any of them leaves
+        # @previous and the tags naming what a rollback must restore.
+        registry.tag_version(candidate, {"promote.replaced": production or "none"})
+        if production:
+            registry.set_alias(PREVIOUS, production)
+        registry.set_alias(PRODUCTION, candidate)
+        if registry.alias(CANDIDATE) == candidate:
+            registry.delete_alias(CANDIDATE)
+        outcome, after = ("forced" if failed else "promoted"), candidate
+        summary = (f"version {candidate} -> @production"
+                   + (f" (replaced version {production}, now @previous)" if production else "")
+                   + (f"; FORCED past: {reasons}" if failed else ""))
+        reason = f"forced past the gate: {reasons}" if failed else "the gate passed"
+        expected = {PRODUCTION: candidate, PREVIOUS: production} if production else \
+            {PRODUCTION: candidate}
+    else:
+        registry.set_alias(CANDIDATE, candidate)
+        outcome, after = "refused", production
+        summary = (f"refused version {candidate} (now @candidate): {reasons}"
+                   f"; production stays {'version ' + production if production else 'empty'}")
+        reason = f"the gate failed: {reasons}"
+        expected = {CANDIDATE: candidate, PRODUCTION: production}
+    registry.tag_version(candidate, {"promote.outcome": outcome, "promote.run_id": run_id})
+    registry.expect_aliases(expected)  # a writer outside the lock: a conflict, said so
+    return {"action": "promote", "outcome": outcome, "candidate": candidate, "forced": force,
+            "experiment": experiment, "reason": reason,
+            "production_before": production, "production_after": after,
+            "previous_after": registry.alias(PREVIOUS),
+            "checks": [asdict(c) for c in checks], "failed": [c.name for c in failed],
+            "summary": summary}
+
+
+def hold_experiment(registry, candidate: str, production: str | None, experiment: str,
+                    refused: str | None) -> tuple[str, str | None, str]:
+    """A DVC experiment's version: @exp-<name>, production untouched. (outcome, after, summary)"""
+    alias = experiment_alias(experiment)
+    registry.set_alias(alias, candidate)
+    gate = f"the gate refused it: {refused}" if refused else "the gate passed"
+    summary = (f"DVC experiment {experiment}: version {candidate} -> @{alias}, not @production "
+               f"({gate}); production stays {'version ' + production if production else 'empty'}"
+               "; apply and commit the experiment, then `dvc repro`, to promote it")
+    return ("refused" if refused else "held"), production, summary
+
+
+def roll_back(registry, still_held, run_id) -> dict:
+    """Under the lock: @production <- @previous; @previous <- what that version had replaced."""
+    production, previous = registry.alias(PRODUCTION), registry.alias(PREVIOUS)
+    if previous is None:
+        raise DataError(f"{registry.name} has no @previous version to roll back to")
+    if previous == production:
+        return repair_previous(registry, production, run_id)
+    older = replaced_by(registry, previous, production)
+    still_held()
+    registry.set_alias(PRODUCTION, previous)
+    if older:
+        registry.set_alias(PREVIOUS, older)
+    else:
+        registry.delete_alias(PREVIOUS)
+    if production:
+        registry.tag_version(production, {"promote.rolled_back_by": run_id})
+    registry.expect_aliases({PRODUCTION: previous, PREVIOUS: older})
+    return {"action": "rollback", "outcome": "rolled_back", "candidate": previous,
+            "production_before": production, "production_after": previous,
+            "previous_after": older, "checks": [], "failed": [], "experiment": None,
+            "reason": "--rollback",
+            "summary": f"rolled back @production from version {production} to {previous}"
+                       + (f"; @previous is now version {older}" if older else
+                          "; no older version left as @previous")}
+
+
+def replaced_by(registry, version: str, production: str | None) -> str | None:
+    """The version `version` replaced when it was promoted, if it still exists."""
+    older = registry.tags(version).get("promote.replaced")
+    if older in (None, "none", version, production) or not registry.exists(older):
+        return None
+    return older
+
+
+def repair_previous(registry, production: str, run_id) -> dict:
+    """@previous == @production: a promotion or rollback stopped between its alias moves.
+    Production never moved to anything unchecked, so it stays; @previous gets back what
+    production replaced. Nothing is rolled back: a second --rollback does that."""
+    older = replaced_by(registry, production, None)
+    if older:
+        registry.set_alias(PREVIOUS, older)
+    else:
+        registry.delete_alias(PREVIOUS)
+    summary = (f"@previous pointed at production (version {production}): an interrupted "
+               f"promotion or rollback; @previous is now "
+               f"{'version ' + older if older else 'empty'}, production unchanged; run "
+               "--rollback again to roll back")
+    return {"action": "rollback", "outcome": "repaired", "candidate": production,
+            "production_before": production, "production_after": production,
+            "previous_after": older, "checks": [], "failed": [], "experiment": None,
+            "reason": "an interrupted alias move left @previous == @production",
+            "summary": summary}

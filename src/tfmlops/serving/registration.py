@@ -1,0 +1,127 @@
+"""What export records about the formats it built, and the model version it registers.
+
+`register` logs the served model and registers a version keyed by its inputs (a
+rerun after a crash between registering and `registered.json` finds its version);
+the version tags (accuracy, bytes, latency, parity per format, lineage) are what
+`promote`'s gate reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from tfmlops import registry, tracking
+from tfmlops.artifacts import EDGE, MODEL_CARD, MODEL_FILE, SKEW, require
+from tfmlops.config import Config
+from tfmlops.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def read_edge(cfg: Config) -> dict:
+    """quantize's choice of edge variant: {"variant", "file", "accuracy", "bytes"}."""
+    path = require(Path(cfg.paths.tflite) / EDGE, "quantize")
+    edge = json.loads(path.read_text())
+    if not (Path(cfg.paths.tflite) / str(edge.get("file", ""))).is_file():
+        raise DataError(f"{path} names {edge.get('file')!r}, which is not in {cfg.paths.tflite}; "
+                        "run `dvc repro quantize` again")
+    return edge
+
+
+def all_parity_passed(parities) -> bool:
+    """The parities the stage requires (every runtime but the quantized edge variant)."""
+    return all(p.passed for p in parities if p.runtime != "tflite")
+
+
+def export_metrics(rows, parities, serving) -> dict:
+    metrics = {}
+    for r in rows:
+        for key in ("accuracy", "bytes", "p50_ms"):
+            metrics[f"{r['format']}.{key}"] = r[key]
+    for p in parities:
+        metrics[f"parity.{p.runtime}.max_abs_diff"] = p.max_abs_diff
+    metrics["parity.passed"] = int(all_parity_passed(parities))
+    metrics.update({f"serving.{k}": v for k, v in serving.items() if k in
+                    ("accuracy", "bytes", "latency_p50_ms")})
+    return metrics
+
+
+def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dict:
+    """Log the served model to MLflow and register a version (the one registered for the
+    same inputs if a run before this one got that far); {name, version, run_id, model_uri}."""
+    name = cfg.promote.registered_model
+    if not run.active:
+        log.warning("export: tracking is off: the model is not registered "
+                    "(promote needs the registry)")
+        return {"name": name, "version": None, "run_id": None, "model_uri": None}
+    log.info("export: logging the formats and registering %s in MLflow", name)
+    run.log_artifact(out / MODEL_CARD)
+    run.log_artifact(out / SKEW)
+    for fmt in ("saved_model", "model.onnx", "model.tflite"):
+        run.log_artifact(out / fmt, "formats")
+    uri = registry.log_serving_model(run, out, serving["file"], registry.request_example(example_png))
+    if uri is None:
+        raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
+                        "; fix the tracking store and run export again")
+    # Keyed by the inputs, not this run or the converted bytes (both differ on a rerun):
+    # a rerun after a crash between registering and registered.json finds its version.
+    key = registration_key(cfg)
+    reg = registry.Registry(cfg, name)
+    version = reg.register(uri, tags, card, key=key)
+    log.info("export: registered %s version %s", name, version)
+    return {"name": name, "version": version, "run_id": run.run_id,
+            "model_uri": reg.source(version)}  # an earlier run's, if it registered these inputs
+
+
+def registration_key(cfg: Config) -> str:
+    """sha256 of the trained model, quantize's edge variant and export's params."""
+    edge = read_edge(cfg)
+    params = json.dumps({"export": cfg.to_dict()["export"], "name": cfg.promote.registered_model},
+                        sort_keys=True)
+    return ":".join([registry.content_digest(Path(cfg.paths.train) / MODEL_FILE),
+                     registry.content_digest(Path(cfg.paths.tflite) / edge["file"]),
+                     hashlib.sha256(params.encode()).hexdigest()[:16]])
+
+
+def version_tags(rows, parities, serving, lineage) -> dict[str, str]:
+    tags = {}
+    for r in rows:
+        tags[f"accuracy.{r['format']}"] = f"{r['accuracy']:.6f}"
+        tags[f"bytes.{r['format']}"] = str(r["bytes"])
+        tags[f"latency_p50_ms.{r['format']}"] = f"{r['p50_ms']:.4f}"
+    for p in parities:
+        tags[f"parity.{p.runtime}"] = (f"{'pass' if p.passed else 'fail'} max_abs_diff="
+                                       f"{p.max_abs_diff:.3g} top1_mismatches={p.top1_mismatches}")
+    tags[registry.TAG_PARITY] = str(all_parity_passed(parities)).lower()
+    tags["serving.runtime"] = serving["runtime"]
+    tags[registry.TAG_ACCURACY] = f"{serving['accuracy']:.6f}"
+    tags[registry.TAG_BYTES] = str(serving["bytes"])
+    tags[registry.TAG_LATENCY] = f"{serving['latency_p50_ms']:.4f}"
+    return {**tags, **lineage}
+
+
+def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
+    """Git commit, dvc.lock hashes of the data, run ids of every upstream stage."""
+    root = tracking.repo_root()
+    commit, dirty = tracking.git_state(root)
+    tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
+            "lineage.data_version": tracking.data_version(cfg)}
+    folders = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned, "train": cfg.paths.train,
+               "prune": cfg.paths.pruned, "quantize": cfg.paths.tflite}
+    for stage, folder in folders.items():
+        tags[f"lineage.run.{stage}"] = tracking.read_run_file(folder).get("run_id") or "none"
+    tags["lineage.run.export"] = export_run_id or "none"
+    tags.update(tracking.dvc_data_hashes(cfg, root))
+    return tags
+
+
+def format_table(rows, serving, registered) -> str:
+    """One message: the summary line, then every format's row under a header (aligned)."""
+    lines = [f"export: serving {serving['runtime']}; registered version {registered['version']}",
+             f"  {'format':<20}{'accuracy':>10}{'bytes':>12}{'p50 ms':>10}"]
+    lines += [f"  {r['format']:<20}{r['accuracy']:>10.4f}{r['bytes']:>12,}{r['p50_ms']:>10.3f}"
+              for r in rows]
+    return "\n".join(lines)
