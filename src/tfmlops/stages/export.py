@@ -29,6 +29,7 @@ from tfmlops import registry, tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
+from tfmlops.serving import mlflow_model
 from tfmlops.serving.skew import metrics as skew_metrics
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dic
     run.log_artifact(out / SKEW_FILE)
     for fmt in ("saved_model", "model.onnx", "model.tflite"):
         run.log_artifact(out / fmt, "formats")
-    uri = registry.log_serving_model(run, out, serving["file"], registry.request_example(example_png))
+    uri = mlflow_model.log_serving_model(run, out, serving["file"], mlflow_model.request_example(example_png))
     if uri is None:
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")
