@@ -15,7 +15,7 @@ import pytest
 from conftest import child_env
 from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig
 from tfmlops.errors import ConfigError
-from tfmlops.model.precision import resolve_precision
+from tfmlops.model.precision import decide
 from tfmlops.model.strategy import cluster_tasks, resolve_strategy
 
 TINY = ModelSpec(blocks=[BlockSpec(4, 3, False), BlockSpec(8, 3, False)], convs_per_block=1,
@@ -39,7 +39,7 @@ def cluster(workers: int, chief: bool = False) -> str:
     ("float32", [(9, 0)], "float32"),
 ])
 def test_precision_resolution(setting, gpus, expected):
-    assert resolve_precision(setting, gpus) == expected
+    assert decide(setting, gpus).policy == expected
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
@@ -143,12 +143,12 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
         return precision.time_policies(make_model, batch, keras, warmup=1, steps=2)
 
     avx2 = set(AVX2)
-    assert precision.resolve_precision("timed", [], avx2, measure) == "float32"
+    assert precision.decide("timed", [], avx2, measure).policy == "float32"
     assert precision.decide("timed", [], avx2, measure).reason == "no-bf16-units"
     assert calls == []  # no bf16 units: nothing is timed
-    assert precision.resolve_precision("timed", [(8, 0)], avx2 | {"amx_bf16"},
-                                       measure) == "mixed_float16"  # a GPU decides
-    assert precision.resolve_precision("float32", [], {"amx_bf16"}, measure) == "float32"
+    assert precision.decide("timed", [(8, 0)], avx2 | {"amx_bf16"},
+                            measure).policy == "mixed_float16"  # a GPU decides
+    assert precision.decide("float32", [], {"amx_bf16"}, measure).policy == "float32"
     assert precision.decide("auto", [], avx2 | {"avx512_bf16"}, measure).reason == "no-amx"
     assert calls == []
 

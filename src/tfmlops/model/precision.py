@@ -137,14 +137,6 @@ def decide(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
     return Decision(faster(timings, margin), "timed", timings, margin)
 
 
-def resolve_precision(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
-                      flags: Iterable[str] = (),
-                      measure: Callable[[], dict[str, float]] | None = None,
-                      spec=None, margin: float = 0.0) -> str:
-    """The policy name of `decide`."""
-    return decide(setting, gpu_capabilities, flags, measure, spec, margin).policy
-
-
 def faster(images_per_s: dict[str, float], margin: float = 0.0) -> str:
     """float32 unless another policy has more than (1 + `margin`) x its images/s (then the
     fastest of those): a close timing keeps float32 (no rounding cost)."""
