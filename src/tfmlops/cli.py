@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
     try:
         if args.command == "serve":  # needs no params.yaml: the model carries its settings
-            from tfmlops.serving.server import serve
+            from tfmlops.serving.server import serve_model
 
-            serve(args.model_uri, args.host, args.port, args.workers)
+            serve_model(args.model_uri, args.host, args.port, args.workers)
             return 0
         from tfmlops.config import load_config
 

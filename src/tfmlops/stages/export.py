@@ -30,7 +30,7 @@ from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import staging_dir, swap_in, write_csv, write_json, write_text
 from tfmlops.serving import mlflow_model
-from tfmlops.serving.skew import metrics as skew_metrics
+from tfmlops.serving.skew import skew_metrics
 
 log = logging.getLogger(__name__)
 
