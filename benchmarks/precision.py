@@ -94,7 +94,7 @@ def mobilenet_case(batch_size: int):
         return model
 
     def decide():
-        return precision.decide("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+        return precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
                                 lambda: precision.time_policies(make_model, batch, keras))
 
     return make_model, batch, decide

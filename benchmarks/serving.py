@@ -97,11 +97,22 @@ def summary(times: list[float]) -> dict:
             "requests": len(times)}
 
 
+def save_keras_flavor(model, path: Path, example) -> None:
+    """The baseline: `model` saved with MLflow's plain Keras flavor (tfmlops never serves it)."""
+    from tfmlops.tracking import import_mlflow
+
+    mlflow = import_mlflow()  # first: it bounds MLflow's HTTP retries
+    from mlflow.models import infer_signature
+
+    signature = infer_signature(example, model.predict(example, verbose=0))
+    mlflow.tensorflow.save_model(model, str(path), signature=signature)
+
+
 def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
     import requests
 
     from tfmlops.model.artifacts import load_keras3, trained_model_path
-    from tfmlops.registry import PRODUCTION, save_keras_flavor
+    from tfmlops.registry import PRODUCTION
     from tfmlops.serving import local_server as server
     from tfmlops.tracking import tracking_uri
 

@@ -1,7 +1,7 @@
 """Serving memory under 16-bit images: 8 concurrent requests of four 4096x4096 16-bit PNGs.
 
 Builds a tiny served model the way export does (a 16x16x1 Keras model -> ONNX,
-serving.json with export.serving's default caps, `registry.save_serving_model`:
+serving.json with export.serving's default caps, `serving.mlflow_model.save_serving_model`:
 the pyfunc folder carries the importable tfmlops package as its code), serves it
 on 127.0.0.1, warms it with one small request, then sends 8 requests at once,
 each of four 16-bit 4096x4096 PNGs of zeros (about 44 KB each as base64), while
@@ -47,7 +47,7 @@ def build_model(folder: Path) -> Path:
     import keras
     from PIL import Image
 
-    from tfmlops import registry
+    from tfmlops.serving import mlflow_model
     from tfmlops.serving.formats import to_onnx, write_serving_config
 
     out = folder / "export"
@@ -61,8 +61,8 @@ def build_model(folder: Path) -> Path:
     write_serving_config(out, {"runtime": "onnx", "file": "model.onnx"}, prepared)
     buf = io.BytesIO()
     Image.fromarray(np.zeros((16, 16), np.uint8)).save(buf, "PNG")
-    registry.save_serving_model(out, "model.onnx", registry.request_example(buf.getvalue()),
-                                folder / "model")
+    example = mlflow_model.request_example(buf.getvalue())
+    mlflow_model.save_serving_model(out, "model.onnx", example, folder / "model")
     return folder / "model"
 
 

@@ -190,6 +190,15 @@ def stage_runs(cfg, stage: str):
     return client.search_runs([exp.experiment_id], f"tags.`tfmlops.stage` = '{stage}'")
 
 
+def profile_runs(cfg, stage: str) -> list[Path]:
+    """The stage's per-run profile folders on disk, oldest first (each name starts with
+    its UTC time)."""
+    from tfmlops.profiling import profile_dir
+
+    parent = profile_dir(cfg, stage)
+    return sorted(p for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+
+
 def git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
                           text=True).stdout

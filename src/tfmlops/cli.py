@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace):
     """What `tfmlops <command>` returns (its JSON result); harness.run_command runs it."""
     if args.command == "serve":  # needs no params.yaml: the model carries its settings
-        from tfmlops.serving.server import serve
+        from tfmlops.serving.server import serve_model
 
-        serve(args.model_uri, args.host, args.port, args.workers)
+        serve_model(args.model_uri, args.host, args.port, args.workers)
         return None
     from tfmlops.config import load_config
 

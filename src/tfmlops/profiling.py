@@ -52,12 +52,6 @@ def fresh_profile_dir(cfg: Config, stage: str) -> Path:
     return folder
 
 
-def run_dirs(cfg: Config, stage: str) -> list[Path]:
-    """The stage's per-run folders, oldest first (names start with their UTC time)."""
-    parent = profile_dir(cfg, stage)
-    return _oldest_first(parent) if parent.is_dir() else []
-
-
 def _oldest_first(parent: Path) -> list[Path]:
     return sorted((p for p in parent.iterdir() if p.is_dir()), key=lambda p: _stamp_key(p.name))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import mlflow_client, stage_runs
+from conftest import mlflow_client, profile_runs, stage_runs
 from images import bomb_png, exif_rotated_jpeg, mixed_folder, mpo_jpeg, photo, photo_folder, sixteen_bit_png
 from tfmlops import profiling
 from tfmlops.errors import DataError
@@ -72,7 +72,7 @@ def test_two_runs_leave_two_profile_folders_side_by_side(tmp_path, make_cfg):
                    profiling={"enabled": True, "start_step": 1, "steps": 1})
     prepare.run(cfg)
     prepare.run(cfg)
-    folders = profiling.run_dirs(cfg, "prepare")
+    folders = profile_runs(cfg, "prepare")
     assert len(folders) == 2
     assert all(profiling.trace_files(f) for f in folders)
     client = mlflow_client(cfg)

@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import mlflow_client, run_cli, stage_runs, tiny_params
-from tfmlops import profiling
+from conftest import mlflow_client, profile_runs, run_cli, stage_runs, tiny_params
 from tfmlops.config import load_config
 
 FINAL_SPARSITY = 0.6
@@ -148,7 +147,7 @@ def test_prune_reaches_the_scheduled_sparsity(compressed):
     assert run_file["run_id"] == run.info.run_id
     artifacts = {a.path for a in mlflow_client(cfg).list_artifacts(run.info.run_id)}
     assert {"model", "reports", "profile"} <= artifacts
-    (profile,) = profiling.run_dirs(cfg, "prune")  # this run's folder under profiles/prune
+    (profile,) = profile_runs(cfg, "prune")  # this run's folder under profiles/prune
     assert list(profile.rglob("*.xplane.pb")) and list((profile / "metrics").glob("events.*"))
 
 

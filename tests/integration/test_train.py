@@ -108,7 +108,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     from tfmlops.model.strategy import resolve_strategy
 
     # auto: what this host's GPUs and CPU flags decide for this architecture, never timed
-    expected = precision.decide("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+    expected = precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
                                 spec=trained.model)
     assert params["resolved.precision_policy"] == expected.policy
     assert params["resolved.precision_reason"] == expected.reason != "timed"

@@ -15,7 +15,7 @@ import pytest
 from conftest import child_env
 from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig
 from tfmlops.errors import ConfigError
-from tfmlops.model.precision import resolve_precision
+from tfmlops.model.precision import decide_policy
 from tfmlops.model.strategy import cluster_tasks, resolve_strategy
 
 TINY = ModelSpec(blocks=[BlockSpec(4, 3, False), BlockSpec(8, 3, False)], convs_per_block=1,
@@ -39,7 +39,7 @@ def cluster(workers: int, chief: bool = False) -> str:
     ("float32", [(9, 0)], "float32"),
 ])
 def test_precision_resolution(setting, gpus, expected):
-    assert resolve_precision(setting, gpus) == expected
+    assert decide_policy(setting, gpus).policy == expected
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
@@ -123,10 +123,10 @@ def test_auto_is_decided_from_the_cpu_and_the_architecture_never_timed(flags, sp
     def measure():
         raise AssertionError("auto must not time")
 
-    decision = precision.decide("auto", [], flags, measure, spec=spec)
+    decision = precision.decide_policy("auto", [], flags, measure, spec=spec)
     assert (decision.policy, decision.reason) == (expected, reason)
     assert decision.images_per_s == {}
-    assert precision.decide("auto", [(8, 0)], flags, measure, spec=spec).policy == "mixed_float16"
+    assert precision.decide_policy("auto", [(8, 0)], flags, measure, spec=spec).policy == "mixed_float16"
 
 
 @pytest.mark.timeout(300)
@@ -143,16 +143,16 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
         return precision.time_policies(make_model, batch, keras, warmup=1, steps=2)
 
     avx2 = set(AVX2)
-    assert precision.resolve_precision("timed", [], avx2, measure) == "float32"
-    assert precision.decide("timed", [], avx2, measure).reason == "no-bf16-units"
+    assert precision.decide_policy("timed", [], avx2, measure).policy == "float32"
+    assert precision.decide_policy("timed", [], avx2, measure).reason == "no-bf16-units"
     assert calls == []  # no bf16 units: nothing is timed
-    assert precision.resolve_precision("timed", [(8, 0)], avx2 | {"amx_bf16"},
-                                       measure) == "mixed_float16"  # a GPU decides
-    assert precision.resolve_precision("float32", [], {"amx_bf16"}, measure) == "float32"
-    assert precision.decide("auto", [], avx2 | {"avx512_bf16"}, measure).reason == "no-amx"
+    assert precision.decide_policy("timed", [(8, 0)], avx2 | {"amx_bf16"},
+                            measure).policy == "mixed_float16"  # a GPU decides
+    assert precision.decide_policy("float32", [], {"amx_bf16"}, measure).policy == "float32"
+    assert precision.decide_policy("auto", [], avx2 | {"avx512_bf16"}, measure).reason == "no-amx"
     assert calls == []
 
-    decision = precision.decide("timed", [], avx2 | {"avx512_bf16"}, measure, margin=0.25)
+    decision = precision.decide_policy("timed", [], avx2 | {"avx512_bf16"}, measure, margin=0.25)
     assert calls == [1] and decision.reason == "timed"
     assert set(decision.images_per_s) == {"float32", "mixed_bfloat16"}
     assert decision.policy == precision.faster(decision.images_per_s, 0.25)
@@ -163,7 +163,7 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
                             "precision_mixed_bfloat16_images_per_s"}
     line = decision.line("timed")
     assert decision.policy in line and "images/s" in line and "more than 25% faster" in line
-    assert precision.decide("timed", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
+    assert precision.decide_policy("timed", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
 
 
 @pytest.mark.slow
@@ -365,7 +365,7 @@ def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
     elif setting == "auto":  # from this host's devices and the trial's architecture
         spec = search_space.config_from_values(
             cfg, search_space.declare(kt.HyperParameters(), cfg.tune.space)).model
-        expected = precision.decide("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+        expected = precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
                                     spec=spec).policy
         assert not cache.exists()  # never timed, nothing kept
     assert model.get_layer("block0_conv0").dtype_policy.name == expected

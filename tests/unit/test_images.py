@@ -1,4 +1,5 @@
-"""Validation quarantines each kind of bad file; the split is stable and stratified."""
+"""prepare's streaming core quarantines each kind of bad file; the split is stable and
+stratified."""
 
 import hashlib
 import os
@@ -10,15 +11,43 @@ from PIL import Image
 
 from images import mixed_folder
 from tfmlops.data.builtin import write_digits
-from tfmlops.data.images import assign_splits, list_files, scan, split_bounds
+from tfmlops.data.images import assign_splits, check_empty_classes, list_files, split_bounds
+from tfmlops.data.store import ImageCache
+from tfmlops.data.stream import prepare_stream, store_spec
 from tfmlops.errors import DataError
 
 
-def test_each_bad_kind_is_quarantined_with_its_reason(tmp_path):
+def prepared(make_cfg, root: Path, channels: int = 1):
+    """What prepare makes of `root`, by the calls stages/prepare makes: classes,
+    {relative path: (label, stored bytes)} of the usable files, {relative path: reason}
+    of the refused ones."""
+    cfg = make_cfg(data={"image_dir": str(root), "channels": channels},
+                   tracking={"enabled": False})
+    classes, files, refused = list_files(root)
+    out = Path(cfg.paths.prepared)
+    out.mkdir(parents=True, exist_ok=True)
+    tally = prepare_stream(cfg, root, classes, files, out)
+    check_empty_classes(root, classes, {label for _, _, label, _ in tally.rows})
+    cache = ImageCache(cfg.paths.prepare_cache, store_spec(cfg))
+    try:
+        good = {rel: (label, cache.get(sha).data) for rel, sha, label, _ in tally.rows}
+    finally:
+        cache.close()
+    bad = {b["file"]: b["reason"] for b in tally.bad}
+    bad.update({str(b.path.relative_to(root)): b.reason for b in refused})
+    return classes, good, bad
+
+
+def content_labels(root: Path) -> list[tuple[str, str]]:
+    """(sha256, label) of every file under `root`'s classes: what the split is keyed by."""
+    _, files, _ = list_files(root)
+    return [(hashlib.sha256(path.read_bytes()).hexdigest(), label) for path, label in files]
+
+
+def test_each_bad_kind_is_quarantined_with_its_reason(tmp_path, make_cfg):
     expected = mixed_folder(tmp_path / "imgs")
-    classes, good, bad = scan(tmp_path / "imgs", channels=1)
+    classes, good, reasons = prepared(make_cfg, tmp_path / "imgs")
     assert classes == ["0", "1", "2"]
-    reasons = {str(b.path.relative_to(tmp_path / "imgs")): b.reason for b in bad}
     assert set(reasons) == set(expected)
     for rel, reason in expected.items():
         assert reasons[rel].startswith(reason), (rel, reasons[rel])
@@ -26,44 +55,45 @@ def test_each_bad_kind_is_quarantined_with_its_reason(tmp_path):
 
 
 @pytest.mark.parametrize("channels, mode", [(1, "L"), (3, "RGB")])
-def test_every_good_image_is_converted_to_the_channel_count(tmp_path, channels, mode):
+def test_every_good_image_is_converted_to_the_channel_count(tmp_path, make_cfg, channels, mode):
     import io
 
     mixed_folder(tmp_path / "imgs", per_class=5)
-    _, good, _ = scan(tmp_path / "imgs", channels=channels)
-    sources = Counter(g.path.suffix.lower() for g in good)
+    _, good, _ = prepared(make_cfg, tmp_path / "imgs", channels)
+    sources = Counter(Path(rel).suffix.lower() for rel in good)
     assert {".jpg", ".png", ".bmp", ".gif"} <= set(sources)
-    for g in good:
-        assert Image.open(io.BytesIO(g.png)).mode == mode
+    for _, data in good.values():
+        assert Image.open(io.BytesIO(data)).mode == mode
 
 
-def test_transparent_pixels_become_white_not_black(tmp_path):
+def test_transparent_pixels_become_white_not_black(tmp_path, make_cfg):
     import io
 
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    Image.new("RGBA", (4, 4), (0, 0, 0, 0)).save(tmp_path / "a" / "clear.png")
-    Image.new("L", (4, 4), 0).save(tmp_path / "b" / "black.png")
-    _, good, _ = scan(tmp_path, channels=1)
-    clear = next(g for g in good if g.label == "a")
-    assert Image.open(io.BytesIO(clear.png)).getpixel((0, 0)) == 255
+    root = tmp_path / "imgs"
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+    Image.new("RGBA", (4, 4), (0, 0, 0, 0)).save(root / "a" / "clear.png")
+    Image.new("L", (4, 4), 0).save(root / "b" / "black.png")
+    _, good, _ = prepared(make_cfg, root)
+    _, clear = good["a/clear.png"]
+    assert Image.open(io.BytesIO(clear)).getpixel((0, 0)) == 255
 
 
-def test_missing_folder_fewer_than_two_classes_and_empty_class(tmp_path):
+def test_missing_folder_fewer_than_two_classes_and_empty_class(tmp_path, make_cfg):
     with pytest.raises(DataError, match="does not exist; set data.image_dir"):
-        scan(tmp_path / "nope", 1)
+        prepared(make_cfg, tmp_path / "nope")
     (tmp_path / "one").mkdir()
     write_digits(tmp_path / "src", limit=5)
     with pytest.raises(DataError, match="has 0 class folder"):
-        scan(tmp_path / "one", 1)
+        prepared(make_cfg, tmp_path / "one")
     (tmp_path / "one" / "a").mkdir()
     (tmp_path / "one" / "b").mkdir()
     (tmp_path / "one" / "a" / "x.png").write_bytes((tmp_path / "src" / "0" / "digit_0000.png").read_bytes())
     with pytest.raises(DataError, match=r"one/b is empty"):
-        scan(tmp_path / "one", 1)
+        prepared(make_cfg, tmp_path / "one")
     (tmp_path / "one" / "b" / "bad.png").write_bytes(b"")
     with pytest.raises(DataError, match="no readable image"):
-        scan(tmp_path / "one", 1)
+        prepared(make_cfg, tmp_path / "one")
 
 
 def _labelled(n_per_class: dict[str, int]) -> list[tuple[str, str]]:
@@ -89,8 +119,7 @@ def test_split_is_stratified_per_class(tmp_path):
     split is off by about sqrt(n p (1-p)), ~5 images per digit class here), even for
     very unequal classes."""
     write_digits(tmp_path / "all")
-    _, good, _ = scan(tmp_path / "all", 1)
-    items = [(g.sha256, g.label) for g in good]
+    items = content_labels(tmp_path / "all")
     items += _labelled({"rare": 7, "huge": 3000})
     for val, test in ((0.15, 0.15), (0.1, 0.25)):
         splits = assign_splits(items, 42, val, test)
@@ -106,8 +135,7 @@ def test_split_is_stable_when_files_are_added(tmp_path):
     """Adding one file moves at most 2 other files (one across each split boundary), all
     in its own class; adding k files moves at most 2k."""
     write_digits(tmp_path / "all")
-    _, good, _ = scan(tmp_path / "all", 1)
-    items = [(g.sha256, g.label) for g in good]
+    items = content_labels(tmp_path / "all")
     label_of = dict(items)
     before = assign_splits(items[:900], 42, 0.15, 0.15)
     for k in range(900, 1100):
@@ -148,7 +176,7 @@ def _png(path, value=0):
     Image.new("L", (6, 6), value).save(path)
 
 
-def test_symlinks_out_of_the_folder_are_refused_never_read(tmp_path):
+def test_symlinks_out_of_the_folder_are_refused_never_read(tmp_path, make_cfg):
     root = tmp_path / "imgs"
     _png(root / "a" / "one.png")
     _png(root / "b" / "two.png", 255)
@@ -169,9 +197,9 @@ def test_symlinks_out_of_the_folder_are_refused_never_read(tmp_path):
         "b/subdir_link": "symlink to a folder: not followed (link the files, or move the folder)",
         "b/dangling.png": "broken symlink: its target does not exist",
     }
-    _, good, bad = scan(root, 1)
-    assert {g.path.name for g in good} == {"one.png", "two.png", "inside.png"}
-    assert {b.path.name for b in bad} == {"leak.png", "dir_leak", "subdir_link", "dangling.png"}
+    _, good, bad = prepared(make_cfg, root)
+    assert set(good) == {"a/one.png", "b/two.png", "b/inside.png"}
+    assert set(bad) == set(reasons)
 
 
 def test_a_class_folder_linked_from_outside_is_refused(tmp_path):

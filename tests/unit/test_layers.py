@@ -1,5 +1,5 @@
-"""Layers, one direction: stages/ sits on top; nothing below it imports it, and no
-tfmlops modules import each other in a cycle.
+"""Layers, one direction: stages/ sits on top; nothing below it imports it, no
+tfmlops modules import each other in a cycle, and neither do its packages.
 
 The import graph is read from the source with `ast` (nothing is imported), and
 counts every import statement: module level, inside functions, under
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import tfmlops
 
@@ -114,12 +116,45 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_of(module: str) -> str:
+    """The node a module belongs to in the package graph: its sub-package
+    (`tfmlops.config` for `tfmlops.config.sections.data`) or, at the top, itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, list[str]]]:
+    """{package: {package it imports: the module imports that make the edge}}."""
+    packages: dict[str, dict[str, list[str]]] = {}
+    for a, targets in sorted(graph.items()):
+        edges = packages.setdefault(package_of(a), {})
+        for b in sorted(targets):
+            if package_of(b) != package_of(a):
+                edges.setdefault(package_of(b), []).append(f"{a} -> {b}")
+    return packages
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each cycle among packages, with the module imports inside it that close it."""
+    packages = package_graph(graph)
+    found = []
+    for component in cycles({p: set(edges) for p, edges in packages.items()}):
+        inside = [line for p in component for q, lines in packages[p].items()
+                  if q in component for line in lines]
+        found.append(f"{' <-> '.join(component)}: {'; '.join(inside)}")
+    return found
+
+
 def test_nothing_below_the_stages_imports_them():
     assert upward_imports(import_graph(SRC)) == []
 
 
 def test_no_import_cycles_among_tfmlops_modules():
     assert cycles(import_graph(SRC)) == []
+
+
+def test_no_import_cycles_among_tfmlops_packages():
+    found = package_cycles(import_graph(SRC))
+    assert found == [], "packages import each other:\n" + "\n".join(found)
 
 
 def test_the_graph_sees_function_level_and_relative_imports():
@@ -130,24 +165,44 @@ def test_the_graph_sees_function_level_and_relative_imports():
     assert "tfmlops.training.multi_worker" in graph["tfmlops.stages.train"]
 
 
+def fake_package(tmp_path: Path, modules: dict[str, str]) -> Path:
+    """A `tfmlops` package under `tmp_path`: {path in it: source}, each folder a package."""
+    pkg = tmp_path / "tfmlops"
+    for rel, source in modules.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(source)
+    for folder in [pkg, *(p for p in pkg.rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
+    return pkg
+
+
 def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):
     """A package built to break both rules: the checks name each violation."""
-    pkg = tmp_path / "tfmlops"
-    for folder in ("", "stages", "core"):
-        (pkg / folder).mkdir(exist_ok=True)
-        (pkg / folder / "__init__.py").write_text("")
-    (pkg / "stages" / "train.py").write_text("from tfmlops.core import fit\n")
-    (pkg / "core" / "fit.py").write_text(
-        "def f():\n    from tfmlops.stages.train import run\n")  # upward, inside a function
-    (pkg / "core" / "a.py").write_text("from . import b\n")  # relative, a <-> b
-    (pkg / "core" / "b.py").write_text("import tfmlops.core.a\n")
-    (pkg / "cli.py").write_text("from tfmlops.stages import train\n")  # the allowed entry
-    graph = import_graph(pkg)
+    graph = import_graph(fake_package(tmp_path, {
+        "stages/train.py": "from tfmlops.core import fit\n",
+        "core/fit.py": "def f():\n    from tfmlops.stages.train import run\n",  # upward, inside a function
+        "core/a.py": "from . import b\n",  # relative, a <-> b
+        "core/b.py": "import tfmlops.core.a\n",
+        "cli.py": "from tfmlops.stages import train\n",  # the allowed entry
+    }))
     assert upward_imports(graph) == ["tfmlops.core.fit -> tfmlops.stages.train"]
     assert sorted(map(tuple, cycles(graph))) == [
         ("tfmlops.core.a", "tfmlops.core.b"),
         ("tfmlops.core.fit", "tfmlops.stages.train"),
     ]
+
+
+def test_package_cycles_names_packages_and_the_imports_that_close_them(tmp_path):
+    graph = import_graph(fake_package(tmp_path, {
+        "low/a.py": "def f():\n    from tfmlops.high import b\n",
+        "high/b.py": "from tfmlops.low import c\n",  # no cycle of modules
+        "low/c.py": "",
+        "top.py": "from tfmlops.low import a\n",  # one way: no cycle
+    }))
+    assert cycles(graph) == []
+    assert package_cycles(graph) == [
+        "tfmlops.high <-> tfmlops.low: tfmlops.high.b -> tfmlops.low.c; "
+        "tfmlops.low.a -> tfmlops.high.b"]
 
 
 def long_functions(root: Path, limit: int) -> list[str]:
@@ -172,3 +227,10 @@ def test_functions_and_stage_modules_stay_small():
 def test_long_functions_names_a_long_one(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * 81)
     assert long_functions(tmp_path, 80) == ["m.py:f (82)"]
+
+
+@pytest.mark.xfail(strict=False, reason="stages move onto the harness in the same issue")
+def test_stage_modules_are_at_most_150_lines():
+    big = {p.name: n for p in (SRC / "stages").glob("*.py")
+           if (n := len(p.read_text().splitlines())) > 150}
+    assert big == {}, "a stage module is its own logic; its lifecycle is the harness's"

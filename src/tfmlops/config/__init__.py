@@ -1,7 +1,7 @@
 """The one typed, validated view of params.yaml.
 
 Every section of params.yaml maps to a frozen pydantic dataclass
-(`sections.py`). `load_config` reads the file once; an unknown key, a wrong
+(`sections/`, one module per section). `load_config` reads the file once; an unknown key, a wrong
 type, an out-of-range value or a broken cross-key rule raises a `ConfigError`
 whose one-line message (`messages.py`) names the dotted key, the bad value and
 what is accepted. Nothing here imports TensorFlow or MLflow.
@@ -16,7 +16,6 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tfmlops.compress.variants import TFLITE_VARIANTS
 from tfmlops.config.messages import one_line
 from tfmlops.config.sections import (
     BACKBONES,
@@ -25,6 +24,7 @@ from tfmlops.config.sections import (
     OPTIMIZERS,
     SCHEDULES,
     SEARCHED_PARAMS,
+    TFLITE_VARIANTS,
     AugmentConfig,
     BlockSpec,
     Config,

@@ -1,4 +1,5 @@
-"""A class-per-folder image tree: list its files, validate them, split them.
+"""A class-per-folder image tree: list its files, refuse some by name, split them
+(`data.store` reads, validates and stores each file).
 
 Corrupt, truncated, zero-byte, non-image and unsupported files never crash
 validation and are never dropped silently: each is listed with its reason.
@@ -26,25 +27,14 @@ Decoding itself is `data.decode.load_pixels`, shared with serving.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfmlops.data.decode import ImageRejected, load_image
 from tfmlops.errors import DataError
 
 SUPPORTED = {".png", ".jpg", ".jpeg", ".mpo", ".bmp", ".gif"}
 SPLITS = ("train", "val", "test")
-
-@dataclass(frozen=True)
-class GoodImage:
-    path: Path
-    label: str
-    sha256: str
-    width: int
-    height: int
-    png: bytes  # re-encoded at the channel count the params ask for
 
 
 @dataclass(frozen=True)
@@ -149,37 +139,6 @@ def check_empty_classes(root: Path, classes: list[str], good_labels: set[str]) -
         raise DataError(
             f"class folder {root / empty[0]} has no readable image; fix or remove its files"
         )
-
-
-def scan(
-    root: Path, channels: int, on_file=None
-) -> tuple[list[str], list[GoodImage], list[BadImage]]:
-    """Validate every file under `root/<class>/` at full size, in memory (small folders;
-    `prepare` streams instead); return classes, good and bad images."""
-    classes, files, refused = list_files(root)
-    good: list[GoodImage] = []
-    bad: list[BadImage] = list(refused)
-    for path, cls in files:
-        result = check_image(path, cls, channels)
-        (good if isinstance(result, GoodImage) else bad).append(result)
-        if on_file is not None:
-            on_file()
-    check_empty_classes(root, classes, {g.label for g in good})
-    return classes, good, bad
-
-
-def check_image(path: Path, label: str, channels: int) -> GoodImage | BadImage:
-    reason = unsupported(path)
-    if reason:
-        return BadImage(path, label, reason)
-    data = path.read_bytes()
-    try:
-        img = load_image(data, channels)
-    except ImageRejected as exc:
-        return BadImage(path, label, str(exc))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return GoodImage(path, label, hashlib.sha256(data).hexdigest(), img.width, img.height, buf.getvalue())
 
 
 def split_bounds(n: int, val: float, test: float) -> tuple[int, int]:

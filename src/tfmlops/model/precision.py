@@ -106,7 +106,7 @@ def dense_only(spec) -> bool:
     return not any(block.separable for block in spec.blocks)
 
 
-def decide(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
+def decide_policy(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
            flags: Iterable[str] = (),
            measure: Callable[[], dict[str, float]] | None = None,
            spec=None, margin: float = 0.0) -> Decision:
@@ -135,14 +135,6 @@ def decide(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
         return Decision("float32", "not-timed")
     timings = measure()
     return Decision(faster(timings, margin), "timed", timings, margin)
-
-
-def resolve_precision(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
-                      flags: Iterable[str] = (),
-                      measure: Callable[[], dict[str, float]] | None = None,
-                      spec=None, margin: float = 0.0) -> str:
-    """The policy name of `decide`."""
-    return decide(setting, gpu_capabilities, flags, measure, spec, margin).policy
 
 
 def faster(images_per_s: dict[str, float], margin: float = 0.0) -> str:
@@ -199,7 +191,7 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
                   measure: Callable[[], dict[str, float]] | None,
                   file: str | Path | None = None,
                   write: bool = True, spec=None, margin: float = 0.0) -> tuple[Decision, bool]:
-    """`decide`, remembered in this process (per `setting` and `key`, the architecture)
+    """`decide_policy`, remembered in this process (per `setting` and `key`, the architecture)
     and, for a timing, in `file` (another process of the same tune reuses it); returns
     (decision, made now). With `write` False the file is only read (another stage's
     output). Without a `file` a timing is not reused."""
@@ -209,7 +201,7 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
         return gpu_capabilities() if setting in ("auto", "timed") else []
 
     if timed and file is None:
-        return decide(setting, gpus(), flags, measure, spec, margin), True
+        return decide_policy(setting, gpus(), flags, measure, spec, margin), True
     memo = f"{setting}:{key}:{margin:g}" if timed else f"{setting}:{key}"
     if memo in _decided:
         return _decided[memo], False
@@ -217,7 +209,7 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
     if stored is not None:
         _decided[memo] = Decision(**stored)
         return _decided[memo], False
-    decision = decide(setting, gpus(), flags, measure if timed else None, spec, margin)
+    decision = decide_policy(setting, gpus(), flags, measure if timed else None, spec, margin)
     _decided[memo] = decision
     if timed and write:
         from tfmlops.files import write_json

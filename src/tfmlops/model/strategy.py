@@ -111,7 +111,7 @@ def make_strategy(kind: str, replicas: int):
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 
 
-def describe(strategy, kind: str) -> dict:
+def strategy_placement(strategy, kind: str) -> dict:
     """What to log about the strategy a run really used."""
     return {
         "strategy": kind,

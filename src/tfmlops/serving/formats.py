@@ -212,15 +212,14 @@ def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y
     """The served MLflow model saved and loaded back as `mlflow models serve` loads it,
     checked on the stored test images, then the skew report written to `report_path`:
     (the served row, the skew pairs)."""
-    from tfmlops import registry
+    from tfmlops.serving.mlflow_model import request_example, save_serving_model
 
     log.info("export: checking the served MLflow model (%s) on the test split's stored "
              "images", serving["runtime"])
     first, _ = split.first
     with tempfile.TemporaryDirectory(prefix="tfmlops-served-") as tmp:
-        served = registry.save_serving_model(out, serving["file"],
-                                             registry.request_example(first),
-                                             Path(tmp) / "model")
+        served = save_serving_model(out, serving["file"], request_example(first),
+                                    Path(tmp) / "model")
         row = check_served(cfg, out, serving, served, split, y, keras_probs, parities)
         pairs, report = check_skew(cfg, prepared, model, served, parities)
     write_json(report_path, report)

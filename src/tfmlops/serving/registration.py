@@ -17,6 +17,7 @@ from tfmlops import registry, tracking
 from tfmlops.artifacts import EDGE, MODEL_CARD, MODEL_FILE, SKEW, require
 from tfmlops.config import Config
 from tfmlops.errors import DataError
+from tfmlops.serving import mlflow_model
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dic
     run.log_artifact(out / SKEW)
     for fmt in ("saved_model", "model.onnx", "model.tflite"):
         run.log_artifact(out / fmt, "formats")
-    uri = registry.log_serving_model(run, out, serving["file"], registry.request_example(example_png))
+    uri = mlflow_model.log_serving_model(run, out, serving["file"],
+                                         mlflow_model.request_example(example_png))
     if uri is None:
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")

@@ -29,7 +29,7 @@ MODEL_ENV = "TFMLOPS_SERVE_MODEL"  # the downloaded model's folder, for each wor
 MESSAGE_LIMIT = 300  # characters of an error message a client gets back
 
 
-def serve(model_uri: str, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> None:
+def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> None:
     """Download the model once, then run uvicorn (each worker loads it from disk)."""
     import uvicorn
 

@@ -102,7 +102,7 @@ def report(pairs: list[Pair], sources: dict) -> dict:
                         "(tf.io.decode_jpeg INTEGER_ACCURATE, Pillow); PNG lossless"}
 
 
-def metrics(pairs: list[Pair]) -> dict[str, float]:
+def skew_metrics(pairs: list[Pair]) -> dict[str, float]:
     out: dict[str, float] = {}
     for p in pairs:
         out[f"skew.{p.name}.max_abs_diff"] = p.parity.max_abs_diff

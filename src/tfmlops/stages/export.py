@@ -35,7 +35,7 @@ from tfmlops.artifacts import (
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_json, write_text
 from tfmlops.serving import registration as reg
-from tfmlops.serving.skew import metrics as skew_metrics
+from tfmlops.serving.skew import skew_metrics
 
 log = logging.getLogger(__name__)
 

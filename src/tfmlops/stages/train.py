@@ -72,11 +72,11 @@ def _run_started(cfg: Config, merged: Config, changes, started: float) -> dict:
         # runs tf_keras fit there, and the chief saves the same Keras 3 outputs.
         from tfmlops.training import multi_worker
 
-        return multi_worker.run(cfg, merged, changes, prepared, started)
+        return multi_worker.train_multi_worker(cfg, merged, changes, prepared, started)
     dist.check_supported(kind, os.environ.get("TF_CONFIG"))
     dist.prepare_devices(kind, merged.train.replicas)  # before any other TensorFlow op
     strategy = dist.make_strategy(kind, merged.train.replicas)
-    placement = dist.describe(strategy, kind)
+    placement = dist.strategy_placement(strategy, kind)
     ctx = TrainContext(cfg, merged, changes, prepared, strategy, placement,
                        checked_global_batch(merged, placement, prepared),
                        chief=tracking.is_chief(), started=started)

@@ -55,17 +55,19 @@ def run(cfg: Config) -> dict[str, Any]:
                          "tfmlops.tune.tuner": cfg.tune.tuner})
         result = tuner.search(cfg, parent, key)
         best = report.best_trial(cfg, result.trials)
-        final = final_round.run(cfg, parent, result.trials, best)
+        final = final_round.train_finalists(cfg, parent, result.trials, best)
         winner = final_round.pick_winner(cfg, final) if final else None
         best_cfg = winner.config if winner else search_space.config_from_values(cfg, best.values)
-        rows = report.rows(cfg, result.trials)
+        rows = report.trial_rows(cfg, result.trials)
         write_csv(_csv_path(cfg), rows, report.columns())
         write_text(out / hparams.BEST_FILE, outputs.best_text(cfg, best, key, best_cfg, winner,
                                                        result.stop_reason == "budget"))
         hparams.write_searched(cfg, out, tracking.data_version(cfg))
-        metrics = st.report({**report.metrics(result, best), **final_round.metrics(final, winner)})
+        metrics = st.report({**report.search_metrics(result, best),
+                             **final_round.final_round_metrics(final, winner)})
         if final:
-            write_csv(out / final_round.FILE, final_round.rows(final), final_round.COLUMNS)
+            write_csv(out / final_round.FILE, final_round.final_round_rows(final),
+                      final_round.COLUMNS)
         outputs.pass_on_precision(cfg, out)
 
         parent.log_params({"best": {k: best.values[k] for k in search_space.HP_NAMES

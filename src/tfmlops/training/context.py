@@ -42,7 +42,7 @@ class TrainContext:
     changes: list  # the tune merge, key by key (tune_merge.json)
     prepared: Any  # data/pipeline.Prepared
     strategy: Any  # the tf.distribute strategy
-    placement: dict  # model/strategy.describe
+    placement: dict  # model/strategy.strategy_placement
     global_batch: int
     chief: bool
     started: float  # perf_counter at the start of the stage

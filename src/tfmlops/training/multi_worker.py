@@ -63,7 +63,7 @@ BACKUP_FORMAT = "tf_keras-multi-worker"  # in the fingerprint: never resumed by 
 TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
 
 
-def run(cfg: Config, merged: Config, changes: list, prepared, started: float) -> dict:
+def train_multi_worker(cfg: Config, merged: Config, changes: list, prepared, started: float) -> dict:
     """Train on every worker of TF_CONFIG; the chief writes what the single-worker path writes."""
     tracking.preflight(cfg)  # the chief's store is away: fail now, before any worker waits
     if merged.train.optimizer.name not in TF_KERAS_OPTIMIZERS:
@@ -77,7 +77,7 @@ def run(cfg: Config, merged: Config, changes: list, prepared, started: float) ->
 
     # Before any other TensorFlow op: collective ops are configured at startup.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    placement = dist.describe(strategy, "multi_worker")
+    placement = dist.strategy_placement(strategy, "multi_worker")
     ctx = TrainContext(cfg, merged, changes, prepared, strategy, placement,
                        checked_global_batch(merged, placement, prepared),
                        chief=tracking.is_chief(), started=started)

@@ -45,7 +45,7 @@ class FinalEntry:
     val_examples: int | None = None  # how many validation images the score counts
 
 
-def run(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
+def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
         best: TrialRecord) -> list[FinalEntry] | None:
     """Train the params' own settings and the search's best `tune.final_candidates`
     configurations exactly as `train` does on one device (merged with
@@ -192,13 +192,13 @@ def beats_beyond_noise(challenger: FinalEntry, champion: FinalEntry, sign: int) 
     return round(gain * challenger.val_examples) >= 2  # whole images, not float noise
 
 
-def rows(entries: list[FinalEntry]) -> list[dict[str, Any]]:
+def final_round_rows(entries: list[FinalEntry]) -> list[dict[str, Any]]:
     return [{"candidate": e.name, "trial": e.trial_id, "score": e.score, "val_loss": e.val_loss,
              "epochs": e.epochs, "best_epoch": e.best_epoch, "seconds": e.seconds,
              "error": e.error} for e in entries]
 
 
-def metrics(entries: list[FinalEntry] | None, winner: FinalEntry | None) -> dict:
+def final_round_metrics(entries: list[FinalEntry] | None, winner: FinalEntry | None) -> dict:
     if not entries:
         return {}
     params = entries[0]

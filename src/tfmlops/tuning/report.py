@@ -25,7 +25,7 @@ def best_trial(cfg: Config, trials: list[TrialRecord]) -> TrialRecord:
     return max(done, key=lambda t: (sign * t.score, -int(t.trial_id)))
 
 
-def metrics(result: SearchResult, best: TrialRecord) -> dict[str, Any]:
+def search_metrics(result: SearchResult, best: TrialRecord) -> dict[str, Any]:
     statuses = [t.status for t in result.trials]
     return {
         "best_score": round(best.score, 6),
@@ -45,7 +45,7 @@ def columns() -> list[str]:
     return [*FIXED_COLUMNS, *search_space.HP_NAMES]
 
 
-def rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+def trial_rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
     out = []
     for t in trials:
         row = {"trial": int(t.trial_id), "baseline": t.baseline, "score": t.score,

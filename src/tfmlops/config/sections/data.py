@@ -1,0 +1,87 @@
+"""data: the images prepare reads, their split and how they are stored."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from tfmlops.config.messages import Rule
+from tfmlops.config.sections.base import Float, Int, Text, section
+
+
+@section
+class SyntheticConfig:
+    """The built-in RGB shapes dataset, used for scale and RGB tests."""
+
+    count: Int = Field(1200, ge=20, le=10_000_000)
+    image_size: Int = Field(32, ge=8, le=1024)
+    classes: Int = Field(4, ge=2, le=6)
+
+
+@section
+class SplitConfig:
+    val: Float = Field(0.15, gt=0.0, le=0.5)
+    test: Float = Field(0.15, gt=0.0, le=0.5)
+    # A class with no image in some split (too few images: 3 reach every split):
+    # error stops prepare naming the class; warn logs that and goes on.
+    too_few: Literal["error", "warn"] = "error"
+
+    @model_validator(mode="after")
+    def _leaves_a_train_split(self):
+        if self.val + self.test >= 0.9:
+            raise Rule(f"{{p}}val + {{p}}test = {self.val + self.test}; keep it below 0.9")
+        return self
+
+
+@section
+class StoreConfig:
+    """How `prepare` stores each image: at a bounded size, in a chosen encoding."""
+
+    # The stored short side in pixels (aspect kept, never enlarged); 0: data.image_size,
+    # what training reads. A margin above it keeps detail for zoom augmentation.
+    short_side: Int = Field(0, ge=0, le=8192)
+    # auto: JPEG for JPEG/MPO sources (photos), PNG for the others (small, lossless).
+    encoding: Literal["auto", "jpeg", "png"] = "auto"
+    jpeg_quality: Int = Field(90, ge=50, le=100)
+
+
+@section
+class DataConfig:
+    # The class-per-folder images prepare reads. The default is where the
+    # `materialize` stage writes the built-in dataset; point it at your own.
+    image_dir: Text = "data/builtin"
+    builtin: Literal["digits", "synthetic"] = "digits"
+    image_size: Int = Field(32, ge=8, le=1024)
+    channels: Literal[1, 3] = 1
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    max_bad_fraction: Float = Field(0.05, ge=0.0, le=1.0)
+    shards: Int = Field(2, ge=1, le=1024)
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    workers: Int = Field(0, ge=0, le=1024)  # prepare's decoding processes; 0: every core
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @model_validator(mode="after")
+    def _stores_at_least_what_training_reads(self):
+        if 0 < self.store.short_side < self.image_size:
+            raise Rule(f"{{p}}store.short_side: {self.store.short_side} is below {{p}}image_size "
+                       f"{self.image_size}; give 0 (= image_size) or at least {self.image_size}")
+        return self
+
+    @model_validator(mode="after")
+    def _fits_this_machine(self):
+        from tfmlops.config.machine import check_data
+
+        problem = check_data(self.shards, self.workers)
+        if problem:
+            raise Rule(problem)
+        return self
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _channels_as_written(cls, value):
+        # Literal[1, 3] alone takes true and 1.0 for 1.
+        if type(value) is not int:
+            raise PydanticCustomError("literal_error", "Input should be 1 or 3")
+        return value

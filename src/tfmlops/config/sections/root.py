@@ -1,0 +1,136 @@
+"""Config: every section, with the rules that span sections."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from tfmlops.config.messages import Rule, field_bounds, field_info
+from tfmlops.config.sections.base import Int, section
+from tfmlops.config.sections.data import DataConfig
+from tfmlops.config.sections.export import ExportConfig
+from tfmlops.config.sections.model import BlockSpec, ModelSpec
+from tfmlops.config.sections.pipeline import PipelineConfig
+from tfmlops.config.sections.promote import PromoteConfig
+from tfmlops.config.sections.prune import PruneConfig
+from tfmlops.config.sections.quantize import QuantizeConfig
+from tfmlops.config.sections.shared import PathsConfig, ProfilingConfig, TrackingConfig
+from tfmlops.config.sections.train import TrainConfig
+from tfmlops.config.sections.tune import TuneConfig
+
+
+@section
+class Config:
+    seed: Int = Field(42, ge=0, le=2**31 - 1)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    tune: TuneConfig = Field(default_factory=TuneConfig)
+    prune: PruneConfig = Field(default_factory=PruneConfig)
+    quantize: QuantizeConfig = Field(default_factory=QuantizeConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    promote: PromoteConfig = Field(default_factory=PromoteConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+
+    @model_validator(mode="after")
+    def _search_space_can_be_built(self):
+        # model/search_space.check_fits's rules, here so `tfmlops check` sees them; on
+        # Config because the pooling limit depends on data.image_size. The image rule
+        # first: for too many blocks it is the one that names the key to change.
+        space, size = self.tune.space, self.data.image_size
+        pools = space.blocks.max - 1  # the last block feeds global pooling
+        if size // 2**pools < 1:
+            raise Rule(f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, "
+                       f"more than a {size}x{size} input allows (at most {size.bit_length()} "
+                       "blocks); lower it or raise data.image_size")
+        # each next block doubles the first width: the last must stay a valid width
+        most = field_bounds(field_info(BlockSpec, ["filters"]))[1]
+        widest = max(space.filters) * 2**pools
+        if widest > most:
+            raise Rule(f"tune.space.filters: {max(space.filters)} doubled over "
+                       f"{space.blocks.max} blocks is {widest} filters, above {most}; "
+                       "lower tune.space.filters or tune.space.blocks.max")
+        return self
+
+    @model_validator(mode="after")
+    def _backbones_fit_the_images(self):
+        # Keras applications take inputs of at least 32x32 (model/builder.check_buildable)
+        size = self.data.image_size
+        for key, names in (("model.backbone", [self.model.backbone]),
+                           ("tune.space.backbone", self.tune.space.backbone or [])):
+            big = [n for n in names if n != "none"]
+            if big and size < 32:
+                raise Rule(f"{key}: {big[0]} needs inputs of at least 32x32, data.image_size is "
+                           f"{size}; raise data.image_size or use backbone: none")
+        return self
+
+    @model_validator(mode="after")
+    def _paths_are_not_the_projects_own(self):
+        # Every paths.* folder is written, swapped in or pruned by tfmlops (caches
+        # evict, backups empty, profiles keep the newest runs): none may be a place
+        # whose content is not the pipeline's.
+        from tfmlops.project import refusal
+
+        for key, value in dataclasses.asdict(self.paths).items():
+            why = refusal(value, self.tracking.uri)
+            if why:
+                raise Rule(f"paths.{key}: {value!r} {why}, where tfmlops would delete or "
+                           f"replace files; give paths.{key} a folder of its own (default "
+                           f"{getattr(PathsConfig(), key)!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _paths_do_not_overlap(self):
+        # Outputs are swapped in whole (files.swap_in): an output folder that equals
+        # or holds another path, or the user's images, would move it aside and
+        # delete it. Two overlaps are by design: data.image_dir defaults to
+        # paths.builtin (materialize writes what prepare reads), and
+        # paths.profiles lies inside paths.reports (plain files, never swapped).
+        named = {f"paths.{k}": v for k, v in dataclasses.asdict(self.paths).items()}
+        named["data.image_dir"] = self.data.image_dir
+        allowed = {("data.image_dir", "paths.builtin", "equals"),
+                   ("paths.profiles", "paths.reports", "is inside")}
+        keys = list(named)
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                found = _overlap(a, Path(named[a]), b, Path(named[b]))
+                if found is None or found in allowed:
+                    continue
+                inner, outer, how = found
+                first, verb, second = (outer, "holds", inner) if how == "is inside" \
+                    else (inner, "equals", outer)
+                raise Rule(f"{first}: {named[first]!r} {verb} {second} {named[second]!r}; give "
+                           "each of paths.* and data.image_dir its own folder, none inside "
+                           "another")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def digest(self, *sections: str) -> str:
+        """A short hash of the resolved config (or of some sections)."""
+        d = self.to_dict()
+        if sections:
+            d = {s: d[s] for s in sections}
+        blob = json.dumps(d, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _overlap(key_a: str, a: Path, key_b: str, b: Path) -> tuple[str, str, str] | None:
+    """(inner key, outer key, "equals" | "is inside") when two resolved paths overlap."""
+    a, b = a.resolve(), b.resolve()
+    if a == b:
+        return (*sorted((key_a, key_b)), "equals")
+    if b in a.parents:
+        return key_a, key_b, "is inside"
+    if a in b.parents:
+        return key_b, key_a, "is inside"
+    return None

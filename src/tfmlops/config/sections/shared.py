@@ -1,0 +1,46 @@
+"""The sections every stage reads: tracking, profiling, paths."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tfmlops.config.sections.base import Bool, Float, Int, Text, section
+
+
+@section
+class TrackingConfig:
+    enabled: Bool = True
+    experiment: Text = "tfmlops"
+    # Used only when MLFLOW_TRACKING_URI is unset; relative sqlite paths are
+    # resolved against the repository root (never a `dvc exp --temp` copy).
+    uri: Text = "sqlite:///mlflow.db"
+    connect_timeout_s: Float = Field(5.0, ge=0.1, le=600.0)
+    retries: Int = Field(3, ge=0, le=20)
+
+
+@section
+class ProfilingConfig:
+    enabled: Bool = True
+    start_step: Int = Field(5, ge=1, le=1_000_000)  # skip warm-up and tracing steps
+    steps: Int = Field(3, ge=1, le=1000)
+    # Runs kept per stage under paths.profiles/<stage>/, for TensorBoard side by side.
+    keep_runs: Int = Field(5, ge=1, le=1000)
+
+
+@section
+class PathsConfig:
+    """Every path the pipeline reads or writes; dvc.yaml reads these too (${paths.*})."""
+
+    builtin: Text = "data/builtin"  # materialize: the built-in dataset as class folders
+    prepared: Text = "data/prepared"  # prepare: TFRecords, manifest.json, stats.json
+    cache: Text = "data/cache"  # train input: pipeline.cache's disk files, one folder per data
+    prepare_cache: Text = "data/prepare_cache"  # prepare: per-image results by content hash
+    tuner: Text = "data/tuner"  # tune: keras-tuner state, kept between runs
+    tuned: Text = "models/tuned"  # tune: best_hparams.yaml
+    train: Text = "models/train"  # train: model.keras
+    backup: Text = "models/train_backup"  # train: BackupAndRestore state, kept on a kill
+    pruned: Text = "models/pruned"  # prune: the pruned tf_keras model
+    tflite: Text = "models/tflite"  # quantize: every .tflite variant
+    export: Text = "models/export"  # export: SavedModel, ONNX, edge TFLite
+    reports: Text = "reports"  # metrics and plots of every stage
+    profiles: Text = "reports/profiles"  # TensorFlow Profiler traces, per stage
