@@ -22,6 +22,8 @@ import os
 import socket
 from pathlib import Path
 
+from tfmlops.files import boot_id as _boot_id
+from tfmlops.files import pid_namespace as _pid_namespace
 from tfmlops.tracking.uri import repo_root
 
 log = logging.getLogger(__name__)
@@ -141,18 +143,4 @@ def _start_time(pid: int) -> str:
     with contextlib.suppress(OSError, IndexError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name may hold spaces
-    return ""
-
-
-def _boot_id() -> str:
-    with contextlib.suppress(OSError):
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return ""
-
-
-def _pid_namespace() -> str:
-    """Containers on one host share its hostname rarely, but a pid means nothing across
-    pid namespaces: a run from another namespace is never judged."""
-    with contextlib.suppress(OSError):
-        return str(os.stat("/proc/self/ns/pid").st_ino)
     return ""
