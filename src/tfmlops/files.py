@@ -1,9 +1,14 @@
 """Atomic writes: a kill or a power cut leaves the old file or the new one, never half of one.
 
-A file is written to `.<name>.tmp<pid>` beside it, flushed to disk (fsync), renamed
-over the old one, and the folder is synced so the rename itself survives a power
-cut. A process killed mid-write leaves its temp file behind: the next write into
-that folder removes the temp files of processes that are gone. Output folders are
+A file is written to `.<name>.tmp<pid>-<host>-<machine>` beside it (`temp_name`),
+flushed to disk (fsync), renamed over the old one, and the folder is synced so the
+rename itself survives a power cut. A process killed mid-write leaves its temp file
+behind: the next write into that folder removes the temp files of this machine's
+processes that are gone. A pid means something only on the machine that gave it,
+and a folder may be shared (NFS, a volume mounted in several pods): the name says
+which machine wrote it (`machine_id`: host, boot and pid namespace), and another
+machine's temp files are left alone. Names of the older `.<name>.tmp<pid>` form
+name no machine: they are judged by the local pid, as before. Output folders are
 built in a staging sibling and swapped in whole (`staging_dir`, `swap_in`).
 
 Folders the project deletes from are provably its own: each folder it makes
@@ -17,12 +22,15 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
+import functools
+import hashlib
 import io
 import json
 import logging
 import os
 import re
 import shutil
+import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,8 +40,11 @@ from tfmlops import faults
 log = logging.getLogger(__name__)
 
 MARKER = ".tfmlops-owned"  # in each folder tfmlops made and may delete; holds its kind
-# `.<name>.tmp<pid>`, optionally with a suffix a library insists on (`.png`)
-_TEMP = re.compile(r"^\..+\.tmp(?P<pid>\d+)(\.[A-Za-z0-9]+)?$")
+# `.<name>.tmp<pid>-<host>-<machine>` (older: `.<name>.tmp<pid>`), optionally with a
+# suffix a library insists on (`.png`). Other modules match it inside their own patterns.
+TEMP_PATTERN = (r"\..+\.tmp(?P<pid>\d+)(?:-(?P<host>[A-Za-z0-9_]{1,32})-(?P<machine>[0-9a-f]{8}))?"
+                r"(\.[A-Za-z0-9]+)?")
+_TEMP = re.compile(TEMP_PATTERN)
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -67,19 +78,48 @@ def write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: Sequenc
     return write_text(path, buf.getvalue())
 
 
-def temp_name(path: Path) -> Path:
-    """The temp file this process writes `path` through (cleaned if it dies mid-write)."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+def temp_name(path: Path, suffix: str = "") -> Path:
+    """The temp file this process writes `path` through (cleaned if it dies mid-write);
+    `suffix` for a library that picks the format by it (matplotlib: `.png`)."""
+    host, machine = machine_id()
+    return path.with_name(f".{path.name}.tmp{os.getpid()}-{host}-{machine}{suffix}")
+
+
+@functools.cache
+def machine_id() -> tuple[str, str]:
+    """(host name, as a file name may hold it; 8 hex digits of host, boot and pid
+    namespace): a pid is unique only within one boot of one pid namespace, and two
+    containers may share a host name or a host its boot."""
+    host = socket.gethostname()
+    key = "\0".join((host, boot_id(), pid_namespace()))
+    return re.sub(r"[^A-Za-z0-9]", "_", host)[:32] or "_", hashlib.sha1(key.encode()).hexdigest()[:8]
+
+
+def boot_id() -> str:
+    """This boot's id (Linux), or "" if unknown."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return ""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (its inode), or "" if unknown."""
+    with contextlib.suppress(OSError):
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    return ""
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
-    """Delete the `.<name>.tmp<pid>` files in `folder` whose process is gone."""
+    """Delete the temp files in `folder` written by a process of this machine that is
+    gone; another machine's (its name says whose) are left alone."""
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
-            m = _TEMP.match(entry.name)
+            m = _TEMP.fullmatch(entry.name)
             if m is None or _alive(int(m["pid"])):
                 continue
+            if m["machine"] is not None and (m["host"], m["machine"]) != machine_id():
+                continue  # another machine's pid: nothing to judge it by here
             with contextlib.suppress(FileNotFoundError):  # another cleaner was first
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)

@@ -88,3 +88,34 @@ def test_temp_files_of_killed_writers_go_on_the_next_write(tmp_path):
         sleeper.wait()
     files.write_json(tmp_path / "metrics.json", {"a": 2})
     assert not alive.exists()
+
+
+def test_only_this_machines_dead_writers_lose_their_temp_files(tmp_path):
+    """A shared folder (NFS, a volume of several pods): a pid names a process only on
+    the machine that gave it, and the temp file's name says which machine that was."""
+    code = ("import os, signal, pathlib\n"
+            "from tfmlops import files\n"
+            f"tmp = files.temp_name(pathlib.Path({str(tmp_path)!r}) / 'report.json')\n"
+            "tmp.write_text('{\"half\": ')\n"
+            "print(os.getpid(), tmp.name, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    pid, name = proc.stdout.split()
+    mine = tmp_path / name
+    host, machine = files.machine_id()
+    assert name == f".report.json.tmp{pid}-{host}-{machine}"
+    # the same dead pid on other machines: another host; this host in another container
+    # (another pid namespace) or after a reboot (another boot id)
+    others = [tmp_path / f".report.json.tmp{pid}-elsewhere-0123abcd",
+              tmp_path / f".report.json.tmp{pid}-{host}-{'0' * 8}",
+              tmp_path / f".plot.png.tmp{pid}-elsewhere-0123abcd.png"]
+    for p in others:
+        p.write_text("in flight")
+    old = tmp_path / f".old.json.tmp{pid}"  # the older form names no machine
+    old.write_text("{")
+    files.write_json(tmp_path / "metrics.json", {"a": 1})
+    assert not mine.exists() and not old.exists()
+    assert all(p.read_text() == "in flight" for p in others)
+    assert files.temp_name(tmp_path / "x.png", ".png").name.endswith(f"-{machine}.png")

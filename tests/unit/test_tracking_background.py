@@ -23,7 +23,8 @@ def tiny_keras_model(layer=None):
 def test_asynchronous_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tmp_path, make_cfg):
     cfg = make_cfg()
     params = {f"p{i:03d}": i for i in range(150)}  # more than one batch of 100
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params=params) as run:
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params=params,
+                            async_batches=True) as run:
         for step in range(1, 41):
             run.log_metrics({"loss": 1.0 / step, "val_loss": 2.0 / step}, step=step)
         run.set_tags({"tfmlops.precision": "float32"})
@@ -58,7 +59,8 @@ def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg, monkeypat
         return real(self, run_id, metrics, *args, synchronous=synchronous, **kwargs)
 
     monkeypatch.setattr(MlflowClient, "log_batch", log_batch)
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1},
+                            async_batches=True) as run:
         run.log_metrics({"acc": 0.5}, step=1)
         assert lost == [run.run_id]
     (finished,) = stage_runs(cfg, "train")

@@ -6,6 +6,7 @@ real sidecar processes."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,3 +204,57 @@ def test_an_early_sidecar_that_exited_is_replaced(tmp_path, make_cfg):
     (finished,) = stage_runs(cfg, "train")
     assert finished.info.status == "FINISHED"
     assert finished.data.params == {"a": "1"}
+
+
+# A stage whose run is kept by a sidecar; argv[1] says how its sidecar fails.
+FAILING_SIDECAR = textwrap.dedent("""
+    import logging, os, signal, sys, time
+    from tfmlops import tracking
+    from tfmlops.config import load_config
+
+    failed_at = []  # when the sidecar failed, on this process's clock
+
+    class ReaderFails(logging.Filter):
+        # A filter that raises on a record the sidecar sent: the reader thread fails.
+        def filter(self, record):
+            if record.process != os.getpid():
+                failed_at.append(time.monotonic())
+                raise ValueError("this filter cannot take the sidecar's records")
+            return True
+
+    logging.getLogger("tfmlops").setLevel(logging.INFO)
+    if sys.argv[1] == "reader":
+        logging.getLogger("tfmlops.tracking.run").addFilter(ReaderFails())
+    cfg = load_config("params.yaml")
+    try:
+        with tracking.sidecar_run(cfg, "train", "out", params={"a": 1}) as run:
+            if sys.argv[1] == "killed":
+                run._wait_open()
+                os.kill(run._process.proc.pid, signal.SIGKILL)
+                failed_at.append(time.monotonic())
+            run.log_metrics({"loss": 0.5}, step=1)
+    except tracking.TrackingUnavailable as exc:
+        waited = time.monotonic() - failed_at[0]
+        print(f"{type(exc).__name__} after {waited:.1f} s: {exc}", flush=True)
+        sys.exit(2)
+""")
+
+
+@pytest.mark.parametrize("how", ["reader", "killed"])
+def test_a_failed_sidecar_ends_the_stage_with_one_line_within_seconds(tmp_path, make_cfg, how):
+    """The stage's thread reading the sidecar's replies fails (a log filter raising on
+    the sidecar's first record), or the sidecar process is killed: the stage used to
+    wait for its reply forever (the reader), or failed with a RuntimeError (killed)."""
+    make_cfg()
+    stage = subprocess.run([sys.executable, "-c", FAILING_SIDECAR, how], cwd=tmp_path,
+                           env=child_env(), capture_output=True, text=True, timeout=180)
+    assert stage.returncode == 2, stage.stderr[-3000:]
+    (line,) = stage.stdout.splitlines()
+    name, seconds, message = re.fullmatch(r"(\w+) after ([\d.]+) s: (.+)", line).groups()
+    assert name == "SidecarGone" and float(seconds) < 15, line
+    if how == "reader":
+        assert message.startswith("reading the tracking sidecar's replies failed (ValueError: "
+                                  "this filter cannot take the sidecar's records) before "), line
+    else:
+        assert message == "the tracking sidecar exited (code -9) before `ended`; its log is above"
+    assert "Traceback" not in stage.stderr

@@ -24,7 +24,7 @@ from pathlib import Path
 import keras
 
 from tfmlops.errors import DataError
-from tfmlops.files import write_json
+from tfmlops.files import TEMP_PATTERN, write_json
 from tfmlops.model.precision import inner_optimizer
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ BACKUP_WEIGHTS = "latest.weights.h5"
 # state), tf_keras' multi-worker folders, files.write_bytes' temp files.
 BACKUP_NAMES = re.compile(
     r"(latest\.weights\.h5|training_metadata\.json|best\.weights\.h5|history\.json"
-    r"|fingerprint\.json)(\.bkp)?|chief|workertemp_\d+|\..+\.tmp\d+(\.[A-Za-z0-9]+)?")
+    r"|fingerprint\.json)(\.bkp)?|chief|workertemp_\d+|" + TEMP_PATTERN)
 HISTORY_COLUMNS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate",
                    "epoch_seconds", "images_per_s", "phase")  # phase: fine-tuning runs only
 

@@ -8,10 +8,11 @@ next to each stage's outputs so the chain survives DVC's cache), and what to do
 when the server goes away: retry with a bounded backoff (retry.py), then queue
 the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
 failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
-the next run of their stage (stale.py); URIs are written and logged without
-credentials (uri.redact). Tracking's fixed cost is kept out of the stage's way:
-batches sent asynchronously and the model logged in a thread (background.py,
-run.py); `train`'s run kept by a separate process (sidecar.py, keras_file.py).
+the next run of their stage (stale.py: on this machine, when the owner process is
+gone; on another, when its heartbeat stopped: heartbeat.py); URIs are written and
+logged without credentials (uri.redact). Tracking's fixed cost is kept out of the
+stage's way: the model logged in a thread (background.py, run.py); `train`'s run
+kept by a separate process (sidecar.py, keras_file.py).
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.

@@ -27,6 +27,12 @@ REFUSED = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST",
                      "RESOURCE_ALREADY_EXISTS", "INVALID_STATE"})
 
 
+class Unsendable(Exception):
+    """An op that can never be sent (its file is gone, its run was never created)."""
+
+    error_code = "INVALID_STATE"  # one of REFUSED: set aside, never retried
+
+
 def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
     """Send one op of run `run_id` through an MlflowClient."""
     if op in BATCH_OPS:
@@ -37,6 +43,8 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
             client.log_artifacts(run_id, str(path), payload.get("artifact_path") or path.name)
         elif path.exists():
             client.log_artifact(run_id, str(path), payload.get("artifact_path"))
+        else:  # not sent: never counted as if it were
+            raise Unsendable(f"artifact {path} is gone; not sent")
     elif op == "dict":
         client.log_dict(run_id, payload["data"], payload["name"])
     elif op == "dataset":

@@ -3,7 +3,9 @@
 Each run that lost its store writes `reports/outbox/<stage>-<run id>[-<pid>].jsonl`,
 one op per line (see ops.py) naming its run and its store (the URI without
 credentials), beside a `.files/` folder holding copies of the files those ops
-upload (stages move their staging folders after logging). A child run opened
+upload (stages move their staging folders after logging), one uniquely named
+folder per entry: a worker restarted under the same pid, appending to the same
+queue file, never overwrites the copies queued before it. A child run opened
 while the store was away is queued too: a `create_run` line under a local id,
 which `sync` replaces by the real id in the lines after it.
 
@@ -12,21 +14,32 @@ sent is set aside in `<name>.rejected` (one JSON line each: the reason and the
 entry) so it blocks nothing: a line torn by a kill during the append, and a call
 the store refuses (run deleted...), which the live path drops too. Lines of
 another store are kept for a sync against that store. A store that fails midway
-stops `sync`, which resumes there next time.
+stops `sync`, which resumes there next time. An artifact whose file is gone is
+set aside too, never counted as sent.
+
+A stage may append while `sync` replays its file. Both take the file's lock
+(`_locked`, flock): the stage for each append, `sync` twice and briefly: to read
+the file, and, after replaying it, to write back what it keeps followed by the
+lines appended meanwhile (read from where its first read ended). The stage never
+waits for the store's replies, only for a local rewrite, and no line is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.files import write_text
-from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, apply
+from tfmlops.files import hold_lock, write_bytes
+from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, Unsendable, apply
 from tfmlops.tracking.retry import error_code, first_line
 from tfmlops.tracking.uri import current_uri, ensure_reachable, redact, tracking_uri, use_uri
 
@@ -41,15 +54,15 @@ def outbox_path(cfg: Config, name: str) -> Path:
 class Outbox:
     """One queue file and the copies of the files its entries name.
 
-    A run and its child runs share one: each entry names its run, and the
-    `.files/<n>` folders are numbered by entry, so they never overwrite each other.
+    A run and its child runs share one: each entry names its run, and each entry's
+    `.files/<uuid>` folder is its own, so they never overwrite each other.
     """
 
     def __init__(self, path: Path, store: str | None = None):
         self.path = path
         # the store the run lives in (the one MLflow points at when the run opens)
         self.store = redact(store or current_uri() or "")
-        self.entries = 0  # written to the file by this process
+        self.entries = 0  # written to the file by this Outbox
 
     def queue(self, run_id: str, op: str, payload: dict[str, Any]) -> str | None:
         """Queue one op (copying the file an `artifact` op names); the problem if it cannot be."""
@@ -70,9 +83,9 @@ class Outbox:
         return None
 
     def files_folder(self) -> Path:
-        """A fresh folder for the files of the next entry."""
-        folder = self.path.with_suffix(".files") / str(self.entries)
-        shutil.rmtree(folder, ignore_errors=True)
+        """A fresh folder for the files of the next entry (a uuid: the count of entries
+        restarts with the process, and the file may already hold its copies)."""
+        folder = self.path.with_suffix(".files") / uuid.uuid4().hex
         folder.mkdir(parents=True)
         return folder
 
@@ -81,11 +94,36 @@ class Outbox:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"run_id": run_id, "op": op, "payload": payload, "store": self.store},
                           default=str)
-        with self.path.open("a") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())  # queued means on disk: the store is away, the run goes on
+        with _locked(self.path, create=True) as fd:
+            os.write(fd, (line + "\n").encode())
+            os.fsync(fd)  # queued means on disk: the store is away, the run goes on
         self.entries += 1
+
+
+@contextlib.contextmanager
+def _locked(path: Path, create: bool) -> Iterator[int | None]:
+    """The queue file `path`, open for appending and locked against its other writers;
+    None if it does not exist and `create` is false. `sync` replaces the file by a
+    rename while holding the lock: a writer that got the lock of the file it replaced
+    opens the new one and waits for that one's lock instead."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            yield None
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released as the fd closes, also by a kill
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def sync(cfg: Config) -> dict[str, int]:
@@ -103,10 +141,12 @@ def sync(cfg: Config) -> dict[str, int]:
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     client = use_uri(uri).MlflowClient()
-    for path in files:
-        done = _Replay(client, path, uri, totals["calls"]).run()
-        for key in ("calls", "rejected", "other_store"):
-            totals[key] += done[key]
+    # Two syncs at once would send each call twice.
+    with hold_lock(folder / "sync.lock", "waiting for another `tfmlops sync` to finish"):
+        for path in files:
+            done = _Replay(client, path, uri, totals["calls"]).run()
+            for key in ("calls", "rejected", "other_store"):
+                totals[key] += done[key]
     return totals
 
 
@@ -119,9 +159,16 @@ class _Replay:
         self.ids: dict[str, str] = {}  # local id of a queued child run -> its real id
         self.rejected: list[dict[str, Any]] = []
         self.elsewhere: list[dict[str, Any]] = []  # lines of another store, kept
+        self.taken = 0  # bytes of the file this replay read: what is after came meanwhile
+        self.sent_files: list[Path] = []  # copies of artifacts sent, removed at the end
 
     def run(self) -> dict[str, int]:
-        entries = self._read()
+        with _locked(self.path, create=False) as fd:
+            if fd is None:  # gone since it was listed
+                return {"calls": 0, "rejected": 0, "other_store": 0}
+            data = self.path.read_bytes()
+        self.taken = len(data)
+        entries = self._read(data.decode(errors="replace"))
         sent = 0
         for i, entry in enumerate(entries):
             if entry.get("store", self.store) != self.store:
@@ -131,6 +178,8 @@ class _Replay:
             try:
                 self._send(entry)
                 sent += 1
+                if entry["op"] == "artifact":
+                    self.sent_files.append(Path(entry["payload"]["path"]))
             except Exception as exc:  # noqa: BLE001 - a refusal is set aside, anything else stops
                 if error_code(exc) not in REFUSED:
                     self._finish([*self.elsewhere, *map(self._mapped, entries[i:])])
@@ -139,14 +188,15 @@ class _Replay:
                         f"{entry['run_id']}) on {self.store}: {first_line(exc)}; "
                         f"{self.sent_before + sent} calls sent, {len(entries) - i} kept; fix "
                         "the store and run `tfmlops sync` again") from None
-                self._reject(entry, f"refused by {self.store}: {first_line(exc)}")
+                self._reject(entry, first_line(exc) if isinstance(exc, Unsendable)
+                             else f"refused by {self.store}: {first_line(exc)}")
         self._finish(self.elsewhere)
         return {"calls": sent, "rejected": len(self.rejected), "other_store": len(self.elsewhere)}
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self, text: str) -> list[dict[str, Any]]:
         """The file's entries; a line that is not one (torn by a kill) is set aside."""
         entries = []
-        for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -165,9 +215,9 @@ class _Replay:
         if op == "create_run":
             self.ids[run_id] = _create_run(self.client, run_id, payload)
         elif run_id.startswith(PENDING):
-            raise _Refused(f"its run {run_id} was never created")
+            raise Unsendable(f"refused by {self.store}: its run {run_id} was never created")
         elif op not in REPLAYABLE:
-            raise _Refused(f"unknown op {op!r}")
+            raise Unsendable(f"refused by {self.store}: unknown op {op!r}")
         else:
             apply(self.client, run_id, op, payload)
 
@@ -184,24 +234,28 @@ class _Replay:
         self.rejected.append({"reason": reason, "entry": entry})
 
     def _finish(self, kept: list[dict[str, Any]]) -> None:
-        """Set the rejected lines aside, keep `kept` in the file (or delete it)."""
+        """Set the rejected lines aside; in the file, `kept` then the lines appended
+        since it was read (or no file). The copies of sent artifacts go."""
         if self.rejected:
             with self.path.with_suffix(".rejected").open("a") as fh:
                 fh.writelines(json.dumps(r, default=str) + "\n" for r in self.rejected)
                 fh.flush()
                 os.fsync(fh.fileno())
-        if kept:
-            write_text(self.path, "".join(json.dumps(e, default=str) + "\n" for e in kept))
-            return
-        self.path.unlink()
-        if not any(r["entry"].get("op") == "artifact" for r in self.rejected):
-            shutil.rmtree(self.path.with_suffix(".files"), ignore_errors=True)
-
-
-class _Refused(Exception):
-    """An entry that can never be sent."""
-
-    error_code = "INVALID_STATE"  # one of REFUSED: set aside, never retried
+        with _locked(self.path, create=True) as fd:
+            fresh = os.pread(fd, max(os.fstat(fd).st_size - self.taken, 0), self.taken)
+            text = "".join(json.dumps(e, default=str) + "\n" for e in kept).encode()
+            if text or fresh:
+                write_bytes(self.path, text + fresh)  # a rename: waiting writers reopen
+            else:
+                self.path.unlink()
+        # Only the folders of what was sent: a stage appending meanwhile may have copied
+        # files whose line comes after this replay's last read.
+        files = self.path.with_suffix(".files")
+        for sent in self.sent_files:
+            if sent.parent.parent.resolve() == files.resolve():
+                shutil.rmtree(sent.parent, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            files.rmdir()  # empty once nothing waits in it
 
 
 def _create_run(client, local_id: str, payload: dict[str, Any]) -> str:

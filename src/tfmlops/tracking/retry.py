@@ -65,6 +65,12 @@ def backoff_s(attempt: int) -> float:
     return min(0.5 * 2**attempt, 8.0)
 
 
+def retry_window_s(attempts: int, attempt_s: float) -> float:
+    """The longest `call_with_retry(fn, attempts)` can take when one attempt takes at most
+    `attempt_s`: every attempt at its bound, plus the sleeps between them."""
+    return attempts * attempt_s + sum(backoff_s(i) for i in range(attempts - 1))
+
+
 def error_code(exc: BaseException) -> str | None:
     """The MLflow error code (`RESOURCE_DOES_NOT_EXIST`...) of an MlflowException, else None."""
     return getattr(exc, "error_code", None)

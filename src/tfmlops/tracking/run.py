@@ -5,12 +5,18 @@ never destroys a stage's outputs), `_NullRun` (tracking off, or not the chief),
 `stage_run` (the context manager every stage opens: tags, params, lineage file)
 and `attach_run` (a tuner worker records into the run its chief opened).
 
-What keeps tracking cheap (issue 16): metrics, params and tags are sent
-asynchronously (MLflow's async logging) and flushed before the run ends, a failed batch going through the
-retry/outbox path like any call; the model is logged in a thread
+What keeps tracking cheap (issue 16): the model is logged in a thread
 (`start_keras_model`) while the stage works on, with its signature given so MLflow
 does not reload the model to validate the input example. `train` keeps its run in
-a separate process (sidecar.py), so its process never imports MLflow.
+a separate process (sidecar.py), so its process never imports MLflow. Metrics,
+params and tags can be sent asynchronously (MLflow's async logging, flushed before
+the run ends, a failed batch going through the retry/outbox path like any call),
+but `stage_run` sends them synchronously by default: MLflow's async queue made
+every stage's end wait about 1 s (its logging thread polls its queue each second
+before it can stop), more than a stage's few synchronous batches cost.
+
+A stage's run carries a heartbeat its owner renews in a thread (heartbeat.py), so
+a run whose owner died on another machine can be told from one still kept.
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ from typing import Any
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.background import Background, is_store_error
+from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
-from tfmlops.tracking.outbox import Outbox, outbox_path
+from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans_of, owner_tags
 from tfmlops.tracking.uri import (
@@ -50,6 +57,9 @@ log = logging.getLogger(__name__)
 # Error codes of a store that answered and refused: a replay would be refused too,
 # so these are reported and dropped instead of sending the stage offline.
 _REFUSED = REFUSED
+# Beside the outbox (local state, never in git): this machine's sightings of other
+# machines' heartbeats (heartbeat.Sightings).
+SIGHTINGS = "heartbeats_seen.json"
 
 
 class StageRun:
@@ -70,6 +80,7 @@ class StageRun:
         self._sent: list[tuple[str, dict[str, Any], Any]] = []  # (op, payload, MLflow future)
         self._jobs: list[ModelLogging] = []  # models being logged in a thread
         self.ended: str | None = None  # the status end() gave, once it has run
+        self.heartbeat: Heartbeat | None = None  # renews the run's heartbeat while it is open
 
     @property
     def active(self) -> bool:
@@ -227,6 +238,8 @@ class StageRun:
 
     def end(self, status: str = "FINISHED") -> None:
         """Finish what runs in the background, then end the run with `status` (once)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.active and self.ended is None:
             self.ended = status
             for job in list(self._jobs):  # a stage that failed before it waited for its model
@@ -414,15 +427,16 @@ def stage_run(
     upstream: dict[str, str | Path] | None = None,
     params: dict[str, Any] | None = None,
     *,
-    async_batches: bool = True,
+    async_batches: bool = False,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
     `upstream` maps stage names to the output folders this stage reads; their
     run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
     part of the resolved config this stage uses (default: all of it).
-    `sidecar.sidecar_run` is the same run kept by a separate process, which sends
-    synchronously (`async_batches=False`): it keeps nobody waiting.
+    `sidecar.sidecar_run` is the same run kept by a separate process.
+    `async_batches` sends metrics, params and tags through MLflow's async queue,
+    at the cost of about 1 s at the run's end.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -437,16 +451,20 @@ def stage_run(
 
     def open_it() -> tuple[str, Outbox]:
         run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
-        close_orphans_of(stage, run_id)  # runs of this stage a SIGKILL left RUNNING
+        # runs of this stage a SIGKILL left RUNNING, here or on another machine
+        close_orphans_of(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
+                         cfg.tracking.retries + 1)
         write_run_file(out_dir, stage, run_id, uri)
         return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
 
     run = StageRun(cfg, stage, *open_it(), async_batches=async_batches)
-    run.log_params(params)
+    run.heartbeat = Heartbeat(run.run_id, cfg.tracking.retries + 1).start()
     try:
+        run.log_params(params)
         with ending(run):
             yield run
     finally:
+        run.heartbeat.stop()
         with contextlib.suppress(Exception):
             import_mlflow().end_run(run.ended)
         warn_queued(run, uri)
@@ -483,7 +501,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
     mlflow = use_uri(uri)
     try:
         experiment_id = experiment_id_of(mlflow, cfg.tracking.experiment, uri)
-        tags = run_tags(cfg, stage, upstream)
+        tags = {**run_tags(cfg, stage, upstream), HEARTBEAT_TAG: "0"}
         # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
         # start_run would resume: every stage of `-e main` would share one run.
         # Each stage opens its own run instead, nested under the launcher's.

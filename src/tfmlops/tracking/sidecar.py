@@ -20,6 +20,10 @@ priority (NICENESS).
   nobody waiting). Its log records are sent
   back and logged by the stage's `tfmlops` loggers. If the stage dies, the pipe
   closes and the run ends KILLED instead of staying RUNNING.
+
+The stage never waits on a sidecar that cannot answer: a reply is awaited with its
+liveness checked (`_Process.reply`), and a sidecar that exited or a reader thread
+that failed ends the stage with one line (SidecarGone) within seconds.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.run import StageRun, ending, stage_run, warn_queued
 from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri
 
@@ -54,6 +59,18 @@ NICENESS = 10
 # Not `-m`: the package imports this module before runpy would run it.
 _MAIN = "import sys; from tfmlops.tracking.sidecar import main; sys.exit(main(sys.argv[1:]))"
 _EOF = ("eof", None)
+# How often a stage waiting for a reply checks that the sidecar can still send one.
+REPLY_POLL_S = 0.5
+# A sidecar that exited may have replies still in the pipe: read for this long first.
+EXIT_GRACE_S = 5.0
+# At the run's end the sidecar exits once it ended the run (a model may still upload):
+# past this, the stage kills it; the run is then closed as stale (stale.py).
+END_WAIT_S = 120.0
+
+
+class SidecarGone(TrackingUnavailable):
+    """The tracking sidecar can no longer answer: its process exited or the stage's
+    thread reading its replies failed."""
 
 
 def _send(conn: Connection, kind: str, body: Any) -> None:
@@ -129,9 +146,11 @@ class _Process:
         os.close(to_child_r)
         os.close(from_child_w)
         self._out = Connection(to_child_w, readable=False)
+        self._in = Connection(from_child_r, writable=False)
         self._replies: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, args=(from_child_r,), name="tfmlops-sidecar",
-                         daemon=True).start()
+        self._gone: str | None = None  # why no reply can come any more, once known
+        self._reader = threading.Thread(target=self._read, name="tfmlops-sidecar", daemon=True)
+        self._reader.start()
         self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
 
     def send(self, kind: str, body: Any) -> None:
@@ -143,25 +162,65 @@ class _Process:
     def close(self) -> None:
         self._out.close()
 
-    def _read(self, fd: int) -> None:
-        """Log records as they come; every other reply to the waiting stage."""
-        for kind, body in _messages(Connection(fd, writable=False)):
-            if kind == "log":
-                logging.getLogger(body.name).handle(body)
-            else:
-                self._replies.put((kind, body))
+    def _read(self) -> None:
+        """Log records as they come; every other reply to the waiting stage. If this
+        thread fails, the waiting stage is told (`reply`), never left waiting."""
+        try:
+            for kind, body in _messages(self._in):
+                if kind == "log":
+                    logging.getLogger(body.name).handle(body)
+                else:
+                    self._replies.put((kind, body))
+        except BaseException as exc:  # noqa: BLE001 - handed to the stage, which raises it
+            self._replies.put(("reader failed", f"{type(exc).__name__}: {first_line(exc)}"))
 
     def reply(self, expected: str) -> Any:
-        kind, body = self._replies.get()
+        """The sidecar's reply `expected`; SidecarGone within seconds if none can come."""
+        kind, body = self._next_reply()
         if kind == expected:
             return body
         if kind == "unavailable":
             raise TrackingUnavailable(body)
         if kind == "failed":
             raise RuntimeError(body)
-        code = self.proc.wait()
-        raise RuntimeError(f"the tracking sidecar exited (code {code}) before `{expected}`; "
-                           "its log is above")
+        if kind == "reader failed":
+            self._gone = (f"reading the tracking sidecar's replies failed ({body}) before "
+                          f"`{expected}`")
+        else:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(EXIT_GRACE_S)
+            self._gone = (f"the tracking sidecar exited (code {self.proc.returncode}) before "
+                          f"`{expected}`; its log is above")
+        self._abandon()
+        raise SidecarGone(self._gone)
+
+    def _next_reply(self) -> tuple[str, Any]:
+        """The next reply, or why none will come: the reader thread is gone, or the
+        sidecar exited and nothing came from the pipe for EXIT_GRACE_S."""
+        if self._gone is not None:
+            raise SidecarGone(self._gone)
+        exited_at = None
+        while True:
+            try:
+                return self._replies.get(timeout=REPLY_POLL_S)
+            except queue.Empty:
+                pass
+            if not self._reader.is_alive():  # it may have put its last reply just now
+                with contextlib.suppress(queue.Empty):
+                    return self._replies.get_nowait()
+                return ("reader failed", "its thread is gone")
+            if self.proc.poll() is not None:
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > EXIT_GRACE_S:
+                    return _EOF
+
+    def _abandon(self) -> None:
+        """No reply will be read: close our end, so a sidecar still writing gets an
+        error (and exits once it ended the run) instead of blocking on a full pipe."""
+        self.close()
+        if not self._reader.is_alive():  # a reader blocked on it keeps it: no fd reuse under it
+            with contextlib.suppress(OSError):
+                self._in.close()
 
 
 class SidecarRun(StageRun):
@@ -220,7 +279,13 @@ class SidecarRun(StageRun):
             log.warning("tfmlops: MLflow run of %s not ended cleanly: %s", self.stage, exc)
         finally:
             ended = time.perf_counter()
-            self._process.proc.wait()
+            try:
+                self._process.proc.wait(END_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("tfmlops: the tracking sidecar of %s did not exit %.0f s after the "
+                            "run's end; killed", self.stage, END_WAIT_S)
+                self._process.proc.kill()
+                self._process.proc.wait()
             log.debug("tracking sidecar: exited %.2f s after the run's end",
                       time.perf_counter() - ended)
             shutil.rmtree(self._model_dir, ignore_errors=True)

@@ -4,11 +4,14 @@ A SIGKILL (or a power cut) gives a stage no chance to end its MLflow run, which
 then shows RUNNING forever. Every run opens with owner tags (`owner_tags`: host,
 boot, pid namespace, pid and the process's start time, repo). When a stage opens
 its next run, `close_orphans` marks KILLED the RUNNING runs of the same stage and
-repo in the same store whose owner process is provably gone: same host, same
-boot and pid namespace, and that pid either no longer exists or belongs to a
-process that started at another time (pid reuse). A run owned elsewhere (another
-host or container) is left alone: from here its owner cannot be judged. Child
-runs (trials, finalists) of a closed run are closed with it.
+repo in the same store whose owner is gone:
+- owned on this machine (same host, boot and pid namespace): that pid no longer
+  exists or belongs to a process that started at another time (pid reuse);
+- owned elsewhere (another host or container, unknowable from here): its
+  heartbeat (heartbeat.py) has not moved for longer than `stale_after_s`, as this
+  machine saw it. A run without a heartbeat (opened by an older tfmlops) is left alone.
+Child runs (trials, finalists) of a closed run are closed with it, unless another
+live process of this machine owns them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import os
 import socket
 from pathlib import Path
 
+from tfmlops.files import boot_id as _boot_id
+from tfmlops.files import pid_namespace as _pid_namespace
 from tfmlops.tracking.uri import repo_root
 
 log = logging.getLogger(__name__)
@@ -38,10 +43,8 @@ def owner_tags() -> dict[str, str]:
 
 def owner_gone(tags: dict[str, str]) -> bool:
     """Whether the process named by a run's owner tags provably no longer runs."""
-    me = owner_tags()
-    same_machine = all(tags.get(OWNER + k) == me[OWNER + k] for k in ("host", "boot", "pidns"))
     pid = tags.get(OWNER + "pid", "")
-    if not same_machine or not pid.isdigit():
+    if not judged_here(tags) or not pid.isdigit():
         return False
     if not _exists(int(pid)):
         return True
@@ -49,28 +52,53 @@ def owner_gone(tags: dict[str, str]) -> bool:
     return bool(started) and _start_time(int(pid)) not in ("", started)  # pid reused
 
 
-def close_orphans(client, experiment_id: str, stage: str, current_run_id: str) -> list[str]:
-    """Mark KILLED the RUNNING runs of `stage` (this repo) whose owner is gone; their ids."""
+def judged_here(tags: dict[str, str]) -> bool:
+    """Whether the owner named by these tags runs on this machine (host, boot, pid
+    namespace): only then can its process be looked up."""
+    me = owner_tags()
+    return all(tags.get(OWNER + k) == me[OWNER + k] for k in ("host", "boot", "pidns"))
+
+
+def close_orphans(client, experiment_id: str, stage: str, current_run_id: str,
+                  sightings: Path | None = None, attempts: int = 1) -> list[str]:
+    """Mark KILLED the RUNNING runs of `stage` (this repo) whose owner is gone; their ids.
+
+    `sightings` is the file where this machine keeps what it saw of other machines'
+    heartbeats (without it, their runs are not judged); `attempts` is how many tries
+    their owners give each call (the store's retry window: heartbeat.stale_after_s).
+    """
+    from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
+
     repo = str(repo_root())
     query = f"tags.`tfmlops.stage` = '{stage}' and attributes.status = 'RUNNING'"
     running = client.search_runs([experiment_id], query, max_results=1000)
-    orphans = [r for r in running if r.info.run_id != current_run_id
-               and r.data.tags.get(OWNER + "repo") == repo and owner_gone(r.data.tags)]
-    closed = {r.info.run_id for r in orphans}
+    ours = [r for r in running if r.info.run_id != current_run_id
+            and r.data.tags.get(OWNER + "repo") == repo]
+    reasons = {r.info.run_id: "owner process gone" for r in ours if owner_gone(r.data.tags)}
+    beats = {r.info.run_id: r.data.tags[HEARTBEAT_TAG] for r in ours
+             if HEARTBEAT_TAG in r.data.tags and not judged_here(r.data.tags)}
+    if sightings is not None and beats:
+        threshold = stale_after_s(attempts)
+        for run_id in Sightings(sightings, _boot_id()).silent(beats, threshold):
+            reasons[run_id] = f"heartbeat unchanged for over {threshold:.0f} s"
+    owners = {r.info.run_id: _owner(r.data.tags) for r in ours if r.info.run_id in reasons}
     # children of a closed run (a trial of a killed search) go with it
-    closed |= {r.info.run_id for r in running
-               if r.data.tags.get("mlflow.parentRunId") in closed and not _owned_alive(r)}
-    for run_id in sorted(closed):
+    for r in running:
+        parent = r.data.tags.get("mlflow.parentRunId")
+        if parent in owners and r.info.run_id not in reasons and _goes_with(r, owners[parent]):
+            reasons[r.info.run_id] = reasons[parent]
+    for run_id in sorted(reasons):
         client.set_tag(run_id, KILLED_TAG,
-                       f"owner process gone; closed by run {current_run_id} of {stage}")
+                       f"{reasons[run_id]}; closed by run {current_run_id} of {stage}")
         client.set_terminated(run_id, "KILLED")
-    if closed:
+    if reasons:
         log.warning("tfmlops: %s: %d run(s) left RUNNING by a killed process marked KILLED: %s",
-                    stage, len(closed), ", ".join(sorted(closed)))
-    return sorted(closed)
+                    stage, len(reasons), ", ".join(sorted(reasons)))
+    return sorted(reasons)
 
 
-def close_orphans_of(stage: str, current_run_id: str) -> list[str]:
+def close_orphans_of(stage: str, current_run_id: str, sightings: Path | None = None,
+                     attempts: int = 1) -> list[str]:
     """`close_orphans` for the stage whose run just opened; a failure only warns."""
     from tfmlops.tracking.retry import first_line
     from tfmlops.tracking.uri import client
@@ -78,17 +106,26 @@ def close_orphans_of(stage: str, current_run_id: str) -> list[str]:
     try:
         mlflow_client = client()
         experiment_id = mlflow_client.get_run(current_run_id).info.experiment_id
-        return close_orphans(mlflow_client, experiment_id, stage, current_run_id)
+        return close_orphans(mlflow_client, experiment_id, stage, current_run_id,
+                             sightings, attempts)
     except Exception as exc:  # noqa: BLE001 - housekeeping must never stop a stage
         log.warning("tfmlops: %s: could not look for runs left RUNNING by killed processes: %s",
                     stage, first_line(exc))
         return []
 
 
-def _owned_alive(run) -> bool:
-    """A child with owner tags whose owner still runs (a distributed worker) stays open."""
-    tags = run.data.tags
-    return OWNER + "pid" in tags and not owner_gone(tags)
+def _owner(tags: dict[str, str]) -> tuple[str, ...]:
+    return tuple(tags.get(OWNER + k, "") for k in ("host", "boot", "pidns", "pid", "start"))
+
+
+def _goes_with(child, parent_owner: tuple[str, ...]) -> bool:
+    """A child of a closed run is closed too, unless it has an owner of its own that
+    may live: a distributed worker of this machine that still runs, or one elsewhere
+    (a trial of a remote worker has no heartbeat to judge it by)."""
+    tags = child.data.tags
+    if OWNER + "pid" not in tags or _owner(tags) == parent_owner:
+        return True
+    return judged_here(tags) and owner_gone(tags)
 
 
 def _exists(pid: int) -> bool:
@@ -106,18 +143,4 @@ def _start_time(pid: int) -> str:
     with contextlib.suppress(OSError, IndexError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name may hold spaces
-    return ""
-
-
-def _boot_id() -> str:
-    with contextlib.suppress(OSError):
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return ""
-
-
-def _pid_namespace() -> str:
-    """Containers on one host share its hostname rarely, but a pid means nothing across
-    pid namespaces: a run from another namespace is never judged."""
-    with contextlib.suppress(OSError):
-        return str(os.stat("/proc/self/ns/pid").st_ino)
     return ""

@@ -164,18 +164,36 @@ def use_uri(uri: str):
     return mlflow
 
 
+def attempt_bound_s() -> float:
+    """The longest one store call can take under those bounds: each of MLflow's HTTP
+    tries at its timeout, plus its backoff (urllib3: factor * 2**n). A SQLite store
+    answers or says "database is locked" well within it (sqlite3 waits 5 s)."""
+    def bound(name: str) -> float:
+        try:
+            return float(os.environ.get(name, _HTTP_BOUNDS[name]))
+        except ValueError:
+            return float(_HTTP_BOUNDS[name])
+
+    tries = int(bound("MLFLOW_HTTP_REQUEST_MAX_RETRIES")) + 1
+    return (tries * bound("MLFLOW_HTTP_REQUEST_TIMEOUT")
+            + bound("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR") * 2 ** (tries - 1))
+
+
 def current_uri() -> str | None:
     """The URI `use_uri` last pointed MLflow at in this process, if any."""
     return _uri_set_here
 
 
+# MLflow's default is 7 retries and minutes of backoff: bounded here so our
+# retry/outbox logic decides; a user's explicit setting still wins.
+_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
 def import_mlflow():
     """The mlflow module, with its own HTTP retries bounded (see retry.py)."""
-    # MLflow's default is 7 retries and minutes of backoff: bounded here so our
-    # retry/outbox logic decides; a user's explicit setting still wins.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    for name, value in _HTTP_BOUNDS.items():
+        os.environ.setdefault(name, value)
     import mlflow
 
     return mlflow

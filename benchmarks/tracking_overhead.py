@@ -1,0 +1,119 @@
+"""Tracking's cost per stage: each stage's whole process with tracking on vs off.
+
+Every stage runs as `dvc repro` runs it, `tfmlops <stage>` in a fresh process (so
+the MLflow import is paid each time), on the built-in digits with tiny params, in
+a scratch folder; tracking on records into a SQLite store there. Per round and
+stage, off and on one after the other, their order swapped every round (neither
+side gets the quieter machine), except export, whose on run comes last so that
+promote finds the model it registered. Printed: per stage the median wall time
+on and off over the rounds and their ratio (target: at most +3% each), and the
+ratio of the best times (less sensitive to a busy machine). `promote` has no off
+mode (it needs the registry): its time on is printed alone. Profiling is off in
+both.
+
+    .venv/bin/python benchmarks/tracking_overhead.py [--rounds 3] [--stages prepare,train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from common import ROOT, save, scratch_config  # noqa: E402
+
+STAGES = ("prepare", "tune", "train", "prune", "quantize", "export", "promote")
+ONLY_ON = {"promote"}  # refuses to run with tracking off
+# The gate of the tiny model (it scores below the default floor): promote decides either way.
+PROMOTE = {"promote": {"gate": {"min_accuracy": 0.0, "max_regression": 1.0,
+                                "max_latency_ms": 1000.0}}}
+
+
+def scratch(workdir: Path | None = None) -> Path:
+    """A scratch folder whose params are the tests' tiny ones (conftest.TINY: a round
+    takes minutes on 2 cores), tracking off."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import TINY, deep_merge
+
+    _, workdir = scratch_config(workdir)
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params = deep_merge(deep_merge(params, TINY), PROMOTE)
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return workdir
+
+
+def param_files(workdir: Path) -> dict[str, Path]:
+    """params.yaml (tracking off, as scratch_config writes it) and params_on.yaml."""
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["tracking"].update(enabled=True, uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    (workdir / "params_on.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return {"off": workdir / "params.yaml", "on": workdir / "params_on.yaml"}
+
+
+def timed(stage: str, params: Path, workdir: Path, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tfmlops", "-q", "--params", str(params), stage],
+                          cwd=workdir, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"tfmlops {stage} ({params.name}) exited {proc.returncode}: "
+                         f"{proc.stderr.strip().splitlines()[-1:]}")
+    return round(seconds, 2)
+
+
+def measure(stages: tuple[str, ...], rounds: int) -> dict:
+    workdir = scratch()
+    files = param_files(workdir)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    timed("materialize", files["off"], workdir, env)
+    timed("prepare", files["off"], workdir, env)  # warm: a first prepare decodes everything
+    seconds: dict[str, dict[str, list[float]]] = {s: {"off": [], "on": []} for s in stages}
+    for n in range(rounds):
+        for stage in stages:
+            sides = ("off", "on") if n % 2 == 0 or stage == "export" else ("on", "off")
+            for side in ("on",) if stage in ONLY_ON else sides:
+                seconds[stage][side].append(timed(stage, files[side], workdir, env))
+    rows = []
+    for stage in stages:
+        on = statistics.median(seconds[stage]["on"])
+        off = statistics.median(seconds[stage]["off"]) if seconds[stage]["off"] else None
+        best = None if off is None else min(seconds[stage]["on"]) / min(seconds[stage]["off"])
+        rows.append({"stage": stage, "on_s": round(on, 2),
+                     "off_s": None if off is None else round(off, 2),
+                     "ratio": None if off is None else round(on / off, 3),
+                     "best_ratio": None if best is None else round(best, 3)})
+    return {"rows": rows, "rounds": rounds, "target_ratio": 1.03, "all_seconds": seconds,
+            "met": all(r["ratio"] is None or r["ratio"] <= 1.03 for r in rows),
+            "what": "`tfmlops <stage>` wall time, one process per run, median over rounds"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help="comma-separated, in pipeline order (each needs its upstream's)")
+    args = parser.parse_args()
+    stages = tuple(s for s in args.stages.split(",") if s)
+    result = {"benchmark": "tracking_overhead", **measure(stages, args.rounds)}
+    path = save("tracking_overhead", result)
+    lines = [f"{'stage':<10} {'on s':>8} {'off s':>8} {'on/off':>8} {'best on/off':>12}"]
+    for r in result["rows"]:
+        off, ratio, best = ("-" if r[k] is None else f"{r[k]:.{d}f}"
+                            for k, d in (("off_s", 2), ("ratio", 3), ("best_ratio", 3)))
+        lines.append(f"{r['stage']:<10} {r['on_s']:>8.2f} {off:>8} {ratio:>8} {best:>12}")
+    lines.append(f"median of {result['rounds']} round(s); target on/off <= 1.03 -> {path}")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

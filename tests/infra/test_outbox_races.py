@@ -1,0 +1,118 @@
+"""The outbox under concurrency (issue 26): `sync` racing a stage that appends loses no
+line, a worker restarted under the same pid keeps the copies queued before it, and an
+artifact whose copy is gone is set aside, not counted as sent. Real processes, real
+MLflow on a temp SQLite store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import child_env, mlflow_client
+from tfmlops import tracking
+from tfmlops.tracking.outbox import Outbox, outbox_path
+
+pytestmark = pytest.mark.timeout(300)
+
+# A stage whose store is away: it appends one tag op after another to its queue file.
+APPENDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from tfmlops.tracking.outbox import Outbox
+
+    path, store, run_id, count = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    box = Outbox(path, store)
+    print("appending", flush=True)
+    for i in range(count):
+        box.write(run_id, "tags", {f"k{i:04d}": str(i)})
+        time.sleep(0.005)
+""")
+
+# A worker that queues one artifact, as a restarted one would: a fresh Outbox (its
+# entry count back at 0) on the same queue file (named by the same pid).
+QUEUER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from tfmlops.tracking.outbox import Outbox
+
+    path, store, run_id, source = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    assert Outbox(path, store).queue(run_id, "artifact", {"path": source,
+                                                          "artifact_path": None}) is None
+""")
+
+
+def finished_run(cfg, tmp_path) -> str:
+    with tracking.stage_run(cfg, "outbox-race", tmp_path / "out", params={}) as run:
+        pass
+    return run.run_id
+
+
+def test_sync_racing_a_stage_that_appends_loses_no_line(tmp_path, make_cfg, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = make_cfg()
+    run_id = finished_run(cfg, tmp_path)
+    path = outbox_path(cfg, f"outbox-race-{run_id}")
+    count = 400
+    stage = subprocess.Popen([sys.executable, "-c", APPENDER, str(path),
+                              tracking.redact(tracking.tracking_uri(cfg)), run_id, str(count)],
+                             env=child_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert stage.stdout.readline().strip() == "appending"
+        syncs = 0
+        while stage.poll() is None:  # each replay reads, sends, then rewrites the file
+            tracking.sync(cfg)
+            syncs += 1
+            time.sleep(0.01)  # the appender shares 2 cores with this loop
+        assert stage.wait() == 0
+    finally:
+        stage.kill()
+        stage.wait()
+    tracking.sync(cfg)  # what came after the last one
+    tags = mlflow_client(cfg).get_run(run_id).data.tags
+    missing = [i for i in range(count) if tags.get(f"k{i:04d}") != str(i)]
+    assert syncs >= 2 and not missing, f"{len(missing)} lines lost over {syncs} syncs"
+    assert not path.exists()
+
+
+def test_a_worker_restarted_under_the_same_pid_keeps_the_copies_queued_before(tmp_path,
+                                                                              make_cfg):
+    cfg = make_cfg()
+    path = outbox_path(cfg, "tune-0123-4242")  # <stage>-<run>-<pid>: one worker's file
+    store = tracking.redact(tracking.tracking_uri(cfg))
+    for life in ("first", "second"):
+        source = tmp_path / life / "trial.json"  # the same artifact name in both lives
+        source.parent.mkdir()
+        source.write_text(life)
+        subprocess.run([sys.executable, "-c", QUEUER, str(path), store, "0123", str(source)],
+                       env=child_env(), check=True, timeout=120)
+        source.unlink()  # the outbox keeps its own copy
+    copies = [Path(json.loads(line)["payload"]["path"]) for line in path.read_text().splitlines()]
+    assert len(set(copies)) == 2
+    assert [p.read_text() for p in copies] == ["first", "second"]
+
+
+def test_an_artifact_whose_copy_is_gone_is_not_counted_as_sent(tmp_path, make_cfg):
+    cfg = make_cfg()
+    run_id = finished_run(cfg, tmp_path)
+    box = Outbox(outbox_path(cfg, f"outbox-race-{run_id}"),
+                                 tracking.tracking_uri(cfg))
+    report = tmp_path / "report.json"
+    report.write_text("{}")
+    assert box.queue(run_id, "artifact", {"path": str(report), "artifact_path": "r"}) is None
+    box.write(run_id, "tags", {"k": "v"})
+    (copy,) = box.path.with_suffix(".files").rglob("report.json")
+    copy.unlink()  # a cleaner or a user removed it before the store was back
+    assert tracking.sync(cfg) == {"files": 1, "calls": 1, "rejected": 1, "other_store": 0}
+    (rejected,) = [json.loads(line) for line in
+                   box.path.with_suffix(".rejected").read_text().splitlines()]
+    assert rejected["entry"]["op"] == "artifact"
+    assert rejected["reason"] == f"artifact {copy} is gone; not sent"
+    client = mlflow_client(cfg)
+    assert client.get_run(run_id).data.tags["k"] == "v"
+    assert not client.list_artifacts(run_id, "r")
