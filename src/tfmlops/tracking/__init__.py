@@ -11,7 +11,8 @@ failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed
 the next run of their stage (stale.py); URIs are written and logged without
 credentials (uri.redact). Tracking's fixed cost is kept out of the stage's way:
 batches sent asynchronously and the model logged in a thread (background.py,
-run.py); `train`'s run kept by a separate process (sidecar.py, keras_file.py).
+run.py); the runs of `train` and `prepare` kept by a separate process (sidecar.py,
+keras_file.py).
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.

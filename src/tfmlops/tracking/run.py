@@ -9,8 +9,8 @@ What keeps tracking cheap (issue 16): metrics, params and tags are sent
 asynchronously (MLflow's async logging) and flushed before the run ends, a failed batch going through the
 retry/outbox path like any call; the model is logged in a thread
 (`start_keras_model`) while the stage works on, with its signature given so MLflow
-does not reload the model to validate the input example. `train` keeps its run in
-a separate process (sidecar.py), so its process never imports MLflow.
+does not reload the model to validate the input example. `train` and `prepare` keep
+their runs in a separate process (sidecar.py), so theirs never imports MLflow.
 """
 
 from __future__ import annotations
@@ -88,6 +88,10 @@ class StageRun:
             return
         # The time of the measurement, also when the outbox replays it later.
         self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
+
+    def wait_open(self) -> None:
+        """Return once the run is open and its `mlflow_run.json` is in the stage's output
+        folder: already so here; a run kept by the sidecar (sidecar.py) opens meanwhile."""
 
     def flush(self) -> None:
         """Wait for the batches sent asynchronously; one that failed is sent again
