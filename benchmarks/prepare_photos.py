@@ -81,8 +81,9 @@ def pil_loop(files: list[Path]) -> tuple[float, float]:
     return len(files) / (time.perf_counter() - start), (time.process_time() - cpu) / len(files)
 
 
-def timed_prepare(params: Path) -> dict:
-    """Run `tfmlops prepare` in its own process: wall seconds, peak tree RSS, its metrics."""
+def timed_prepare(params: Path, env: dict | None = None) -> dict:
+    """Run `tfmlops prepare` in its own process (`env`: its environment, e.g. another
+    checkout's PYTHONPATH): wall seconds, peak tree RSS, its metrics."""
     import resource
 
     import psutil
@@ -91,7 +92,7 @@ def timed_prepare(params: Path) -> dict:
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     child = subprocess.Popen([sys.executable, "-m", "tfmlops", "--params", str(params), "prepare"],
                              cwd=params.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env=env)
     peak, proc = 0, psutil.Process(child.pid)
     output: dict = {}
     reader = threading.Thread(target=lambda: output.update(zip(("out", "err"), child.communicate(),

@@ -3,12 +3,14 @@
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import mlflow_client, profile_runs, stage_runs
+from conftest import child_env, mlflow_client, stage_runs
 from images import bomb_png, exif_rotated_jpeg, mixed_folder, mpo_jpeg, photo, photo_folder, sixteen_bit_png
 from tfmlops import profiling
 from tfmlops.errors import DataError
@@ -60,24 +62,31 @@ def test_run_holds_params_metrics_tags_and_dataset_input(tmp_path, make_cfg):
     assert ds_input.dataset.digest == tags["tfmlops.data_version"]
     client = mlflow_client(cfg)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"prepared", "profile"} <= artifacts
+    assert "prepared" in artifacts
     run_file = json.loads((Path(cfg.paths.prepared) / "mlflow_run.json").read_text())
     assert run_file["run_id"] == run.info.run_id
 
 
-def test_two_runs_leave_two_profile_folders_side_by_side(tmp_path, make_cfg):
-    """TensorBoard over reports/profiles shows each run (its own folder), not only the last."""
+def test_prepare_as_users_run_it_imports_neither_tensorflow_nor_mlflow(tmp_path, make_cfg):
+    """Issue 26: with tracking and profiling on, prepare's process loads no TensorFlow
+    (its TFRecords are written directly; `train` profiles the input pipeline, which prepare
+    used to cache whole to profile: 1.3 GB at 4,000 photos) and no MLflow (the tracking
+    sidecar keeps the run); the run still gets the stage's metrics and files."""
     mixed_folder(tmp_path / "own", per_class=6)
     cfg = make_cfg(data={"image_dir": str(tmp_path / "own"), "max_bad_fraction": 0.5},
                    profiling={"enabled": True, "start_step": 1, "steps": 1})
-    prepare.run(cfg)
-    prepare.run(cfg)
-    folders = profile_runs(cfg, "prepare")
-    assert len(folders) == 2
-    assert all(profiling.trace_files(f) for f in folders)
-    client = mlflow_client(cfg)
-    for run in stage_runs(cfg, "prepare"):  # each run logged its own folder
-        assert "profile" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    code = ("import sys\nfrom tfmlops.cli import main\n"
+            f"assert main(['--params', {str(tmp_path / 'params.yaml')!r}, 'prepare']) == 0\n"
+            "print(sorted(m for m in ('tensorflow', 'mlflow') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    (run,) = stage_runs(cfg, "prepare")
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["images_good"] == 18 and "decode_seconds" in run.data.metrics
+    assert {a.path for a in mlflow_client(cfg).list_artifacts(run.info.run_id)} == {"prepared"}
+    assert not profiling.profile_dir(cfg, "prepare").exists()
 
 
 def test_too_many_bad_files_fail_before_any_output(tmp_path, make_cfg):

@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,7 @@ class Tally:
     decoded: int = 0
     cached: int = 0
     hashed: int = 0
+    decode_seconds: float = 0.0  # the first pass: stat, hash, decode what the cache lacks
     source_bytes: int = 0
     stored_bytes: int = 0
     sums: list | None = None  # per channel, over the train split
@@ -143,6 +145,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     spec = store_spec(cfg)
     tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
+    started = time.perf_counter()
     try:
         cutoff = trust_cutoff()  # before any file is read
         # a few numbers per file, not a stat result (memory per file)
@@ -157,6 +160,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     finally:
         memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
+    tally.decode_seconds = time.perf_counter() - started
     good = [(sha, label) for (_, label), sha, reason in zip(files, keys, reasons, strict=True)
             if reason is None]
     _warn_across_classes(good, files, keys, image_dir)

@@ -12,6 +12,11 @@ TFRecord shards per split, `manifest.json` (label map, counts per class and
 split, source and stored sizes, encodings, content hashes), `stats.json`
 (per-channel mean and std of the train split at the model's input size),
 `quarantine.json` and a copy of every rejected file.
+
+This process imports neither TensorFlow (the TFRecords are written directly,
+`data.tfrecords`) nor MLflow (the tracking sidecar keeps the run), so an
+incremental run costs little more than its new files; the input pipeline is
+profiled by `train`, which runs it.
 """
 
 from __future__ import annotations
@@ -41,16 +46,25 @@ LOCK = "prepare.lock"  # in paths.prepare_cache: one prepare at a time per proje
 def run(cfg: Config) -> dict[str, float]:
     tracking.preflight(cfg)  # a dead server fails in seconds, before the scan
     allow_open_files(cfg.data.shards)  # every shard of the three splits stays open
-    lock = Path(cfg.paths.prepare_cache) / LOCK
-    with hold_lock(lock, f"prepare: another prepare of this project is running (it holds "
-                         f"{lock}); waiting for it to finish"):
-        faults.point("prepare.locked")
-        return _run(cfg)
+    # The run's own process starts now and imports MLflow (3-4 s of CPU, most of an
+    # incremental run) while this one lists, hashes and decodes, instead of after them.
+    tracking.start_sidecar(cfg)
+    try:
+        lock = Path(cfg.paths.prepare_cache) / LOCK
+        with hold_lock(lock, f"prepare: another prepare of this project is running (it holds "
+                             f"{lock}); waiting for it to finish"):
+            faults.point("prepare.locked")
+            return _run(cfg)
+    except BaseException:  # before its run took the sidecar over: it is closed, not left
+        tracking.discard_sidecar()
+        raise
 
 
 def _run(cfg: Config) -> dict[str, float]:
     image_dir = Path(cfg.data.image_dir)
+    listing = time.perf_counter()
     classes, files, refused = list_files(image_dir)
+    list_seconds = time.perf_counter() - listing
     faults.point("prepare.listed")
     out = staging_dir(cfg.paths.prepared)
     faults.point("prepare.staged")
@@ -67,8 +81,8 @@ def _run(cfg: Config) -> dict[str, float]:
         write_json(out / "quarantine.json", tally.bad)
         mean, std = tally.mean_std()
         write_json(out / "stats.json", {"mean": mean, "std": std})
-        metrics = _metrics(tally, time.perf_counter() - started, len(classes))
-        _record_and_swap(cfg, out, image_dir, manifest, mean, std, metrics)
+        metrics = _metrics(tally, time.perf_counter() - started, len(classes), list_seconds)
+        _record_and_swap(cfg, out, image_dir, metrics)
     except BaseException:  # a failure or SIGTERM: no half-written folder left, the old stays
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -84,22 +98,20 @@ def _run(cfg: Config) -> dict[str, float]:
     return metrics
 
 
-def _record_and_swap(cfg: Config, out: Path, image_dir: Path, manifest: dict, mean, std,
-                     metrics: dict) -> None:
-    """The stage's MLflow run (profile, data version, metrics, dataset, the JSON files),
+def _record_and_swap(cfg: Config, out: Path, image_dir: Path, metrics: dict) -> None:
+    """The stage's MLflow run (data version, metrics, dataset, the JSON files),
     then the staged output swapped in, inside the run: it ends FINISHED only if done."""
-    with tracking.stage_run(cfg, STAGE, out, params=_params(cfg)) as run:
-        if cfg.profiling.enabled:
-            metrics["pipeline_images_per_s"] = round(_profile_pipeline(cfg, out, manifest,
-                                                                       mean, std, run), 1)
+    with tracking.sidecar_run(cfg, STAGE, out, params=_params(cfg)) as run:
         manifest_digest = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
         run.set_tags({"tfmlops.data_version": manifest_digest[:16]})
         run.log_metrics(metrics)
         run.log_dataset(image_dir.name or "images", str(image_dir.resolve()),
                         manifest_digest[:16], context="training")
-        for name in ("manifest.json", "stats.json", "quarantine.json"):
-            run.log_artifact(out / name, "prepared")
+        run.wait_open()  # its run file goes into `out` before `out` moves
         swap_in(out, cfg.paths.prepared)
+        # From where they now are: the sidecar reads each file after this call returns.
+        for name in ("manifest.json", "stats.json", "quarantine.json"):
+            run.log_artifact(Path(cfg.paths.prepared) / name, "prepared")
 
 
 def _check(cfg: Config, image_dir: Path, classes: list[str], tally) -> None:
@@ -144,7 +156,7 @@ def _params(cfg: Config) -> dict:
     return {"seed": cfg.seed, "data": cfg.to_dict()["data"], "pipeline": cfg.to_dict()["pipeline"]}
 
 
-def _metrics(tally, write_seconds: float, classes: int) -> dict:
+def _metrics(tally, write_seconds: float, classes: int, list_seconds: float) -> dict:
     total = tally.good + len(tally.bad)
     return {
         "images_total": total,
@@ -159,6 +171,10 @@ def _metrics(tally, write_seconds: float, classes: int) -> dict:
         "source_bytes": tally.source_bytes,
         "stored_bytes": tally.stored_bytes,
         "write_seconds": round(write_seconds, 3),
+        # prepare's own profile, at no cost: where its time went (train profiles the input
+        # pipeline; prepare runs no TensorFlow). decode: of write_seconds, the first pass.
+        "list_seconds": round(list_seconds, 3),
+        "decode_seconds": round(tally.decode_seconds, 3),
         "images_per_s": round(total / max(write_seconds, 1e-9), 1),
     }
 
@@ -188,32 +204,3 @@ def _manifest(cfg: Config, image_dir: Path, classes: list[str], tally) -> dict:
         "files": [{"file": f, "sha256": sha, "label": label, "split": split}
                   for f, sha, label, split in rows],
     }
-
-
-PROFILE_BATCHES = 64  # of a train split too big to cache in memory
-
-
-def _profile_pipeline(cfg: Config, out: Path, manifest: dict, mean, std, run) -> float:
-    """Steady-state images/s of the training pipeline, with a profiler trace of it."""
-    from tfmlops import profiling
-    from tfmlops.data import pipeline
-
-    prepared = pipeline.Prepared(out, manifest["classes"], manifest["split_counts"],
-                                 cfg.data.image_size, cfg.data.channels, mean, std)
-    if pipeline.cache_choice(cfg, prepared)["mode"] == "memory":
-        ds = pipeline.dataset(cfg, prepared, "train", batch_size=cfg.train.batch_size,
-                              training=True)
-    else:  # too big for memory: time the decoding path on a sample, write no disk cache
-        ds = pipeline.dataset(cfg, prepared, "train", batch_size=cfg.train.batch_size,
-                              training=True, cache="off").take(PROFILE_BATCHES)
-    for _ in ds:  # first epoch fills the cache
-        pass
-    with profiling.trace(cfg, STAGE) as folder:
-        started = time.perf_counter()
-        n = 0
-        for x, _ in ds:
-            n += int(x.shape[0])
-        elapsed = time.perf_counter() - started
-    if folder is not None:
-        run.log_artifact(folder, "profile")
-    return n / max(elapsed, 1e-9)

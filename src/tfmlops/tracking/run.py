@@ -7,8 +7,8 @@ and `attach_run` (a tuner worker records into the run its chief opened).
 
 What keeps tracking cheap (issue 16): the model is logged in a thread
 (`start_keras_model`) while the stage works on, with its signature given so MLflow
-does not reload the model to validate the input example. `train` keeps its run in
-a separate process (sidecar.py), so its process never imports MLflow. Metrics,
+does not reload the model to validate the input example. `train` and `prepare`
+keep their runs in a separate process (sidecar.py), so theirs never import MLflow. Metrics,
 params and tags can be sent asynchronously (MLflow's async logging, flushed before
 the run ends, a failed batch going through the retry/outbox path like any call),
 but `stage_run` sends them synchronously by default: MLflow's async queue made
@@ -99,6 +99,10 @@ class StageRun:
             return
         # The time of the measurement, also when the outbox replays it later.
         self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
+
+    def wait_open(self) -> None:
+        """Return once the run is open and its `mlflow_run.json` is in the stage's output
+        folder: already so here; a run kept by the sidecar (sidecar.py) opens meanwhile."""
 
     def flush(self) -> None:
         """Wait for the batches sent asynchronously; one that failed is sent again

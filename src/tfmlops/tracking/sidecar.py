@@ -253,7 +253,7 @@ class SidecarRun(StageRun):
         if saved_path is None or input_example is None or kwargs:
             raise ValueError("the tracking sidecar logs a model from its saved file and an "
                              "input example only")
-        self._wait_open()  # the run file is in the stage's output folder before it moves
+        self.wait_open()  # the run file is in the stage's output folder before it moves
         link = self._model_dir / Path(saved_path).name
         try:
             os.link(saved_path, link)
@@ -268,7 +268,7 @@ class SidecarRun(StageRun):
         try:
             self._process.send("end", status)
             self._process.close()
-            self._wait_open()  # its reply comes first, if no model has waited for it
+            self.wait_open()  # its reply comes first, if no model has waited for it
             result = self._process.reply("ended")
             log.debug("tracking sidecar: waited %.2f s for the run's end",
                       time.perf_counter() - started)
@@ -290,7 +290,7 @@ class SidecarRun(StageRun):
                       time.perf_counter() - ended)
             shutil.rmtree(self._model_dir, ignore_errors=True)
 
-    def _wait_open(self) -> None:
+    def wait_open(self) -> None:
         if self.run_id is None:
             self.run_id = self._process.reply("opened")
 
