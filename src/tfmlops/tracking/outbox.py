@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -38,10 +39,12 @@ from typing import Any
 
 from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.files import hold_lock, write_bytes
+from tfmlops.files import write_bytes
 from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, Unsendable, apply
 from tfmlops.tracking.retry import error_code, first_line
 from tfmlops.tracking.uri import current_uri, ensure_reachable, redact, tracking_uri, use_uri
+
+log = logging.getLogger(__name__)
 
 OUTBOX_DIR = "outbox"
 
@@ -101,6 +104,22 @@ class Outbox:
 
 
 @contextlib.contextmanager
+def _one_sync(folder: Path) -> Iterator[None]:
+    """One `sync` at a time (two would send each call twice): a lock on the outbox
+    folder itself, so no lock file is left in it once everything is sent."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("tfmlops sync: waiting for another `tfmlops sync` to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def _locked(path: Path, create: bool) -> Iterator[int | None]:
     """The queue file `path`, open for appending and locked against its other writers;
     None if it does not exist and `create` is false. `sync` replaces the file by a
@@ -141,8 +160,7 @@ def sync(cfg: Config) -> dict[str, int]:
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     client = use_uri(uri).MlflowClient()
-    # Two syncs at once would send each call twice.
-    with hold_lock(folder / "sync.lock", "waiting for another `tfmlops sync` to finish"):
+    with _one_sync(folder):
         for path in files:
             done = _Replay(client, path, uri, totals["calls"]).run()
             for key in ("calls", "rejected", "other_store"):
