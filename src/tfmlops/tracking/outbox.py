@@ -206,7 +206,9 @@ class _Replay:
                         f"{entry['run_id']}) on {self.store}: {first_line(exc)}; "
                         f"{self.sent_before + sent} calls sent, {len(entries) - i} kept; fix "
                         "the store and run `tfmlops sync` again") from None
-                self._reject(entry, first_line(exc) if isinstance(exc, Unsendable)
+                # Unsendable is our own one-line message: kept whole (a long path would be
+                # cut by first_line's limit, hiding "not sent").
+                self._reject(entry, str(exc) if isinstance(exc, Unsendable)
                              else f"refused by {self.store}: {first_line(exc)}")
         self._finish(self.elsewhere)
         return {"calls": sent, "rejected": len(self.rejected), "other_store": len(self.elsewhere)}
