@@ -229,7 +229,7 @@ FAILING_SIDECAR = textwrap.dedent("""
     try:
         with tracking.sidecar_run(cfg, "train", "out", params={"a": 1}) as run:
             if sys.argv[1] == "killed":
-                run._wait_open()
+                run.wait_open()
                 os.kill(run._process.proc.pid, signal.SIGKILL)
                 failed_at.append(time.monotonic())
             run.log_metrics({"loss": 0.5}, step=1)
