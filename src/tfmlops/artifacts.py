@@ -29,6 +29,7 @@ FRONTIER_PNG = "frontier.png"  # quantize
 SERVING = "serving.json"  # export: the served runtime and its settings
 SKEW = "skew.json"  # export: every served path against Keras
 REGISTERED = "registered.json"  # export: {name, version, run_id, model_uri}
+FORMATS_CSV = "export_formats.csv"  # export, in reports/: every format's size, speed, parity
 MODEL_CARD = "model_card.md"  # export
 
 # -- MLflow tags other stages or the registry read

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tfmlops.artifacts import MANIFEST, QUARANTINE
 from tfmlops.data import pipeline
 from tfmlops.errors import DataError
 
@@ -18,14 +19,14 @@ def prepared(prepared_digits):
 
 def test_manifest_obeys_its_schema(prepared_digits):
     folder = Path(prepared_digits.paths.prepared)
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["classes"] == [str(i) for i in range(10)]
     assert sum(manifest["split_counts"].values()) == 1797 == len(manifest["files"])
     for split, per_class in manifest["class_counts"].items():
         assert sum(per_class.values()) == manifest["split_counts"][split]
     assert manifest["source_sizes"]["width"] == {"min": 8, "max": 8, "mean": 8.0}
     assert len({f["sha256"] for f in manifest["files"]}) > 1700
-    assert json.loads((folder / "quarantine.json").read_text()) == []
+    assert json.loads((folder / QUARANTINE).read_text()) == []
 
 
 def test_batches_have_model_shapes_and_dtypes(prepared_digits, prepared):

@@ -11,6 +11,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from tfmlops.artifacts import MANIFEST
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -26,9 +28,9 @@ def splits(prepared_digits, tmp_path_factory):
     for path in sorted(folder.glob("*.tfrecord")):
         for copy in (1, 2, 3):
             shutil.copy2(path, path.with_name(f"{path.stem}-copy{copy}.tfrecord"))
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     manifest["split_counts"] = {k: 4 * v for k, v in manifest["split_counts"].items()}
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / MANIFEST).write_text(json.dumps(manifest))
     four = pipeline.Prepared(folder, source.classes, manifest["split_counts"],
                              source.image_size, source.channels, source.mean, source.std,
                              source.stored_size)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import VENV_BIN, child_env, free_port, mlflow_client
+from tfmlops.artifacts import BEST_HPARAMS, TAG_STAGE, TAG_TUNE_SEARCH
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -81,8 +82,8 @@ def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_wo
     # MLflow: one parent run of the search, each trial exactly once as its child.
     runs = tune_runs(cfg)
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert parent.data.tags["tfmlops.stage"] == "tune"
-    assert parent.data.tags["tfmlops.tune.search"] == tune.search_key(cfg)
+    assert parent.data.tags[TAG_STAGE] == "tune"
+    assert parent.data.tags[TAG_TUNE_SEARCH] == tune.search_key(cfg)
     assert parent.info.status == "FINISHED"
     nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(nested) == len(runs) - 1  # nothing outside the parent
@@ -99,10 +100,10 @@ def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_wo
     assert by_tuner == {t: ran[t]["trials_run"] for t in TUNER_IDS}
 
     # The outputs, written once by the chief.
-    written = [p for p in tmp_path.rglob(hparams.BEST_FILE) if "mlartifacts" not in p.parts]
+    written = [p for p in tmp_path.rglob(BEST_HPARAMS) if "mlartifacts" not in p.parts]
     assert written == [hparams.best_path(cfg)]
     logged = [a.path for a in mlflow_client(cfg).list_artifacts(parent.info.run_id, "tune")]
-    assert logged.count(f"tune/{hparams.BEST_FILE}") == 1
+    assert logged.count(f"tune/{BEST_HPARAMS}") == 1
     assert "tune: best" in output["chief"]
     assert all("tune: best" not in output[t] for t in TUNER_IDS)
     metrics = json.loads((Path(cfg.paths.reports) / "tune.json").read_text())

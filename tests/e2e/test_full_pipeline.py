@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import dvc
+from tfmlops.artifacts import TAG_STAGE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -59,7 +60,7 @@ def test_mlflow_holds_one_run_per_stage_with_lineage_to_prepare(repro):
     top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     by_stage = {}
     for r in top:
-        by_stage.setdefault(r.data.tags["tfmlops.stage"], []).append(r)
+        by_stage.setdefault(r.data.tags[TAG_STAGE], []).append(r)
     tracked = [s for s in STAGES if s != "materialize"]
     assert {s: len(by_stage.get(s, [])) for s in tracked} == {s: 1 for s in tracked}
     ids = {s: by_stage[s][0].info.run_id for s in tracked}

@@ -14,6 +14,7 @@ import pytest
 from live_services import libpq_uri, mlflow_server, postgres_cluster
 
 from conftest import run_cli
+from tfmlops.artifacts import MANIFEST, RUN_FILE, TAG_DATA_VERSION
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -45,8 +46,8 @@ def test_stage_runs_unchanged_against_postgres_server(tmp_path, make_cfg, shared
     assert run.info.status == "FINISHED"
     assert run.data.params["data.image_size"] == "16"
     assert run.data.metrics["images_good"] == 1797
-    assert run.data.tags["tfmlops.data_version"]
-    run_file = json.loads((Path(cfg.paths.prepared) / "mlflow_run.json").read_text())
+    assert run.data.tags[TAG_DATA_VERSION]
+    run_file = json.loads((Path(cfg.paths.prepared) / RUN_FILE).read_text())
     assert run_file == {"stage": "prepare", "run_id": run.info.run_id,
                         "tracking_uri": shared_server.url}
 
@@ -60,9 +61,9 @@ def test_stage_runs_unchanged_against_postgres_server(tmp_path, make_cfg, shared
     # Artifacts went through the server into its artifact store, and read back equal.
     assert {a.path for a in client.list_artifacts(run.info.run_id, "prepared")} >= {
         "prepared/manifest.json", "prepared/stats.json"}
-    stored = list((tmp_path / "artifact-store").rglob("manifest.json"))
+    stored = list((tmp_path / "artifact-store").rglob(MANIFEST))
     assert len(stored) == 1 and run.info.run_id in str(stored[0])
-    local = (Path(cfg.paths.prepared) / "manifest.json").read_bytes()
+    local = (Path(cfg.paths.prepared) / MANIFEST).read_bytes()
     assert stored[0].read_bytes() == local
     fetched = mlflow.artifacts.download_artifacts(
         run_id=run.info.run_id, artifact_path="prepared/manifest.json",

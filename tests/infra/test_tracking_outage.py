@@ -14,6 +14,7 @@ from live_services import MlflowServer
 
 from conftest import VENV_BIN, child_env, free_port, mlflow_client, run_cli
 from tfmlops import tracking
+from tfmlops.artifacts import MODEL_FILE
 from tfmlops.errors import TrackingUnavailable
 
 
@@ -61,7 +62,7 @@ def test_server_killed_mid_train_then_sync_uploads_what_was_missed(tmp_path, dig
             stage.kill()
 
     # Training completed and saved everything locally.
-    assert (Path(cfg.paths.train) / "model.keras").is_file()
+    assert (Path(cfg.paths.train) / MODEL_FILE).is_file()
     report = json.loads((Path(cfg.paths.reports) / "train.json").read_text())
     assert "test_accuracy" in report
     assert "MLflow logging problem (train)" in err and "tfmlops sync" in err

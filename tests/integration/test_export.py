@@ -16,6 +16,7 @@ import yaml
 
 from conftest import ROOT, VENV_BIN, child_env, mlflow_client, relative_tiny_params, scratch_repo
 from tfmlops import profiling
+from tfmlops.artifacts import FORMATS_CSV, MODEL_CARD, REGISTERED, SERVING, TAG_STAGE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # trains and exports a model
 
@@ -25,27 +26,27 @@ def test_every_format_is_written_checked_and_measured(exported_digits):
     out = Path(cfg.paths.export)
     saved = out / "saved_model" / cfg.export.model_name / "1"
     assert (saved / "saved_model.pb").is_file() and (saved / "variables").is_dir()
-    for name in ("model.onnx", "model.tflite", "serving.json", "model_card.md",
-                 "registered.json"):
+    for name in ("model.onnx", "model.tflite", SERVING, MODEL_CARD,
+                 REGISTERED):
         assert (out / name).is_file(), name
     metrics = json.loads((Path(cfg.paths.reports) / "export.json").read_text())
     assert metrics["parity.passed"] == 1
     assert metrics["parity.onnx.max_abs_diff"] <= cfg.export.atol
     assert metrics["parity.saved_model_bytes.max_abs_diff"] <= cfg.export.atol
     assert metrics["onnx.accuracy"] == metrics["keras.accuracy"] > 0.5
-    with open(Path(cfg.paths.reports) / "export_formats.csv") as fh:
+    with open(Path(cfg.paths.reports) / FORMATS_CSV) as fh:
         rows = {r["format"]: r for r in csv.DictReader(fh)}
     assert set(rows) == {"keras", "saved_model", "onnx", "tflite", "served_pyfunc"}
     for row in rows.values():
         assert int(row["bytes"]) > 0 and float(row["p50_ms"]) > 0
-    served = json.loads((out / "serving.json").read_text())
+    served = json.loads((out / SERVING).read_text())
     assert served["runtime"] in ("onnx", "tflite")
     assert rows[served["runtime"]]["served"] == "True"
 
 
 def test_the_version_is_registered_with_tags_card_and_lineage(exported_digits):
     cfg = exported_digits
-    registered = json.loads((Path(cfg.paths.export) / "registered.json").read_text())
+    registered = json.loads((Path(cfg.paths.export) / REGISTERED).read_text())
     assert registered["name"] == cfg.promote.registered_model
     client = mlflow_client(cfg)
     mv = client.get_model_version(registered["name"], registered["version"])
@@ -60,9 +61,9 @@ def test_the_version_is_registered_with_tags_card_and_lineage(exported_digits):
     assert mv.description.startswith(f"# {registered['name']}")
     assert "## Lineage" in mv.description
     run = client.get_run(registered["run_id"])
-    assert run.data.tags["tfmlops.stage"] == "export"
+    assert run.data.tags[TAG_STAGE] == "export"
     artifacts = {a.path for a in client.list_artifacts(registered["run_id"])}
-    assert "model_card.md" in artifacts
+    assert MODEL_CARD in artifacts
     assert "profile" in artifacts  # a trace of the bytes-in serving function
     assert profiling.trace_files(profiling.profile_dir(cfg, "export"))
     model = client.get_logged_model(registered["model_uri"].rsplit("/", 1)[-1])
@@ -75,7 +76,7 @@ def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_dig
     import tensorflow as tf
     from PIL import Image
 
-    from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.predictor import Predictor
     from tfmlops.serving.signatures import BYTES_SIGNATURE, FLOAT_SIGNATURE
 
     cfg, offline = exported_digits, exported_offline
@@ -90,8 +91,8 @@ def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_dig
         offline["encoded"][1],
     ]
     got = loaded.signatures[BYTES_SIGNATURE](image_bytes=tf.constant(images))
-    predictor = Predictor.from_files(out / json.loads((out / CONFIG_FILE).read_text())["file"],
-                                     out / CONFIG_FILE)
+    predictor = Predictor.from_files(out / json.loads((out / SERVING).read_text())["file"],
+                                     out / SERVING)
     served = predictor.predict_rows([{"image": base64.b64encode(b).decode()} for b in images])
     # The first two are reduced to the stored short side (OpenCV's fixed-point bilinear vs
     # TensorFlow's: within one grey level, serving.signatures); the others are not: exact.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import mlflow_client, save_tiny_trained
+from tfmlops.artifacts import FORMATS_CSV, REGISTERED, SERVING
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -32,7 +33,7 @@ def test_a_crash_around_registration_leaves_one_version_named_by_registered_json
         pass
 
     def crash_at_registered_json(path, data):
-        if Path(path).name == export.REGISTERED_FILE:
+        if Path(path).name == REGISTERED:
             raise Crash("killed before registered.json")
         return real_write(path, data)
 
@@ -41,14 +42,14 @@ def test_a_crash_around_registration_leaves_one_version_named_by_registered_json
         export.run(cfg)
     monkeypatch.setattr(export, "write_json", real_write)
     # A report export writes after registering cannot be written: the rerun fails there.
-    (Path(cfg.paths.reports) / export.FORMATS_CSV).mkdir(parents=True)
+    (Path(cfg.paths.reports) / FORMATS_CSV).mkdir(parents=True)
     with pytest.raises(OSError):
         export.run(cfg)
 
     versions = mlflow_client(cfg).search_model_versions("name = 'export-order'")
     assert [str(v.version) for v in versions] == ["1"]
-    registered = Path(cfg.paths.export) / export.REGISTERED_FILE
+    registered = Path(cfg.paths.export) / REGISTERED
     assert registered.is_file(), "a version was registered but paths.export does not name it"
     named = json.loads(registered.read_text())
     assert named["version"] == "1" and named["model_uri"] == versions[0].source
-    assert (Path(cfg.paths.export) / "serving.json").is_file()
+    assert (Path(cfg.paths.export) / SERVING).is_file()

@@ -13,6 +13,7 @@ import yaml
 
 from conftest import save_tiny_trained, tiny_params
 from images import phone_photo_folder
+from tfmlops.artifacts import MANIFEST, SKEW
 from tfmlops.errors import DataError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -59,7 +60,7 @@ def test_training_evaluation_and_serving_decode_stored_images_to_the_same_pixels
     from tfmlops.serving.signatures import decode_like_prepare
 
     cfg, _ = photo_export
-    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
     stored = manifest["stored"]["short_side"]
     encoded = stored_images(cfg)
     kinds = {b[:3] == b"\xff\xd8\xff" for b in encoded}
@@ -90,7 +91,7 @@ def test_the_skew_report_covers_every_pair_and_the_strict_ones_hold(photo_export
     on_disk = json.loads((Path(cfg.paths.reports) / "export.json").read_text())
     assert {k: v for k, v in on_disk.items() if k.startswith("skew.")} == \
         {k: v for k, v in metrics.items() if k.startswith("skew.")}
-    report = json.loads((Path(cfg.paths.export) / "skew.json").read_text())
+    report = json.loads((Path(cfg.paths.export) / SKEW).read_text())
     assert report["source_sample"]["exif_rotated"] >= 1
     assert report["source_sample"]["images"] >= 10
     assert all(p["passed"] for p in report["pairs"].values() if p["gated"])

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import VENV_BIN, child_env, mlflow_client, run_cli
+from tfmlops.artifacts import REGISTERED
 from tfmlops.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # on the exported model
@@ -28,7 +29,7 @@ def store(exported_digits, tmp_path, request):
     from tfmlops.registry import TAG_ACCURACY, Registry
 
     source = exported_digits
-    registered = json.loads((Path(source.paths.export) / "registered.json").read_text())
+    registered = json.loads((Path(source.paths.export) / REGISTERED).read_text())
     base_tags = Registry(source).tags(registered["version"])
     name = f"promote-{request.node.name}".replace("[", "-").replace("]", "")
     params = yaml.safe_load((Path(source.paths.export).parent.parent / "params.yaml").read_text())
@@ -104,7 +105,7 @@ def test_refusal_exits_0_unless_the_pipeline_must_fail(store, tmp_path):
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     params["paths"]["export"] = str(tmp_path / "export")
     Path(params["paths"]["export"]).mkdir()
-    (Path(params["paths"]["export"]) / "registered.json").write_text(json.dumps(registered))
+    (Path(params["paths"]["export"]) / REGISTERED).write_text(json.dumps(registered))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     proc = run_cli("promote", cwd=tmp_path)

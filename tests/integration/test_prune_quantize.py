@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from conftest import mlflow_client, profile_runs, run_cli, stage_runs, tiny_params
+from tfmlops.artifacts import EDGE, FRONTIER_PNG, MANIFEST, MODEL_FILE, RUN_FILE, TAG_EDGE_VARIANT
 from tfmlops.config import load_config
 
 FINAL_SPARSITY = 0.6
@@ -46,7 +47,7 @@ def train_tiny_model(cfg) -> None:
     import keras
 
     from tfmlops.data import pipeline
-    from tfmlops.model.artifacts import MODEL_FILE, write_resolved
+    from tfmlops.model.artifacts import write_resolved
     from tfmlops.model.builder import build_model
 
     keras.utils.set_random_seed(cfg.seed)
@@ -110,7 +111,7 @@ def test_prune_reaches_the_scheduled_sparsity(compressed):
     cfg = compressed
     metrics = report(cfg, "prune.json")
     # The stripped model on disk: every pruned kernel holds the final sparsity.
-    kernels = kernels_of(Path(cfg.paths.pruned) / "model.keras")
+    kernels = kernels_of(Path(cfg.paths.pruned) / MODEL_FILE)
     assert len(kernels) == 4  # two convs, head_dense, logits (SE dense layers are not pruned)
     for name, kernel in kernels.items():
         assert np.mean(kernel == 0) == pytest.approx(FINAL_SPARSITY, abs=0.02), name
@@ -143,7 +144,7 @@ def test_prune_reaches_the_scheduled_sparsity(compressed):
     full = [e for e in range(3) if (e + 1) * schedule["steps_per_epoch"] >= schedule["end_step"]]
     assert full and metrics["kept_epoch"] == min(full, key=lambda e: losses[e])
     assert run.data.metrics["sparsity"] == pytest.approx(metrics["sparsity"])
-    run_file = json.loads((Path(cfg.paths.pruned) / "mlflow_run.json").read_text())
+    run_file = json.loads((Path(cfg.paths.pruned) / RUN_FILE).read_text())
     assert run_file["run_id"] == run.info.run_id
     artifacts = {a.path for a in mlflow_client(cfg).list_artifacts(run.info.run_id)}
     assert {"model", "reports", "profile"} <= artifacts
@@ -202,7 +203,7 @@ def test_every_variant_is_built_loaded_and_evaluated(compressed):
         assert 0.0 <= row["agreement"] <= 1.0 and row["p95_ms"] >= row["p50_ms"] > 0
 
     # The edge variant: the smallest within the budget of the Keras reference.
-    edge = json.loads((folder / "edge.json").read_text())
+    edge = json.loads((folder / EDGE).read_text())
     floor = metrics["reference_accuracy"] - cfg.quantize.accuracy_budget - 1e-9
     eligible = [r for r in frontier if float(r["accuracy"]) >= floor]
     if eligible:
@@ -221,15 +222,15 @@ def test_every_variant_is_built_loaded_and_evaluated(compressed):
     assert metrics["qat"]["left_float"] == ["block0_se", "block1_se"]
 
     (run,) = stage_runs(cfg, "quantize")
-    assert run.info.status == "FINISHED" and run.data.tags["tfmlops.edge_variant"] == edge["variant"]
+    assert run.info.status == "FINISHED" and run.data.tags[TAG_EDGE_VARIANT] == edge["variant"]
     assert run.data.tags["tfmlops.upstream.prune"] == \
-        json.loads((Path(cfg.paths.pruned) / "mlflow_run.json").read_text())["run_id"]
+        json.loads((Path(cfg.paths.pruned) / RUN_FILE).read_text())["run_id"]
     client = mlflow_client(cfg)
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert plots == {"plots/frontier.png"}
     # QAT's fine-tune was profiled (a trace of a few steady-state steps)
     assert "profile" in {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert (folder / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert (folder / FRONTIER_PNG).read_bytes()[:4] == b"\x89PNG"
 
 
 def assert_one_line_exit_2(proc, *needles: str) -> None:
@@ -284,7 +285,7 @@ def test_bad_quantize_inputs_exit_2(compressed, tmp_path):
     cfg = compressed
     workdir = Path(cfg.paths.train).parents[1]
     train_images = json.loads(
-        (Path(cfg.paths.prepared) / "manifest.json").read_text())["split_counts"]["train"]
+        (Path(cfg.paths.prepared) / MANIFEST).read_text())["split_counts"]["train"]
     before = sorted(p.name for p in Path(cfg.paths.tflite).iterdir())
 
     params = tiny_params(workdir, **SECTIONS)

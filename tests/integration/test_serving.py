@@ -18,6 +18,7 @@ import requests
 
 from conftest import child_env
 from images import png_header
+from tfmlops.artifacts import SERVING
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -193,18 +194,18 @@ def test_the_request_caps_come_from_serving_json(exported_digits, tmp_path):
     """export wrote export.serving into serving.json; the Predictor enforces what it reads."""
     import json
 
-    from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.predictor import Predictor
     from tfmlops.serving.preprocess import RequestError
 
     out = Path(exported_digits.paths.export)
-    config = json.loads((out / CONFIG_FILE).read_text())
+    config = json.loads((out / SERVING).read_text())
     assert config["limits"] == {"max_rows": 1024, "max_image_pixels": 4096 * 4096,
                                 "max_request_pixels": 64 * 2**20,
         "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
         "max_concurrent_decodes": 2}
     config["limits"] = {"max_rows": 3, "max_image_pixels": 30 * 30, "max_request_pixels": 2000}
-    (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
-    predictor = Predictor.from_files(out / config["file"], tmp_path / CONFIG_FILE)
+    (tmp_path / SERVING).write_text(json.dumps(config))
+    predictor = Predictor.from_files(out / config["file"], tmp_path / SERVING)
     ok = {"image": b64(_png(30, 30))}
     assert predictor.inputs([ok, ok]).shape == (2, 16, 16, 1)
     cases = [([ok] * 4, "4 rows in one request; send at most 3 (export.serving.max_rows)"),

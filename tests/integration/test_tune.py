@@ -19,8 +19,8 @@ from conftest import (
     stage_runs,
     tiny_params,
 )
+from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, RUN_FILE, TAG_TUNE_SEARCH
 from tfmlops.model import hparams, search_space
-from tfmlops.tuning import final_round
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
 TINY_SPACE = {
@@ -89,7 +89,7 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
     assert [m.step for m in client.get_metric_history(children[0].info.run_id, "val_loss")] == [0]
     assert parent.data.metrics["best_score"] == metrics["best_score"]
     assert parent.data.metrics["trials"] == 3
-    assert parent.data.tags["tfmlops.tune.search"] == tune.search_key(cfg)
+    assert parent.data.tags[TAG_TUNE_SEARCH] == tune.search_key(cfg)
     artifacts = {a.path for folder in ("plots", "tune", "profile")
                  for a in client.list_artifacts(parent.info.run_id, folder)}
     assert {"plots/tune_score_per_trial.png", "plots/tune_score_vs_learning_rate.png",
@@ -111,7 +111,7 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
     assert merged.model == search_space.config_from_values(cfg, {
         k: yaml.safe_load(best_row[k]) for k in search_space.HP_NAMES if best_row[k]}).model
     assert merged.train.batch_size == int(best_row["batch_size"])
-    run_file = json.loads((Path(cfg.paths.tuned) / "mlflow_run.json").read_text())
+    run_file = json.loads((Path(cfg.paths.tuned) / RUN_FILE).read_text())
     assert run_file["run_id"] == parent.info.run_id
 
 
@@ -158,7 +158,7 @@ def test_final_round_trains_the_finalists_as_train_does_and_keeps_the_winner(dig
                          train={"epochs": 3, "early_stopping_patience": 0})
     metrics = tune.run(cfg)
 
-    with (Path(cfg.paths.tuned) / final_round.FILE).open() as fh:
+    with (Path(cfg.paths.tuned) / FINAL_ROUND).open() as fh:
         final = list(csv.DictReader(fh))
     best_trial = str(metrics["best_trial"])
     assert [r["candidate"] for r in final] == ["params", f"trial-{best_trial}"]
@@ -207,7 +207,7 @@ def test_final_round_fails_an_oversized_params_model_and_the_challenger_wins(dig
     cfg = digits_workdir(**tune_params(max_trials=1, final_candidates=1, space=small,
                                        max_model_params=1500))
     metrics = tune.run(cfg)
-    with (Path(cfg.paths.tuned) / final_round.FILE).open() as fh:
+    with (Path(cfg.paths.tuned) / FINAL_ROUND).open() as fh:
         params, challenger = list(csv.DictReader(fh))
     assert "Oversized model" in params["error"] and not params["score"]
     assert not challenger["error"] and metrics["final_winner_is_params"] == 0
@@ -222,7 +222,7 @@ def test_no_final_round_when_train_does_not_use_the_tuned_settings(digits_workdi
                          train={"use_tuned": False})
     metrics = tune.run(cfg)
     assert not any(k.startswith("final_") for k in metrics)
-    assert not (Path(cfg.paths.tuned) / final_round.FILE).exists()
+    assert not (Path(cfg.paths.tuned) / FINAL_ROUND).exists()
     # a speed-only setting does not make it a different search
     faster = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, autotune=True))
     assert tune.search_key(faster) == tune.search_key(cfg)
@@ -347,7 +347,7 @@ def test_disabled_passes_dvc_repro_and_keeps_a_previous_search(tmp_path):
     first = dvc("repro", "tune", cwd=repo, check=False)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "Running stage 'tune'" in first.stdout
-    assert (repo / "models" / "tuned" / hparams.BEST_FILE).is_file()
+    assert (repo / "models" / "tuned" / BEST_HPARAMS).is_file()
     assert "tune" in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     again = dvc("repro", "tune", cwd=repo)
     assert "Running stage" not in again.stdout

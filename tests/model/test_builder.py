@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tfmlops.artifacts import MODEL_FILE
 from tfmlops.config import BlockSpec, ModelSpec
 from tfmlops.errors import ConfigError
 
@@ -53,7 +54,7 @@ def test_custom_layer_and_loss_round_trip_with_safe_mode(tmp_path):
     model = build_model(SPECS["separable_se_avg"], keras, INPUT, 10)
     model.compile(optimizer="adam", loss=make_loss(LossConfig(name="focal", label_smoothing=0.1),
                                                    10, keras), metrics=["accuracy"])
-    path = tmp_path / "model.keras"
+    path = tmp_path / MODEL_FILE
     model.save(path)
     loaded = load_keras3(path)
     x = np.random.default_rng(1).normal(size=(4, *INPUT)).astype("float32")

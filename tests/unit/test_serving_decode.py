@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from images import png_header
+from tfmlops.artifacts import SERVING
 from tfmlops.data.decode import load_image
 from tfmlops.serving.preprocess import RequestError, decode_image, image_input
 
@@ -135,11 +136,11 @@ def test_the_served_model_carries_the_stored_size(tmp_path):
     prepared = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3,
                         MEAN, STD, stored_size=48)
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
-    config = json.loads((tmp_path / "serving.json").read_text())
+    config = json.loads((tmp_path / SERVING).read_text())
     assert config["stored_size"] == 48 and config["image_size"] == 32
     full = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3, MEAN, STD)
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, full)
-    assert json.loads((tmp_path / "serving.json").read_text())["stored_size"] is None
+    assert json.loads((tmp_path / SERVING).read_text())["stored_size"] is None
 
 
 def png(img: Image.Image) -> bytes:
@@ -223,9 +224,9 @@ def test_export_writes_the_request_caps_into_serving_json(tmp_path):
                         MEAN, STD)
     caps = {"max_rows": 3, "max_image_pixels": 100, "max_request_pixels": 250}
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared, caps)
-    assert json.loads((tmp_path / "serving.json").read_text())["limits"] == caps
+    assert json.loads((tmp_path / SERVING).read_text())["limits"] == caps
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
-    assert json.loads((tmp_path / "serving.json").read_text())["limits"] == {
+    assert json.loads((tmp_path / SERVING).read_text())["limits"] == {
         "max_rows": 1024, "max_image_pixels": 4096 * 4096, "max_request_pixels": 64 * 2**20,
         "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
         "max_concurrent_decodes": 2}

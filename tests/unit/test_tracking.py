@@ -7,6 +7,7 @@ import pytest
 
 from conftest import mlflow_client, stage_runs
 from tfmlops import tracking
+from tfmlops.artifacts import TAG_STAGE
 from tfmlops.config import Config, TrackingConfig
 
 
@@ -126,7 +127,7 @@ def test_run_name_under_dvc_exp_run_is_the_experiment_name(tmp_path, make_cfg, m
         pass
     (run,) = stage_runs(cfg, "train")
     assert run.info.run_name == "train-lean-fish"
-    assert run.data.tags["tfmlops.stage"] == "train" and run.data.tags["dvc.exp_name"] == "lean-fish"
+    assert run.data.tags[TAG_STAGE] == "train" and run.data.tags["dvc.exp_name"] == "lean-fish"
 
 
 # ------------------------------ issue 14.10: credentials never written or logged

@@ -7,6 +7,7 @@ import pytest
 
 from conftest import mlflow_client, stage_runs
 from tfmlops import tracking
+from tfmlops.artifacts import MODEL_FILE
 from tfmlops.tracking.background import Background
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,7 +73,7 @@ def test_a_model_logged_in_a_thread_is_in_the_run_with_its_signature(tmp_path, m
     cfg = make_cfg()
     model = tiny_keras_model()
     example = np.random.default_rng(0).random((2, 4), dtype=np.float32)
-    saved = tmp_path / "model.keras"
+    saved = tmp_path / MODEL_FILE
     model.save(saved)
     with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
         job = run.start_keras_model(model, input_example=example)
@@ -109,7 +110,7 @@ def test_a_failure_in_the_model_thread_fails_the_stage(tmp_path, make_cfg):
     with pytest.raises(RuntimeError, match="cannot be saved"):
         with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
             job = run.start_keras_model(model, input_example=np.zeros((1, 4), np.float32))
-            job.wait(tmp_path / "model.keras")
+            job.wait(tmp_path / MODEL_FILE)
     (failed,) = stage_runs(cfg, "train")
     assert failed.info.status == "FAILED"
     # Not mistaken for the store being away: nothing queued for `tfmlops sync`.

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import child_env, mlflow_client, stage_runs
 from tfmlops import tracking
+from tfmlops.artifacts import MODEL_FILE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,7 +35,7 @@ def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_
     cfg = make_cfg()
     model = tiny_keras_model()
     example = np.random.default_rng(0).random((2, 4), dtype=np.float32)
-    saved = tmp_path / "out" / "model.keras"
+    saved = tmp_path / "out" / MODEL_FILE
     with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={"a": 1}) as run:
         assert isinstance(run, tracking.sidecar.SidecarRun)
         for step in (1, 2, 3):  # sent while the sidecar may still be importing MLflow
@@ -46,7 +47,7 @@ def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_
         written = json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())
         moved = tmp_path / "final"
         (tmp_path / "out").rename(moved)  # as train's swap_in does, while the model is logged
-        assert job.wait(moved / "model.keras") is True
+        assert job.wait(moved / MODEL_FILE) is True
     (finished,) = stage_runs(cfg, "train")
     assert written["run_id"] == finished.info.run_id == run.run_id
     assert finished.info.status == "FINISHED" and finished.info.run_name.startswith("train-")
@@ -85,12 +86,12 @@ def test_the_model_written_from_its_file_is_the_flavours_own_layout(tmp_path):
     custom_objects(keras)
     model = tiny_keras_model()
     example = np.ones((2, 4), np.float32)
-    model.save(tmp_path / "model.keras")
+    model.save(tmp_path / MODEL_FILE)
     signature = infer_signature(example, model(example).numpy())
     requirements = tracking.pinned_requirements("mlflow", "tensorflow")
     mlflow.tensorflow.save_model(model, tmp_path / "stock", signature=signature,
                                  input_example=example, pip_requirements=requirements)
-    described = keras_file.describe(model, example, tmp_path / "model.keras")
+    described = keras_file.describe(model, example, tmp_path / MODEL_FILE)
     assert described["custom_objects"] is not None  # SqueezeExcite, FocalLoss go along
     keras_file._SavedKerasFlavor(described).save_model(
         tmp_path / "ours", Model(), signature, example, requirements)

@@ -209,7 +209,7 @@ def cache_choice(cfg: Config, prepared: Prepared) -> dict:
 def cache_folder(cfg: Config, prepared: Prepared) -> Path:
     """paths.cache/<key>: the key hashes the prepared data (its manifest) and what the
     cached tensors depend on, so a file of other data or other params is never read."""
-    manifest = (prepared.folder / "manifest.json").read_bytes()
+    manifest = (prepared.folder / MANIFEST).read_bytes()
     identity = json.dumps({"format": CACHE_FORMAT, "size": prepared.image_size,
                            "channels": prepared.channels, "mean": prepared.mean,
                            "std": prepared.std}, sort_keys=True).encode()

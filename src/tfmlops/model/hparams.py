@@ -19,12 +19,10 @@ from typing import Any
 
 import yaml
 
-from tfmlops.artifacts import require
+from tfmlops.artifacts import BEST_HPARAMS, SEARCHED, require
 from tfmlops.config import Config, config_from_dict, flatten, set_dotted
 from tfmlops.errors import ConfigError, DataError
 
-BEST_FILE = "best_hparams.yaml"
-SEARCHED_FILE = "searched_params.json"
 TUNABLE_TRAIN_KEYS = ("batch_size", "optimizer", "schedule", "fine_tune")
 # Not inputs of the search's result: a guard (the budget binds only when it cuts a search
 # short, which the search reports) and how train places and runs what it trains.
@@ -33,7 +31,7 @@ DATA_KEY = "prepared data (version)"
 
 
 def best_path(cfg: Config) -> Path:
-    return Path(cfg.paths.tuned) / BEST_FILE
+    return Path(cfg.paths.tuned) / BEST_HPARAMS
 
 
 def tuned_tree(cfg: Config) -> dict[str, Any]:
@@ -62,12 +60,12 @@ def searched_params(cfg: Config, data_version: str) -> dict[str, Any]:
 def write_searched(cfg: Config, folder: str | Path, data_version: str) -> None:
     from tfmlops.files import write_json
 
-    write_json(Path(folder) / SEARCHED_FILE, searched_params(cfg, data_version))
+    write_json(Path(folder) / SEARCHED, searched_params(cfg, data_version))
 
 
 def check_fresh(cfg: Config, data_version: str) -> None:
     """Refuse tune's result when what it was searched with differs from the params now."""
-    path = Path(cfg.paths.tuned) / SEARCHED_FILE
+    path = Path(cfg.paths.tuned) / SEARCHED
     rerun = "run `dvc repro tune` (or set train.use_tuned: false)"
     try:
         then = json.loads(path.read_text())

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tfmlops.artifacts import MODEL_FILE, SERVING
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import write_json
@@ -164,7 +165,7 @@ def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
         "onnx": onnx_model.predict,
         "tflite": tflite_model.predict,
     }
-    files = {"keras": Path(cfg.paths.train) / "model.keras", **formats}
+    files = {"keras": Path(cfg.paths.train) / MODEL_FILE, **formats}
     rows, parities = [], []
     for k, name in enumerate(("keras", "saved_model", "onnx", "tflite"), 1):
         log.info("export: [%d/4] measuring %s: accuracy, %d timed calls", k, name, runs)
@@ -196,11 +197,10 @@ def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None
     import dataclasses
 
     from tfmlops.config.sections import ServingLimits
-    from tfmlops.serving.predictor import CONFIG_FILE
 
     limits = limits if limits is not None else dataclasses.asdict(ServingLimits())
 
-    write_json(out / CONFIG_FILE, {
+    write_json(out / SERVING, {
         "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,
         "image_size": prepared.image_size, "channels": prepared.channels,
         "mean": prepared.mean, "std": prepared.std, "stored_size": prepared.stored_size,
@@ -238,7 +238,7 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
 
     from tfmlops.runtimes import accuracy, latency_ms
     from tfmlops.serving.parity import compare
-    from tfmlops.serving.predictor import CONFIG_FILE, Predictor
+    from tfmlops.serving.predictor import Predictor
     from tfmlops.serving.skew import pyfunc_probabilities
 
     rows = request_rows(cfg)
@@ -248,7 +248,7 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
     if not p.passed:
         raise DataError(f"the served model's decoding or preprocessing drifted from training: "
                         f"{p.describe()}")
-    predictor = Predictor.from_files(out / serving["file"], out / CONFIG_FILE)
+    predictor = Predictor.from_files(out / serving["file"], out / SERVING)
     row = [{"image": base64.b64encode(split.first[0]).decode()}]
     runs = cfg.export.latency_runs
     timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))

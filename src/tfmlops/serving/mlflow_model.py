@@ -43,7 +43,8 @@ def _serving_model(folder: Path, runtime_file: str, example: dict[str, Any]) -> 
     import pandas as pd
 
     import tfmlops
-    from tfmlops.serving.predictor import CONFIG_ARTIFACT, CONFIG_FILE, MODEL_ARTIFACT
+    from tfmlops.artifacts import SERVING
+    from tfmlops.serving.predictor import CONFIG_ARTIFACT, MODEL_ARTIFACT
 
     package = Path(tfmlops.__file__).parent
     return {
@@ -51,7 +52,7 @@ def _serving_model(folder: Path, runtime_file: str, example: dict[str, Any]) -> 
         # package travels along as code so the model loads where tfmlops is absent.
         "python_model": str(package / "serving" / "pyfunc_model.py"),
         "artifacts": {MODEL_ARTIFACT: str(folder / runtime_file),
-                      CONFIG_ARTIFACT: str(folder / CONFIG_FILE)},
+                      CONFIG_ARTIFACT: str(folder / SERVING)},
         "code_paths": [str(package)],
         "signature": _serving_signature(),
         "input_example": pd.DataFrame([example]),

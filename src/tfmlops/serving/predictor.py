@@ -27,7 +27,6 @@ import numpy as np
 
 from tfmlops.serving.preprocess import RequestError, decode_base64, image_header, image_input
 
-CONFIG_FILE = "serving.json"
 MODEL_ARTIFACT, CONFIG_ARTIFACT = "model", "config"  # the pyfunc model's artifact names
 REQUEST_HELP = ('send {"dataframe_records": [{"image": "<base64 PNG or JPEG>"}]} '
                 'or {"dataframe_records": [{"pixels": [<height*width*channels floats>]}]}')

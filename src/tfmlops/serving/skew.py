@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tfmlops.artifacts import MANIFEST
 from tfmlops.errors import DataError
 from tfmlops.serving.parity import Parity, compare
 
@@ -135,7 +136,7 @@ def source_pairs(prepared, keras_model, served, limits, rows: int) -> tuple[list
       prepare's, in grey levels (EXIF-rotated files left out: the graph does not read
       EXIF; bound: `limits.source_max_grey_levels`).
     """
-    manifest = json.loads((Path(prepared.folder) / "manifest.json").read_text())
+    manifest = json.loads((Path(prepared.folder) / MANIFEST).read_text())
     files, rotated = sample_sources(manifest, limits.source_images)
     facts = {"images": len(files), "exif_rotated": len(rotated), "image_dir": manifest["image_dir"]}
     if not files:

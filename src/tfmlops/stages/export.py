@@ -25,12 +25,12 @@ from pathlib import Path
 
 from tfmlops import harness, tracking
 from tfmlops.artifacts import (
+    FORMATS_CSV,
     MODEL_CARD,
     REGISTERED,
     SKEW,
     TAG_PARITY_PASSED,
     TAG_SERVED_RUNTIME,
-    report_path,
 )
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_json, write_text
@@ -40,8 +40,6 @@ from tfmlops.serving.skew import skew_metrics
 log = logging.getLogger(__name__)
 
 STAGE = "export"
-REGISTERED_FILE = REGISTERED
-FORMATS_CSV = "export_formats.csv"
 COLUMNS = ["format", "file", "bytes", "accuracy", "p50_ms", "p95_ms", "max_abs_diff",
            "top1_mismatches", "parity", "served"]
 
@@ -103,7 +101,7 @@ def run(cfg: Config) -> dict:
                              "registered_version": int(registered["version"] or 0)})
         run.set_tags({TAG_SERVED_RUNTIME: serving["runtime"],
                       TAG_PARITY_PASSED: str(reg.all_parity_passed(parities)).lower()})
-        formats_csv = write_csv(report_path(cfg.paths.reports, "export_formats", ".csv"), rows,
+        formats_csv = write_csv(Path(cfg.paths.reports) / FORMATS_CSV, rows,
                                 COLUMNS)
         run.log_artifact(formats_csv, "reports")
     log.info("%s", reg.format_table(rows, serving, registered))

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from tfmlops import harness, tracking
-from tfmlops.artifacts import TAG_TUNE_SEARCH, report_path
+from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report_path
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
 from tfmlops.model import backbones, hparams, search_space
@@ -60,13 +60,13 @@ def run(cfg: Config) -> dict[str, Any]:
         best_cfg = winner.config if winner else search_space.config_from_values(cfg, best.values)
         rows = report.trial_rows(cfg, result.trials)
         write_csv(_csv_path(cfg), rows, report.columns())
-        write_text(out / hparams.BEST_FILE, outputs.best_text(cfg, best, key, best_cfg, winner,
+        write_text(out / BEST_HPARAMS, outputs.best_text(cfg, best, key, best_cfg, winner,
                                                        result.stop_reason == "budget"))
         hparams.write_searched(cfg, out, tracking.data_version(cfg))
         metrics = st.report({**report.search_metrics(result, best),
                              **final_round.final_round_metrics(final, winner)})
         if final:
-            write_csv(out / final_round.FILE, final_round.final_round_rows(final),
+            write_csv(out / FINAL_ROUND, final_round.final_round_rows(final),
                       final_round.COLUMNS)
         outputs.pass_on_precision(cfg, out)
 
@@ -82,7 +82,7 @@ def run(cfg: Config) -> dict[str, Any]:
         final_dir = st.swap()
         parent.log_artifact(hparams.best_path(cfg), "tune")
         if final:
-            parent.log_artifact(final_dir / final_round.FILE, "tune")
+            parent.log_artifact(final_dir / FINAL_ROUND, "tune")
     outputs.log_summary(cfg, metrics, best, best_cfg, winner)
     return metrics
 
@@ -104,7 +104,7 @@ def _write_untuned(cfg: Config) -> dict[str, Any]:
         metrics = st.report({"trials": 0, "trials_run": 0, "search_seconds": 0.0, "enabled": 0})
         parent.set_tags({"tfmlops.tune.enabled": "false"})
         text = outputs.header("tune.enabled: false: the settings of params.yaml, no search")
-        write_text(out / hparams.BEST_FILE, text + yaml.safe_dump(hparams.tuned_tree(cfg),
+        write_text(out / BEST_HPARAMS, text + yaml.safe_dump(hparams.tuned_tree(cfg),
                                                                    sort_keys=False))
         hparams.write_searched(cfg, out, tracking.data_version(cfg))
         write_csv(_csv_path(cfg), [], report.columns())

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tfmlops.artifacts import TAG_STAGE
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.background import Background, is_store_error
@@ -217,7 +218,7 @@ class StageRun:
                 run = mlflow_client.create_run(
                     self._experiment_id(),
                     run_name=name,
-                    tags={"mlflow.parentRunId": self.run_id, "tfmlops.stage": self.stage,
+                    tags={"mlflow.parentRunId": self.run_id, TAG_STAGE: self.stage,
                           **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}},
                 )
                 child.run_id = run.info.run_id
@@ -236,7 +237,7 @@ class StageRun:
         child._offline = True
         self._outbox.write(child.run_id, "create_run", {
             "parent": self.run_id, "name": name, "start_time": now_ms(),
-            "tags": {"tfmlops.stage": self.stage, **owner_tags(),
+            "tags": {TAG_STAGE: self.stage, **owner_tags(),
                      **{k: str(v) for k, v in (tags or {}).items()}}})
         child.queued += 1
 

@@ -25,7 +25,6 @@ from tfmlops.tuning.records import TrialRecord, last_line
 
 log = logging.getLogger(__name__)
 
-FILE = "final_round.csv"  # beside best_hparams.yaml
 COLUMNS = ("candidate", "trial", "score", "val_loss", "epochs", "best_epoch", "seconds", "error")
 
 
