@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import os
+import sys
 
 from tfmlops import logs
 from tfmlops.harness import run_command
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--port", type=int, default=5000, help="default: %(default)s")
     p.add_argument("-w", "--workers", type=int, default=1, help="server processes "
                    "(default: %(default)s)")
+    p = sub.add_parser("history", help="list every promotion, refusal and rollback in order",
+                       description="Every `promote` run of the experiment, oldest first: when, "
+                       "who (mlflow.user), the action and outcome, @production before and "
+                       "after, the candidate, and why.")
+    p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
     sub.add_parser("sync", help="upload MLflow calls queued while the server was away",
                    description="Replay reports/outbox/*.jsonl against the tracking store.")
     return parser
@@ -102,6 +108,14 @@ def _command(args: argparse.Namespace):
     cfg = load_config(args.params)
     if args.command == "check":
         log.info("%s: ok", args.params)
+        return None
+    if args.command == "history":
+        from tfmlops.promotion import history, history_table
+
+        rows = history(cfg)
+        if args.json:
+            return rows
+        sys.stdout.write(history_table(rows) + "\n")  # the command's output, not a log line
         return None
     if args.command == "sync":
         from tfmlops.tracking import sync

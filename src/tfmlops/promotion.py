@@ -149,3 +149,48 @@ def repair_previous(registry, production: str, run_id) -> dict:
             "previous_after": older, "checks": [], "failed": [], "experiment": None,
             "reason": "an interrupted alias move left @previous == @production",
             "summary": summary}
+
+
+HISTORY_COLUMNS = ("time", "user", "action", "outcome", "from", "to", "candidate", "why")
+
+
+def history(cfg: Config) -> list[dict]:
+    """Every promote run of the params' registered model, oldest first: who, when, which
+    action, from which @production version to which, and why (its decision's summary)."""
+    import datetime
+
+    from tfmlops.artifacts import TAG_PROMOTE
+    from tfmlops.tracking import stage_runs
+
+    rows = []
+    model = {"promote.registered_model": cfg.promote.registered_model}
+    for run in stage_runs(cfg, "promote", params=model):
+        tags = run["tags"]
+        decided = {k: tags.get(f"{TAG_PROMOTE}{k}") for k in
+                   ("action", "outcome", "candidate", "production_before", "production_after",
+                    "summary")}
+        when = datetime.datetime.fromtimestamp(run["start_time"] / 1000, datetime.UTC)
+        rows.append({"time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                     "user": tags.get("mlflow.user", ""),
+                     "action": decided["action"] or "", "outcome": decided["outcome"] or
+                     ("(no decision: run " + run["status"] + ")"),
+                     "from": _version(decided["production_before"]),
+                     "to": _version(decided["production_after"]),
+                     "candidate": _version(decided["candidate"]),
+                     "why": decided["summary"] or "", "run_id": run["run_id"]})
+    return rows
+
+
+def history_table(rows: list[dict]) -> str:
+    """The rows as aligned text columns, one promotion per line."""
+    if not rows:
+        return "no promote runs in this experiment yet"
+    table = [HISTORY_COLUMNS, *[[str(r[c]) for c in HISTORY_COLUMNS] for r in rows]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HISTORY_COLUMNS) - 1)]
+    padded = [[*(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)), line[-1]]
+              for line in table]
+    return "\n".join("  ".join(cells) for cells in padded)
+
+
+def _version(value: str | None) -> str:
+    return "-" if value in (None, "", "None", "none") else str(value)

@@ -81,6 +81,32 @@ def test_gate_promotes_a_better_model_refuses_a_worse_one_and_rollback_restores(
     assert outcomes == ["promoted", "promoted", "refused", "rolled_back"]
     client = mlflow_client(cfg)
     assert "decision.json" in {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+    _history_lists_every_move_in_order(cfg, v1, worse, better)
+
+
+def _history_lists_every_move_in_order(cfg, v1: str, worse: str, better: str) -> None:
+    """`tfmlops history`: the promote, the refusal, the promote and the rollback above, in
+    order, with who and why; through the CLI as a table and as JSON."""
+    from tfmlops.promotion import history
+
+    rows = history(cfg)
+    assert [(r["action"], r["outcome"], r["from"], r["to"], r["candidate"]) for r in rows] == [
+        ("promote", "promoted", "-", v1, v1), ("promote", "refused", v1, v1, worse),
+        ("promote", "promoted", v1, better, better), ("rollback", "rolled_back", better, v1, v1)]
+    assert [r["time"] for r in rows] == sorted(r["time"] for r in rows)
+    assert all(r["user"] for r in rows)
+    assert "worse by more than max_regression" in rows[1]["why"]
+    assert rows[3]["why"] == f"rolled back @production from version {better} to {v1}"
+
+    folder = Path(cfg.paths.reports).parent  # the store fixture's params.yaml
+    table = run_cli("history", cwd=folder).stdout.splitlines()
+    assert table[0].split() == ["time", "user", "action", "outcome", "from", "to", "candidate",
+                                "why"]
+    assert [line.split()[2:7] for line in table[1:]] == [
+        ["promote", "promoted", "-", v1, v1], ["promote", "refused", v1, v1, worse],
+        ["promote", "promoted", v1, better, better], ["rollback", "rolled_back", better, v1, v1]]
+    as_json = json.loads(run_cli("history", "--json", cwd=folder).stdout.splitlines()[-1])
+    assert [r["run_id"] for r in as_json] == [r["run_id"] for r in rows]
 
 
 def test_force_promotes_past_the_gate_and_says_so(store):

@@ -71,7 +71,8 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
                         promoted=decision["production_after"] != decision["production_before"])
         run.log_dict(decision, "decision.json")
         run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
-                      ("action", "outcome", "candidate", "production_before", "production_after")})
+                      ("action", "outcome", "candidate", "production_before", "production_after")}
+                     | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})  # `tfmlops history`
         run.log_metrics({"promoted": int(decision["promoted"]),
                          **{f"gate.{c['name']}": c["value"] for c in decision["checks"]}})
         st.report(decision, log_metrics=False)

@@ -19,6 +19,7 @@ This file only re-exports the names callers use. Importing it imports no MLflow:
 """
 
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking.history import stage_runs
 from tfmlops.tracking.lineage import (
     RUN_FILE,
     data_version,
@@ -54,5 +55,5 @@ __all__ = [
     "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
     "start_sidecar",
     "discard_sidecar",
-    "stage_run", "sync", "tracking_uri", "ui_url", "use_uri",
+    "stage_run", "stage_runs", "sync", "tracking_uri", "ui_url", "use_uri",
 ]

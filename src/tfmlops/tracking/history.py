@@ -1,0 +1,33 @@
+"""The runs of one stage in the order they started: what `tfmlops history` reads.
+
+Every alias move (promote, rollback, forced, refused) is a `promote` run whose tags
+hold its decision (`stages/promote.py`), so the registry's history is a query of
+those runs, oldest first; `mlflow.user` says who ran it.
+"""
+
+from __future__ import annotations
+
+from tfmlops.artifacts import TAG_STAGE
+from tfmlops.tracking.uri import ensure_reachable, tracking_uri, use_uri
+
+
+def stage_runs(cfg, stage: str, params: dict[str, str] | None = None) -> list[dict]:
+    """Every run of `stage` in the experiment (with these `params`), oldest first: its id,
+    status, start time (ms since the epoch) and tags."""
+    uri = tracking_uri(cfg)
+    ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+    client = use_uri(uri).MlflowClient()
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    if experiment is None:
+        return []
+    query = " and ".join([f"tags.`{TAG_STAGE}` = '{stage}'",
+                          *(f"params.`{k}` = '{v}'" for k, v in (params or {}).items())])
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment.experiment_id], query, max_results=1000,
+                                  order_by=["attributes.start_time ASC"], page_token=token)
+        runs += [{"run_id": r.info.run_id, "status": r.info.status,
+                  "start_time": r.info.start_time, "tags": dict(r.data.tags)} for r in page]
+        token = page.token
+        if not token:
+            return runs
