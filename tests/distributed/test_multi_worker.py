@@ -1,6 +1,6 @@
 """`tfmlops train` on two real worker processes (TF_CONFIG, 127.0.0.1, free ports).
 
-MultiWorkerMirroredStrategy with tf_keras fit (model/multi_worker.py): one
+MultiWorkerMirroredStrategy with tf_keras fit (training/fit.py): one
 MLflow run, one model written by the chief, non-chief temp folders removed,
 and a worker killed mid-training resumes from the BackupAndRestore state.
 """
@@ -124,7 +124,7 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
 
 @pytest.mark.timeout(1200)
 def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tmp_path):
-    from tfmlops.training.multi_worker import chief_finished_epochs
+    from tfmlops.training.fit import chief_finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, tracking={"enabled": False})

@@ -55,8 +55,8 @@ def artifact_paths(client, run_id: str, folder: str = "") -> list[str]:
 def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     from tfmlops import tracking
     from tfmlops.model.artifacts import load_keras3, trained_config, trained_model_path
-    from tfmlops.model.callbacks import HISTORY_COLUMNS
     from tfmlops.stages import train
+    from tfmlops.training.fit import HISTORY_COLUMNS
 
     cfg = digits_workdir(train={"overrides": {"optimizer.learning_rate": 0.003}},
                          profiling={"enabled": True, "start_step": 2, "steps": 2})
@@ -172,7 +172,7 @@ def test_two_runs_with_the_same_params_give_bit_identical_weights(
 
 
 def test_classification_report_counts_per_class():
-    from tfmlops.training.evaluate import classification_report
+    from tfmlops.training.results import classification_report
 
     report = classification_report([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], ["a", "b", "c"])
     assert report["confusion_matrix"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
@@ -274,7 +274,7 @@ def test_mirrored_on_two_logical_cpus_with_bfloat16(digits_workdir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_run_killed_after_an_epoch_resumes_from_its_backup(digits_workdir, tmp_path):
-    from tfmlops.model.callbacks import finished_epochs
+    from tfmlops.training.fit import finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, **QUIET)

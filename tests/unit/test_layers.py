@@ -162,7 +162,7 @@ def test_the_graph_sees_function_level_and_relative_imports():
     assert len(graph) > 40
     # imported inside `run`, so `tfmlops --help` stays light
     assert "tfmlops.tuning.tuner" in graph["tfmlops.stages.tune"]
-    assert "tfmlops.training.multi_worker" in graph["tfmlops.stages.train"]
+    assert "tfmlops.training.fit" in graph["tfmlops.stages.train"]
 
 
 def fake_package(tmp_path: Path, modules: dict[str, str]) -> Path:

@@ -66,7 +66,7 @@ def test_the_prepare_cache_compaction_keeps_a_neighbour(tmp_path):
 
 def test_the_train_backup_is_emptied_of_trains_files_only(tmp_path):
     from tfmlops.errors import DataError
-    from tfmlops.model import callbacks
+    from tfmlops.training import fit as callbacks
 
     foreign = tmp_path / "someone"
     foreign.mkdir()

@@ -57,7 +57,7 @@ def check_supported(kind: str, tf_config: str | None) -> None:
     reduces the first batch for its symbolic build, then when it averages the
     per-replica metrics (keras-team/keras#20585, open). One worker works.
     stages/train.py therefore sends runs with several workers to
-    training/multi_worker.py (tf_keras fit, same strategy) before calling this.
+    tf_keras fit on the same strategy (training/fit.setup) instead of calling this.
     """
     workers = cluster_tasks(tf_config)
     if kind == "multi_worker" and workers > 1:

@@ -1,23 +1,56 @@
-"""The batches, the compiled model, op determinism and `fit` (one machine, Keras 3).
+"""How `train` fits a model, on one machine (Keras 3) or across workers (tf_keras):
+the batches, the compiled model, op determinism, precision, fine-tuning phases, the
+callbacks, and the backup folder a killed run resumes from.
 
-`datasets` and `compiled_model` are shared by the single-worker fit, the
-multi-worker fit (tf_keras) and tune's final round, so all three train the
-same batches with the same build and compile.
+Every function takes what it needs and returns what it made; the ones that touch
+Keras take the keras module (as model/builder.py does), so both paths are this code.
+Keras 3's `fit` fails under a MultiWorkerMirroredStrategy spanning several workers
+(keras-team/keras#20585, open; Keras 3.15.1, TF 2.21: "PerReplica ... to a Tensor");
+tf_keras' `fit` runs the same strategy and is importable beside Keras 3. Where the
+multi-worker path differs, and why (`Setup.across_workers`):
+- the strategy is made directly, before any other TensorFlow op (collective ops are
+  configured at startup); `train.optimizer.name: lamb` is refused (tf_keras has no
+  Lamb) and `train.jit_compile: auto` means tf_keras' default (no XLA);
+- every worker passes the same `paths.backup` to tf_keras' BackupAndRestore and
+  ModelCheckpoint: the chief writes there (`chief/` TF checkpoints, `best.weights.h5`),
+  each other worker to its own `workertemp_<task>` folder, which it deletes (saving
+  involves collective ops, so all workers save). `paths.backup` must be on a
+  filesystem every worker sees; a non-chief's history and traces go to its scratch;
+- one phase, the whole backbone trainable (fine-tuning is not built for it);
+- after `fit` no collective op is left: other workers stop, the chief copies the
+  weights into the Keras 3 twin (`final_model`) and saves what one machine saves.
+
+The backup folder holds everything a killed run needs to resume: `latest.weights.h5`
++ `training_metadata.json` (Keras 3 BackupAndRestore; tf_keras: `chief/`),
+`best.weights.h5` (lowest val_loss), `history.json` (one row per finished epoch) and
+`fingerprint.json` (the params and data the state belongs to). Callback order
+matters: BackupAndRestore comes last, so when its epoch record is written the history
+row and best checkpoint of that epoch are already on disk; a kill in between replays
+the epoch rather than losing it.
+
+Used by stages/train.py, tune's final round and trials (`tuning/`), and benchmarks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import json
 import logging
 import math
+import os
+import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tfmlops import profiling, tracking
 from tfmlops.config import Config
-from tfmlops.errors import DataError
-from tfmlops.training.context import TrainContext
+from tfmlops.errors import ConfigError, DataError
+from tfmlops.files import TEMP_PATTERN, write_json
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +60,71 @@ PRECISION_CACHE = "precision.json"
 JIT = {"auto": "auto", "true": True, "false": False}
 # tf_keras (multi-worker path) takes a bool or None (its own default) for `auto`.
 JIT_TF_KERAS = {"auto": None, "true": True, "false": False}
+TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
+
+MONITOR = "val_loss"  # smoother than val_accuracy on a small validation split
+BEST_WEIGHTS = "best.weights.h5"
+HISTORY_FILE = "history.json"
+FINGERPRINT_FILE = "fingerprint.json"
+BACKUP_META = "training_metadata.json"
+BACKUP_WEIGHTS = "latest.weights.h5"
+CHIEF_CHECKPOINTS = "chief"  # tf_keras' BackupAndRestore keeps the chief's state here
+EPOCH_KEY = "ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"  # 0-based index of the last epoch
+BACKUP_FORMAT = "tf_keras-multi-worker"  # in the fingerprint: never resumed by the Keras 3 path
+# What train leaves in paths.backup: its files and Keras' (`.bkp`: the previous
+# state), tf_keras' multi-worker folders, files.write_bytes' temp files.
+BACKUP_NAMES = re.compile(
+    r"(latest\.weights\.h5|training_metadata\.json|best\.weights\.h5|history\.json"
+    r"|fingerprint\.json)(\.bkp)?|chief|workertemp_\d+|" + TEMP_PATTERN)
+HISTORY_COLUMNS = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "learning_rate",
+                   "epoch_seconds", "images_per_s", "phase")  # phase: fine-tuning runs only
+
+
+def is_keras3(keras) -> bool:
+    return keras.__version__[0] == "3"
+
+
+# ------------------------------------------------------------ the run's setup
+
+@dataclass(frozen=True)
+class Setup:
+    """Where and how the run trains: the keras module, its strategy and batch."""
+
+    keras: Any  # Keras 3, or tf_keras across several workers
+    strategy: Any
+    placement: dict  # model/strategy.strategy_placement
+    global_batch: int
+    chief: bool
+    across_workers: bool  # MultiWorkerMirroredStrategy over more than one worker (tf_keras)
+
+
+def setup(cfg: Config, merged: Config, prepared) -> Setup:
+    """The strategy (before any other TensorFlow op: logical CPUs and collective ops
+    cannot be set up later in a process) and the keras module that fits under it."""
+    from tfmlops.model import strategy as dist
+
+    tf_config = os.environ.get("TF_CONFIG")
+    kind = dist.resolve_strategy(merged.train.strategy, tf_config, dist.visible_gpus())
+    if kind == "multi_worker" and dist.cluster_tasks(tf_config) > 1:
+        tracking.preflight(cfg)  # the chief's store is away: fail now, before any worker waits
+        if merged.train.optimizer.name not in TF_KERAS_OPTIMIZERS:
+            raise ConfigError(
+                f"train.optimizer.name: {merged.train.optimizer.name} is not available in "
+                f"tf_keras, which multi-worker training uses; use one of "
+                f"{', '.join(TF_KERAS_OPTIMIZERS)}")
+        import tensorflow as tf
+        import tf_keras as keras
+
+        strategy, across = tf.distribute.MultiWorkerMirroredStrategy(), True
+    else:
+        import keras
+
+        dist.check_supported(kind, tf_config)
+        dist.prepare_devices(kind, merged.train.replicas)
+        strategy, across = dist.make_strategy(kind, merged.train.replicas), False
+    placement = dist.strategy_placement(strategy, kind)
+    return Setup(keras, strategy, placement, checked_global_batch(merged, placement, prepared),
+                 tracking.is_chief(), across)
 
 
 def checked_global_batch(merged: Config, placement: dict, prepared) -> int:
@@ -98,7 +196,7 @@ def compile_model(model, merged: Config, prepared, keras, total_steps: int,
     model.compile(optimizer=make_optimizer(t.optimizer, schedule, keras),
                   loss=make_loss(t.loss, prepared.num_classes, keras),
                   metrics=["accuracy"],  # by keyword: the third positional is loss_weights
-                  jit_compile=(JIT if keras.__version__[0] == "3" else JIT_TF_KERAS)[t.jit_compile])
+                  jit_compile=(JIT if is_keras3(keras) else JIT_TF_KERAS)[t.jit_compile])
     return model
 
 
@@ -228,42 +326,360 @@ def best_val_loss(rows: list[dict]) -> float | None:
     return min(val_losses) if val_losses else None
 
 
-def fit(ctx: TrainContext):
-    """Build (in the strategy's scope), then fit in phases; returns (model, recorder, seconds)."""
-    import keras
+# ------------------------------------------------------------ the backup folder
 
-    from tfmlops.model import callbacks as cb
+@dataclass(frozen=True)
+class Folders:
+    """Where this worker writes: the chief's are the real ones, other workers' are scratch."""
+
+    backup: Path  # BackupAndRestore state and best.weights.h5
+    profile: Path  # TensorBoard / profiler traces
+    history: Path  # history.json of finished epochs (the backup, but on tf_keras workers)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a killed run left: its finished epochs and their history rows."""
+
+    done: int
+    rows: list  # this worker's rows of those epochs
+    best_so_far: float | None  # the lowest val_loss of the shared backup's rows
+
+
+def backup_fingerprint(merged: Config, keras) -> dict:
+    """What a backup was made with; a backup with another fingerprint is not resumed."""
+    # the pipeline's speed settings (autotune, cache) change speed, not batches: a backup
+    # made either way resumes
+    blob = json.dumps({"params": merged.digest("seed", "data", "model", "train"),
+                       "pipeline": merged.pipeline.without_speed_settings()},
+                      sort_keys=True, default=str)
+    found = {"params": hashlib.sha256(blob.encode()).hexdigest()[:16],
+             "data": tracking.data_version(merged)}
+    return found if is_keras3(keras) else {**found, "format": BACKUP_FORMAT}
+
+
+def folders(cfg: Config, merged: Config, run_setup: Setup, profile: Path,
+            scratch: Path | None) -> Folders:
+    """The chief adopts the backup in paths.backup (one made with other params or data is
+    discarded); other workers (tf_keras, which redirects their writes) pass it too, with
+    history and traces in their scratch folder."""
+    backup = Path(cfg.paths.backup)
+    if scratch is not None:
+        (scratch / "history").mkdir(parents=True)
+        return Folders(backup, scratch / "tb", scratch / "history")
+    done = finished_epochs(backup, run_setup.keras)
+    if not adopt_backup(backup, backup_fingerprint(merged, run_setup.keras),
+                        run_setup.keras) and done:
+        log.info(f"train: discarded the backup in {backup}: made with other params or data")
+    return Folders(backup, profile, backup)
+
+
+def resume(cfg: Config, merged: Config, run_setup: Setup, where: Folders) -> Resume:
+    done = finished_epochs(where.backup, run_setup.keras)
+    if done and run_setup.chief:
+        log.info(f"train: resuming after epoch {done} of {merged.train.epochs} from the "
+                 f"backup in {cfg.paths.backup}")
+
+    def rows(folder: Path) -> list[dict]:
+        return [r for r in history_rows(folder) if r["epoch"] <= done]
+
+    # The checkpoint's threshold comes from the shared backup's rows, the same on every
+    # worker: one that saves the best weights when the chief does not waits in a
+    # collective the chief never joins.
+    return Resume(done, rows(where.history), best_val_loss(rows(where.backup)))
+
+
+def finished_epochs(backup_dir: str | Path, keras=None) -> int:
+    """Epochs the backup in `backup_dir` has finished (0: nothing to resume); `keras`
+    tf_keras: the multi-worker backup (`chief_finished_epochs`)."""
+    if keras is not None and not is_keras3(keras):
+        return chief_finished_epochs(backup_dir)
+    meta = Path(backup_dir) / BACKUP_META
+    if not meta.is_file() or not (Path(backup_dir) / BACKUP_WEIGHTS).is_file():
+        return 0
+    try:
+        return int(json.loads(meta.read_text())["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def chief_finished_epochs(backup_dir: str | Path) -> int:
+    """Epochs the chief's tf_keras backup in `backup_dir` has finished (0: nothing to resume)."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(Path(backup_dir) / CHIEF_CHECKPOINTS))
+    if not latest:
+        return 0
+    try:
+        return int(tf.train.load_checkpoint(latest).get_tensor(EPOCH_KEY)) + 1
+    except (tf.errors.OpError, ValueError):
+        return 0
+
+
+def history_rows(backup_dir: str | Path) -> list[dict]:
+    path = Path(backup_dir) / HISTORY_FILE
+    try:
+        rows = json.loads(path.read_text()) if path.is_file() else []
+    except (OSError, ValueError):
+        return []
+    return sorted(rows, key=lambda r: r["epoch"])
+
+
+def matches(backup_dir: str | Path, fingerprint: dict) -> bool:
+    path = Path(backup_dir) / FINGERPRINT_FILE
+    try:
+        return path.is_file() and json.loads(path.read_text()) == fingerprint
+    except (OSError, ValueError):
+        return False
+
+
+def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
+    """Keep a backup made with the same params and data; wipe any other. True if kept."""
+    folder = Path(backup_dir)
+    keep = finished_epochs(folder, keras) > 0 and matches(folder, fingerprint)
+    if not keep:
+        clear(folder)
+        write_json(folder / FINGERPRINT_FILE, fingerprint)
+    return keep
+
+
+def clear(backup_dir: str | Path) -> None:
+    """Empty the folder of what train writes there, but keep it: DVC expects the
+    declared output to exist.
+
+    Only a folder that is train's backup (its marker: the fingerprint.json train
+    writes before anything else) is emptied, and only of the names train and Keras
+    write; a foreign folder with files in it is refused before anything is deleted.
+    """
+    folder = Path(backup_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / FINGERPRINT_FILE).is_file():
+        foreign = sorted(p.name for p in folder.iterdir())
+        if foreign:
+            raise DataError(f"paths.backup {folder} holds files train did not write "
+                            f"({foreign[0]}{', ...' if len(foreign) > 1 else ''}); empty it or "
+                            "point paths.backup at a folder of its own")
+    for path in folder.iterdir():
+        if not BACKUP_NAMES.fullmatch(path.name):
+            log.warning("train: %s is not a backup file; left in place", path)
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------- callbacks
+
+@functools.cache
+def _recorder_class(keras):
+    from tfmlops.model.precision import inner_optimizer
+
+    class EpochRecorder(keras.callbacks.Callback):
+        """One row per epoch: metrics, learning rate, epoch seconds and images/s.
+
+        Rows are persisted in the history folder (a resumed run keeps its earlier
+        epochs) and sent to the run's MLflow (`run.log_metrics(step=epoch)`; the run is
+        a no-op off the chief). `epoch` counts from 1; the epochs of a two-phase
+        fine-tuning run carry its `phase` (1: backbone frozen, 2: top unfrozen), one
+        MLflow history whose steps continue across the phases.
+        """
+
+        def __init__(self, history_dir, train_images: int, run, rows: list[dict]):
+            super().__init__()
+            self.history_file = Path(history_dir) / HISTORY_FILE
+            self.train_images, self.run, self.rows = train_images, run, list(rows)
+            self._started, self._epoch_start = False, 0.0
+            self._train_seconds: float | None = None
+            self.phase: int | None = None  # set by the fit of each fine-tuning phase
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if not self._started:
+                # Rows of epochs the restored state has not finished are dropped
+                # (killed after writing the row but before the backup).
+                self._started = True
+                self.rows = [r for r in self.rows if r["epoch"] <= epoch]
+            self._epoch_start = time.perf_counter()
+            self._train_seconds = None
+
+        def on_test_begin(self, logs=None):
+            if self._train_seconds is None:  # validation starts: the epoch's training is over
+                self._train_seconds = time.perf_counter() - self._epoch_start
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = logs or {}
+            epoch_seconds = time.perf_counter() - self._epoch_start
+            train_seconds = self._train_seconds or epoch_seconds
+            row = {"epoch": epoch + 1, **{k: _float(logs.get(k)) for k in HISTORY_COLUMNS[1:5]},
+                   "learning_rate": self.learning_rate(),
+                   "epoch_seconds": round(epoch_seconds, 4),
+                   "images_per_s": round(self.train_images / max(train_seconds, 1e-9), 1)}
+            if self.phase is not None:
+                row["phase"] = self.phase
+            self.rows.append(row)
+            write_json(self.history_file, self.rows)
+            self.run.log_metrics(metrics_of(row), step=row["epoch"])
+
+        def learning_rate(self) -> float:
+            rate = inner_optimizer(self.model.optimizer).learning_rate
+            # a MirroredVariable (tf_keras, several workers) does not convert through keras.ops
+            return float(keras.ops.convert_to_numpy(rate) if is_keras3(keras)
+                         else keras.backend.get_value(rate))
+
+    return EpochRecorder
+
+
+def epoch_recorder(keras, history_dir: str | Path, train_images: int, run, rows: list[dict]):
+    """The callback that records one history row per epoch (see `_recorder_class`)."""
+    return _recorder_class(keras)(history_dir, train_images, run, rows)
+
+
+def metrics_of(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "epoch" and v is not None}
+
+
+def _float(value) -> float | None:
+    return None if value is None else float(value)
+
+
+def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool,
+                       keras=None) -> list:
+    """The callbacks that change what a run learns (also used by tune's final round)."""
+    if keras is None:
+        import keras
+    cbs = []
+    if early_stopping_patience:
+        cbs.append(keras.callbacks.EarlyStopping(monitor=MONITOR, mode="min",
+                                                 patience=early_stopping_patience))
+    if reduce_lr_on_plateau:
+        cbs.append(keras.callbacks.ReduceLROnPlateau(monitor=MONITOR, mode="min", factor=0.5,
+                                                     patience=2, min_lr=1e-6))
+    return cbs
+
+
+def training_callbacks(keras, *, backup_dir: Path, profile_dir: Path, profile_batch, recorder,
+                       early_stopping_patience: int, reduce_lr_on_plateau: bool,
+                       best_so_far: float | None) -> list:
+    """The callback list of a run, in the order the module docstring explains."""
+    c = keras.callbacks
+    cbs = [recorder, c.ModelCheckpoint(str(backup_dir / BEST_WEIGHTS), monitor=MONITOR,
+                                       mode="min", save_best_only=True, save_weights_only=True,
+                                       initial_value_threshold=best_so_far)]
+    cbs += stopping_callbacks(early_stopping_patience, reduce_lr_on_plateau, keras)
+    cbs.append(c.TensorBoard(log_dir=str(profile_dir), profile_batch=profile_batch,
+                             write_graph=False))
+    # Kept after a successful fit: the chief empties the folder once the model is saved.
+    # double_checkpoint (Keras 3): a kill while the weights file is written leaves the previous.
+    extra = {"double_checkpoint": True} if is_keras3(keras) else {}
+    cbs.append(c.BackupAndRestore(str(backup_dir), delete_checkpoint=False, **extra))
+    return cbs
+
+
+# ------------------------------------------------------------- fit
+
+@dataclass(frozen=True)
+class Fitted:
+    """What `fit` made: the model (in the setup's keras), its history and fit time."""
+
+    model: Any
+    rows: list  # every epoch's row, a resumed run's included
+    seconds: float
+
+
+def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, where: Folders,
+        resumed: Resume, run) -> Fitted:
+    """Build (in the strategy's scope), then fit in phases under `policy`."""
+    from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
 
-    merged, prepared, folders = ctx.merged, ctx.prepared, ctx.folders
-    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, ctx.global_batch)
+    keras = run_setup.keras
+    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, run_setup.global_batch)
     plan = phases(merged)
-    with ctx.strategy.scope():
-        model = built_model(merged, prepared, keras)
-        # compiled once here for the checks below; each phase recompiles in the scope
-        compile_model(model, merged, prepared, keras, steps_per_epoch * merged.train.epochs)
-    scaled = loss_scaling(model, ctx.policy, keras)
-    ctx.run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
-                                     "loss_scaling": scaled, "fine_tune_phases": len(plan)}})
+    resolved = {}
+    if run_setup.across_workers:
+        resolved["auto_shard_policy"] = _shard_policy(train_ds)
+        log.info(f"train: {task_name(run_setup.strategy)} of {run_setup.placement['workers']} "
+                 f"workers, {run_setup.strategy.num_replicas_in_sync} replicas, global batch "
+                 f"{run_setup.global_batch}, auto-shard {resolved['auto_shard_policy']}")
+        if len(plan) > 1:  # not built for tf_keras fit across workers
+            log.warning("train: train.fine_tune is ignored across workers: one phase, the "
+                        "whole backbone trainable")
+        plan = [Phase(1, 0, merged.train.epochs, None)]
+    with precision.global_policy(policy, keras):
+        with run_setup.strategy.scope():
+            model = built_model(merged, prepared, keras)
+            # compiled once here for the checks below; each phase recompiles in the scope
+            compile_model(model, merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+        scaled = loss_scaling(model, policy, keras)
+        run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
+                                     "loss_scaling": scaled, "fine_tune_phases": len(plan),
+                                     **resolved}})
+        recorder = epoch_recorder(keras, where.history, prepared.counts["train"], run,
+                                  resumed.rows)
 
-    recorder = cb.EpochRecorder(folders.backup, prepared.counts["train"], ctx.run, ctx.rows)
+        def fit_one(phase: Phase):
+            recorder.phase = phase.number if len(plan) > 1 else None
+            callbacks = training_callbacks(
+                keras, backup_dir=where.backup, profile_dir=where.profile,
+                profile_batch=profiling.keras_profile_batch(cfg, steps_per_epoch),
+                recorder=recorder, early_stopping_patience=merged.train.early_stopping_patience,
+                reduce_lr_on_plateau=merged.train.reduce_lr_on_plateau,
+                best_so_far=resumed.best_so_far if run_setup.across_workers
+                else best_val_loss(recorder.rows))
+            return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                             initial_epoch=phase.first, callbacks=callbacks,
+                             verbose=keras_verbose() if run_setup.chief else 0,
+                             shuffle=False)  # the dataset shuffles itself (seeded)
 
-    def fit_one(phase: Phase):
-        recorder.phase = phase.number if len(plan) > 1 else None
-        callbacks = cb.training_callbacks(
-            backup_dir=folders.backup, profile_dir=folders.profile,
-            profile_batch=profiling.keras_profile_batch(ctx.cfg, steps_per_epoch),
-            recorder=recorder,
-            early_stopping_patience=merged.train.early_stopping_patience,
-            reduce_lr_on_plateau=merged.train.reduce_lr_on_plateau,
-            best_so_far=best_val_loss(recorder.rows),
-        )
-        return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
-                         initial_epoch=phase.first, callbacks=callbacks,
-                         verbose=keras_verbose() if tracking.is_chief() else 0,
-                         shuffle=False)  # the dataset shuffles itself (seeded)
+        started = time.perf_counter()
+        with run_setup.strategy.scope():  # each phase compiles: its optimizer's variables here
+            fit_in_phases(model, merged, prepared, keras, steps_per_epoch, fit_one, plan,
+                          resumed.done)
+        return Fitted(model, recorder.rows, time.perf_counter() - started)
 
-    started = time.perf_counter()
-    with ctx.strategy.scope():  # each phase compiles: its optimizer's variables in the scope
-        fit_in_phases(model, merged, prepared, keras, steps_per_epoch, fit_one, plan, ctx.done)
-    return model, recorder, time.perf_counter() - started
+
+def final_model(fitted: Fitted, merged: Config, prepared, run_setup: Setup, best: Path):
+    """The Keras 3 model to save, with the weights of the epoch with the lowest val_loss.
+
+    Across workers the tf_keras weights pass through a tf_keras model outside the
+    strategy, so loading `best.weights.h5` (tf_keras' h5 layout) touches no distributed
+    variable; the Keras 3 twin's optimizer is fresh (later stages never resume training).
+    Reading the weights all-reduces (BatchNorm statistics): every worker calls this.
+    """
+    if not run_setup.across_workers:
+        if best.is_file():
+            fitted.model.load_weights(best)
+        return fitted.model
+    import keras
+    import tf_keras
+
+    from tfmlops.model.builder import build_model
+
+    weights = fitted.model.get_weights()
+    if not run_setup.chief:
+        return None  # no collective op is left: the chief finishes alone
+    local = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes,
+                        input_stats=(prepared.mean, prepared.std))
+    local.set_weights(weights)
+    if best.is_file():
+        local.load_weights(best)
+    steps_per_epoch = math.ceil(prepared.counts["train"] / run_setup.global_batch)
+    twin = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs,
+                          pretrained=False)  # it receives the trained weights
+    twin.set_weights(local.get_weights())
+    # Built (zero slots), so loading the saved file finds the optimizer variables it expects.
+    twin.optimizer.build(twin.trainable_variables)
+    return twin
+
+
+def _shard_policy(ds) -> str:
+    """The auto-shard policy the fed dataset carries; refuse any but an explicit one."""
+    policy = ds.options().experimental_distribute.auto_shard_policy
+    if policy.name not in ("DATA", "FILE"):
+        raise RuntimeError(f"the train dataset's auto-shard policy is {policy.name}; "
+                           "data/pipeline.dataset must set DATA or FILE explicitly")
+    return policy.name
+
+
+def task_name(strategy) -> str:
+    resolver = strategy.cluster_resolver
+    return f"{resolver.task_type}:{resolver.task_id}"

@@ -100,7 +100,6 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
     """The history of `train`'s own fit of `merged` (one device, no outputs)."""
     import keras
 
-    from tfmlops.model import callbacks as cb
     from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
     from tfmlops.training import fit
@@ -123,7 +122,7 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
 
             def fit_one(phase):  # train's phases (fine-tuning), one history across them
                 callbacks = [_log_epochs(keras, child),
-                             *cb.stopping_callbacks(t.early_stopping_patience,
+                             *fit.stopping_callbacks(t.early_stopping_patience,
                                                     t.reduce_lr_on_plateau)]
                 got = model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
                                 initial_epoch=phase.first, callbacks=callbacks,
