@@ -39,19 +39,17 @@ BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statisti
 
 def run(cfg: Config) -> dict:
     tcfg = source.trained(cfg)  # DataError (exit 2) before TensorFlow loads
-    source.train_split_size(cfg)
-
-    from tfmlops.data import pipeline
-
-    prepared = pipeline.load_prepared(cfg)
-    batch_size = tcfg.train.batch_size
-    steps = pruning_steps(cfg.prune, prepared.counts["train"], batch_size)
-
+    steps = pruning_steps(cfg.prune, source.train_split_size(cfg), tcfg.train.batch_size)
     upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train}
     params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],
               "schedule_steps": asdict(steps)}
+    # The run is kept by the sidecar, which imports MLflow while this process imports
+    # TensorFlow (in the block): tracking adds no import of its own to the stage's time.
     with harness.stage(cfg, STAGE, output=cfg.paths.pruned, upstream=upstream,
-                       params=params) as st:
+                       params=params, sidecar=True) as st:
+        from tfmlops.data import pipeline
+
+        prepared = pipeline.load_prepared(cfg)
         metrics, rows = _prune(cfg, tcfg, prepared, steps, st)
         sparsity_csv = write_csv(report_path(cfg.paths.reports, STAGE, "_sparsity.csv"), rows,
                                  SPARSITY_COLUMNS)

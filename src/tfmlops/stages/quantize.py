@@ -40,16 +40,16 @@ STAGE = "quantize"
 
 def run(cfg: Config) -> dict:
     tcfg = _check(cfg)  # bad input fails here, before TensorFlow loads
-
-    from tfmlops.compress.plot import frontier_png
-    from tfmlops.data import pipeline
-
-    prepared = pipeline.load_prepared(cfg)
     upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train,
                 "prune": cfg.paths.pruned}
     params = {"quantize": cfg.to_dict()["quantize"], "model": tcfg.to_dict()["model"]}
+    # The sidecar keeps the run: it imports MLflow while this process imports TensorFlow.
     with harness.stage(cfg, STAGE, output=cfg.paths.tflite, upstream=upstream,
-                       params=params) as st:
+                       params=params, sidecar=True) as st:
+        from tfmlops.compress.plot import frontier_png
+        from tfmlops.data import pipeline
+
+        prepared = pipeline.load_prepared(cfg)
         # QAT's fine-tune is the one part worth a trace; its folder is this run's.
         qat_profile = st.profile_dir() if cfg.quantize.qat and cfg.profiling.enabled else None
         metrics, rows, edge = _quantize(cfg, tcfg, prepared, st.out, qat_profile)

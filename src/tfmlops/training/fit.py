@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import profiling, tracking
+from tfmlops.artifacts import PRECISION
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.files import TEMP_PATTERN, write_json
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 # In paths.tuner: tune's timed decisions, per architecture (its trials and final round
 # share them); tune copies the file to paths.tuned, where train reads the one it trained.
-PRECISION_CACHE = "precision.json"
+PRECISION_CACHE = PRECISION  # tune and train write their timed decisions here
 JIT = {"auto": "auto", "true": True, "false": False}
 # tf_keras (multi-worker path) takes a bool or None (its own default) for `auto`.
 JIT_TF_KERAS = {"auto": None, "true": True, "false": False}

@@ -12,13 +12,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfmlops import profiling, tracking
+from tfmlops.artifacts import PRECISION, RESOLVED_PARAMS, TUNE_MERGE
 from tfmlops.config import Config
 from tfmlops.data import pipeline
 from tfmlops.files import temp_name, write_csv, write_json
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, metrics_of
 
-OUTPUTS = ("resolved_params.yaml", "tune_merge.json", "precision.json",
+OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
            "classification_report.json", "confusion_matrix.png", "training_curves.png")
 
 
@@ -68,9 +69,9 @@ def save(out: Path, model, merged: Config, changes: list, decision, run, prepare
     the model is logged to MLflow in a thread (returned: `finish` waits for it)."""
     model.save(out / MODEL_FILE)
     write_resolved(merged, out)
-    write_json(out / "tune_merge.json", changes)
+    write_json(out / TUNE_MERGE, changes)
     # The policy and why (with a timing: its images/s and margin), beside the model it made.
-    write_json(out / "precision.json", {"setting": merged.train.precision, **asdict(decision)})
+    write_json(out / PRECISION, {"setting": merged.train.precision, **asdict(decision)})
     example = pipeline.rows_at(merged, prepared, "test", [0, 1], batch_size=2)
     return run.start_keras_model(model, saved_path=out / MODEL_FILE, input_example=example)
 
