@@ -8,6 +8,7 @@ with one line naming the file and the `dvc repro` that makes it.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from tfmlops.errors import DataError
@@ -45,6 +46,15 @@ TAG_PROMOTE = "tfmlops.promote."  # prefix: action, outcome, candidate, producti
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
     """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's metrics."""
     return Path(reports) / f"{stage}{suffix}"
+
+
+def data_version(prepared: str | Path) -> str:
+    """The data version of a prepared folder: the first 16 hex digits of its manifest's
+    sha256 (the `tfmlops.data_version` tag, the dataset digest), or "none" without one."""
+    manifest = Path(prepared) / MANIFEST
+    if not manifest.is_file():
+        return "none"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
 
 
 def require(path: str | Path, stage: str, what: str | None = None, *, hint: str = "") -> Path:

@@ -7,6 +7,10 @@ decodes). `TFMLOPS_FAULT_SIGNAL=SIGSTOP` stops the process there instead
 (a test holds it at a known place, then lets it go on with SIGCONT). Unset, a
 point costs one environment look-up. The kill test
 (tests/integration/test_prepare_kill.py) visits every name in `POINTS`.
+
+The stage harness (harness.py) visits the same `STAGE_POINTS` in every stage, as
+`<stage>.<point>` (`stage_point`): `prepare.output_locked` is prepare's, in `POINTS`;
+`tune.running` is tune's (tests/integration/test_harness.py).
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ from __future__ import annotations
 import os
 import signal
 
+# harness.stage's, in every stage, in this order: the output lock taken; the run open
+# (on its first use); reports/<stage>.json written.
+STAGE_POINTS = ("output_locked", "running", "reported")
 POINTS = (
-    "prepare.locked", "prepare.listed", "prepare.staged", "decode.stat",
-    "decode.first", "decode.worker", "cache.put", "cache.torn", "decode.done",
-    "memo.begin", "memo.committed", "write.first", "write.quarantine",
-    "write.closed", "json.temp", "json.manifest", "swap.old", "swap.done",
+    "prepare.output_locked", "prepare.listed", "decode.stat", "decode.first",
+    "decode.worker", "cache.put", "cache.torn", "decode.done", "memo.begin",
+    "memo.committed", "write.first", "write.quarantine", "write.closed", "json.temp",
+    "json.manifest", "prepare.running", "swap.old", "swap.done",
     "compact.temp", "compact.replaced", "prepare.compacted", "prepare.reported",
 )
 _visits: dict[str, int] = {}
@@ -27,6 +34,13 @@ _visits: dict[str, int] = {}
 def armed(name: str) -> bool:
     """Whether `name` is the point this process is to be killed at."""
     return os.environ.get("TFMLOPS_FAULT", "").partition("@")[0] == name
+
+
+def stage_point(stage: str, name: str) -> None:
+    """`point(f"{stage}.{name}")` for one of the harness's `STAGE_POINTS`."""
+    if name not in STAGE_POINTS:
+        raise ValueError(f"{name!r} is not one of faults.STAGE_POINTS {STAGE_POINTS}")
+    point(f"{stage}.{name}")
 
 
 def point(name: str, parent: bool = False) -> None:

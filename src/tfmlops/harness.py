@@ -3,17 +3,23 @@
 `stage(cfg, name, output=...)` is the block a stage does its work in. In order:
 1. SIGTERM becomes `Terminated` (a KeyboardInterrupt) in the main thread, so a CI
    cancel, `timeout` or a deleted pod ends the stage as Ctrl-C does;
-2. the output lock (`.<output>.lock` beside the output folder, chief only): two
-   `tfmlops <stage>` on one repo outside DVC take turns, the second says so in one
-   line and waits, so the folder swapped in is one run's;
-3. an empty staging folder (`Stage.out`) the stage builds its output in;
-4. the stage's MLflow run (`Stage.run`; `sidecar=True`: kept by a separate
-   process, see tracking/sidecar.py; `tracked=False`: none, for `materialize`);
-5. on success: the staging folder swapped in whole (unless the stage did it with
+2. a tracked stage checks its store now (`tracking.preflight`: a dead server fails in
+   seconds, before any work); `sidecar=True` spawns the run's process now, so it
+   imports MLflow while the stage works (discarded if the stage fails before its run);
+3. the output lock (`lock_path`: `.tfmlops/locks/<stage>.lock` in the project, chief
+   only): two `tfmlops <stage>` on one repo outside DVC take turns, the second says
+   so in one line and waits, so the folder swapped in is one run's;
+4. an empty staging folder (`Stage.out`) the stage builds its output in;
+5. the stage's MLflow run (`Stage.run`), opened on first use: a stage that fails
+   before it (bad data) leaves no run; one that never used it gets it at the end
+   (params, report). `sidecar=True`: kept by a separate process, see
+   tracking/sidecar.py; `tracked=False`: a `NullRun`, for `materialize`;
+6. on success: the staging folder swapped in whole (unless the stage did it with
    `Stage.swap()` to log from the final folder or to register after it), the
    profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`;
    on failure or a signal: the run FAILED or KILLED, the staging folder removed, the
    old output left in place, child processes of a pool stopped.
+Each step visits its fault point (faults.STAGE_POINTS, as `<stage>.<point>`).
 `run_command` turns what a command raised into one line and its exit code.
 """
 
@@ -39,6 +45,8 @@ from tfmlops.files import hold_lock, staging_dir, swap_in, write_json
 
 log = logging.getLogger(__name__)
 
+LOCKS = ".tfmlops/locks"  # beside paths.reports: the stages' output locks (lock_path)
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread: the stage ends as on Ctrl-C (run KILLED,
@@ -51,16 +59,26 @@ class Stage:
 
     cfg: Any
     name: str
-    run: Any
     out: Path | None  # the staging folder, None for a stage without an output folder
     final: Path | None  # where `out` is swapped in
     metrics: dict | None = None  # reports/<stage>.json, written once the run has ended
     swapped: bool = False
+    _open: Callable[[], Any] | None = None  # opens the run, on the first use of `run`
+    _run: Any = None
     _profiles: list[Path] = field(default_factory=list)
 
+    @property
+    def run(self) -> Any:
+        """The stage's MLflow run (a `StageRun`), opened now if it is not yet."""
+        if self._run is None:
+            self._run = self._open()
+        return self._run
+
     def swap(self) -> Path:
-        """Swap the staging folder in now (once): later calls log from the final folder."""
+        """Swap the staging folder in now (once): later calls log from the final folder.
+        The run is open first: its `mlflow_run.json` moves in with the rest."""
         if not self.swapped:
+            self.run.wait_open()
             swap_in(self.out, self.final)
             self.swapped = True
         return self.final
@@ -108,26 +126,42 @@ def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Pa
     when the stage has no output folder; `staged=False` writes into `output` directly
     (a non-chief worker's scratch output)."""
     final = Path(output) if output is not None else None
-    with terminated_on_sigterm(), _output_lock(name, final if staged else None):
+    with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar), \
+            _output_lock(cfg, name, final if staged else None):
         out = staging_dir(final) if final is not None and staged else final
-        current = None
+        runs = contextlib.ExitStack()  # the run, once opened: it ends as the block does
+
+        def open_run():
+            run = runs.enter_context(_run(cfg, name, out or run_dir, upstream, params, tracked,
+                                          sidecar, async_batches))
+            faults.stage_point(name, "running")
+            return run
+
+        current = Stage(cfg, name, out, final, swapped=not staged, _open=open_run)
         try:
-            with _run(cfg, name, out or run_dir, upstream, params, tracked, sidecar,
-                      async_batches) as run:
-                current = Stage(cfg, name, run, out, final, swapped=not staged)
-                faults.point(f"{name}.running")
-                yield current
-                if out is not None and not current.swapped:
-                    current.swap()
-                current._log_profiles()
-        except BaseException:
-            if out is not None and staged and not (current and current.swapped):
-                shutil.rmtree(out, ignore_errors=True)  # the old output stays as it was
-            _stop_children()
+            yield current
+            if out is not None and not current.swapped:
+                current.swap()
+            current.run.wait_open()  # one that never used its run gets it all the same
+            current._log_profiles()
+            runs.close()
+        except BaseException as exc:
+            try:  # the run ends FAILED or KILLED first, as today, then the rest is cleaned
+                runs.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                if out is not None and staged and not current.swapped:
+                    shutil.rmtree(out, ignore_errors=True)  # the old output stays as it was
+                _stop_children()
             raise
-    if current.metrics is not None:
-        write_json(report_path(cfg.paths.reports, name), current.metrics)
-    faults.point(f"{name}.reported")
+        if current.metrics is not None:  # the run has ended; still under the lock
+            write_json(report_path(cfg.paths.reports, name), current.metrics)
+        faults.stage_point(name, "reported")
+
+
+def lock_path(cfg, name: str) -> Path:
+    """The output lock of stage `name`: one folder of the project (beside `paths.reports`;
+    under `dvc exp run --temp`, in its copy), not beside the outputs DVC and tests see."""
+    return Path(cfg.paths.reports).parent / LOCKS / f"{name}.lock"
 
 
 @contextlib.contextmanager
@@ -177,7 +211,29 @@ def _terminate(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def _output_lock(name: str, final: Path | None) -> Iterator[None]:
+def _tracking_ready(cfg, tracked: bool, sidecar: bool) -> Iterator[None]:
+    """Check the store now: a dead server fails in seconds, before the stage's work (its
+    run opens later). With `sidecar`, spawn the run's process now (it imports MLflow
+    meanwhile) and close it if the stage fails before its run took it over."""
+    if not tracked:
+        yield
+        return
+    from tfmlops import tracking
+
+    tracking.preflight(cfg)
+    if not sidecar:
+        yield
+        return
+    tracking.start_sidecar(cfg)
+    try:
+        yield
+    except BaseException:
+        tracking.discard_sidecar()  # a no-op once the run has taken it over
+        raise
+
+
+@contextlib.contextmanager
+def _output_lock(cfg, name: str, final: Path | None) -> Iterator[None]:
     from tfmlops.tracking import is_chief
 
     # Other workers of a distributed run write scratch outputs and wait on the chief's
@@ -185,10 +241,10 @@ def _output_lock(name: str, final: Path | None) -> Iterator[None]:
     if final is None or not is_chief():
         yield
         return
-    lock = final.with_name(f".{final.name}.lock")
+    lock = lock_path(cfg, name)
     with hold_lock(lock, f"{name}: another `tfmlops {name}` is writing {final} (it holds "
                          f"{lock}); waiting for it to finish"):
-        faults.point(f"{name}.output_locked")
+        faults.stage_point(name, "output_locked")
         yield
 
 
@@ -196,15 +252,16 @@ def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches):
     from tfmlops import tracking
 
     if not tracked:
-        return contextlib.nullcontext(_Untracked())
+        return contextlib.nullcontext(NullRun())
     if sidecar:
         return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params)
     return tracking.stage_run(cfg, name, folder, upstream=upstream, params=params,
                               async_batches=async_batches)
 
 
-class _Untracked:
-    """The run of a stage that records nothing (materialize)."""
+class NullRun:
+    """The run of a stage that records nothing (`tracked=False`: materialize): every
+    `StageRun` method is there and does nothing."""
 
     run_id = None
     active = False

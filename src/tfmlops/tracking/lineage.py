@@ -8,19 +8,19 @@ naming its run. No MLflow here: only files and git.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from tfmlops import artifacts
 from tfmlops.config import Config
 from tfmlops.files import write_text
 from tfmlops.tracking.stale import owner_tags
 from tfmlops.tracking.uri import redact, repo_root
 
-RUN_FILE = "mlflow_run.json"
+RUN_FILE = artifacts.RUN_FILE
 
 
 def git_state(root: Path) -> tuple[str, bool]:
@@ -41,11 +41,8 @@ def git_state(root: Path) -> tuple[str, bool]:
 
 
 def data_version(cfg: Config) -> str:
-    """The first 16 hex digits of the prepared manifest's sha256, or "none"."""
-    manifest = Path(cfg.paths.prepared) / "manifest.json"
-    if not manifest.is_file():
-        return "none"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+    """The data version of `paths.prepared` (artifacts.data_version), or "none"."""
+    return artifacts.data_version(cfg.paths.prepared)
 
 
 def read_run_file(folder: str | Path) -> dict[str, Any]:
@@ -75,7 +72,7 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
     tags = {
         "tfmlops.stage": stage,
         "tfmlops.params_hash": cfg.digest(),
-        "tfmlops.data_version": data_version(cfg),
+        artifacts.TAG_DATA_VERSION: data_version(cfg),
         "mlflow.source.git.commit": commit,
         # MLflow's own guess is this process's argv[0]: `-c` in train's sidecar process.
         "mlflow.source.name": f"tfmlops {stage}",
