@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tfmlops.artifacts import EDGE, MODEL_FILE
+
 # The user's environment must not steer the tests (nor the subprocesses they start): a
 # cluster (TF_CONFIG), a distributed search (KERASTUNER_*), another Keras backend, hidden
 # GPUs, another tracking or registry store (MLFLOW_*), a global git config (signed commits).
@@ -264,7 +266,7 @@ def save_tiny_trained(cfg, epochs: int = 8) -> None:
     import tensorflow as tf
 
     from tfmlops.data import pipeline
-    from tfmlops.model.artifacts import MODEL_FILE, write_resolved
+    from tfmlops.model.artifacts import write_resolved
     from tfmlops.model.builder import build_model
 
     keras.utils.set_random_seed(cfg.seed)
@@ -281,7 +283,7 @@ def save_tiny_trained(cfg, epochs: int = 8) -> None:
     Path(cfg.paths.tflite).mkdir(parents=True, exist_ok=True)
     (Path(cfg.paths.tflite) / "float32.tflite").write_bytes(tflite)
     edge = {"variant": "float32", "file": "float32.tflite", "accuracy": 0.0, "bytes": len(tflite)}
-    (Path(cfg.paths.tflite) / "edge.json").write_text(json.dumps(edge))
+    (Path(cfg.paths.tflite) / EDGE).write_text(json.dumps(edge))
 
 
 @pytest.fixture(scope="session")

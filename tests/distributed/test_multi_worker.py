@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import VENV_BIN, child_env, free_port, stage_runs
+from tfmlops.artifacts import MODEL_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -159,6 +160,6 @@ def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tm
     metrics = json.loads((Path(cfg.paths.reports) / "train.json").read_text())
     assert metrics["resumed_after_epoch"] == killed_after
     assert metrics["epochs_run"] == epochs
-    assert Path(cfg.paths.train, "model.keras").is_file()
+    assert Path(cfg.paths.train, MODEL_FILE).is_file()
     assert list(backup.iterdir()) == []
     assert_no_worker_leftovers(tmp_path, second)

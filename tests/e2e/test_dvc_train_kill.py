@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import VENV_BIN, child_env, dvc, relative_tiny_params, scratch_repo
+from tfmlops.artifacts import MODEL_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(600)]
 EPOCHS = 12
@@ -101,6 +102,6 @@ def test_kill_9_of_dvc_repro_during_train_resumes_and_locks_only_success(tmp_pat
     assert history_rows(backup) == []  # emptied after success
     lock = lock_stages(repo)
     assert "train" in lock
-    model = repo / params["paths"]["train"] / "model.keras"
+    model = repo / params["paths"]["train"] / MODEL_FILE
     assert model.is_file()
     assert dvc("status", "train", cwd=repo).stdout.strip().endswith("up to date.")

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import child_env, mlflow_client
 from tfmlops import tracking
+from tfmlops.artifacts import TAG_STAGE
 from tfmlops.tracking import heartbeat, stale
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG
 from tfmlops.tracking.retry import retry_window_s
@@ -104,7 +105,7 @@ def forge_remote_run(client, experiment_id: str, stage: str) -> str:
     """A RUNNING run as a stage on another machine opens it: its owner tags name
     another host and boot, and its heartbeat stands at 3."""
     tags = {**stale.owner_tags(), "tfmlops.owner.host": "elsewhere",
-            "tfmlops.owner.boot": "another-boot", "tfmlops.stage": stage, HEARTBEAT_TAG: "3"}
+            "tfmlops.owner.boot": "another-boot", TAG_STAGE: stage, HEARTBEAT_TAG: "3"}
     return client.create_run(experiment_id, tags=tags).info.run_id
 
 

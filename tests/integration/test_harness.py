@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import VENV_BIN, child_env, stage_runs
+from tfmlops.artifacts import RUN_FILE
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -40,7 +41,7 @@ def test_sigterm_inside_an_in_process_run_ends_it_killed_and_keeps_the_old_outpu
     cfg = _untuned(make_cfg)
     first = _tune(tmp_path, tmp_path / "first.log")
     assert first.wait(300) == 0, (tmp_path / "first.log").read_text()[-2000:]
-    before = json.loads((Path(cfg.paths.tuned) / "mlflow_run.json").read_text())["run_id"]
+    before = json.loads((Path(cfg.paths.tuned) / RUN_FILE).read_text())["run_id"]
 
     log = tmp_path / "stopped.log"
     proc = _tune(tmp_path, log, TFMLOPS_FAULT="tune.running", TFMLOPS_FAULT_SIGNAL="SIGTERM")
@@ -51,7 +52,7 @@ def test_sigterm_inside_an_in_process_run_ends_it_killed_and_keeps_the_old_outpu
     assert "tune: stopped by SIGTERM" in last and "KILLED" in last, last
     assert sorted(r.info.status for r in stage_runs(cfg, "tune")) == ["FINISHED", "KILLED"]
     # the output of the first run, whole; nothing staged or half-written left beside it
-    assert json.loads((Path(cfg.paths.tuned) / "mlflow_run.json").read_text())["run_id"] == before
+    assert json.loads((Path(cfg.paths.tuned) / RUN_FILE).read_text())["run_id"] == before
     assert _leftovers(tmp_path / "models") == [] and _leftovers(tmp_path / "reports") == []
 
 
@@ -74,7 +75,7 @@ def test_two_runs_of_one_stage_take_turns_and_the_output_is_one_runs(tmp_path, m
     time.sleep(2)  # it stays blocked: one run in the store, the output not there
     assert second.poll() is None
     assert len(stage_runs(cfg, "tune")) == 1
-    assert not (Path(cfg.paths.tuned) / "mlflow_run.json").exists()
+    assert not (Path(cfg.paths.tuned) / RUN_FILE).exists()
     waiting = [ln for ln in waited.read_text().splitlines() if "waiting" in ln]
     assert len(waiting) == 1 and "another `tfmlops tune` is writing" in waiting[0], waiting
 
@@ -85,6 +86,6 @@ def test_two_runs_of_one_stage_take_turns_and_the_output_is_one_runs(tmp_path, m
     assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
     assert runs[0].info.end_time <= runs[1].info.start_time  # one after the other
     # the folder in place is the second run's, whole
-    assert json.loads((Path(cfg.paths.tuned) / "mlflow_run.json").read_text())["run_id"] == \
+    assert json.loads((Path(cfg.paths.tuned) / RUN_FILE).read_text())["run_id"] == \
         runs[1].info.run_id
     assert _leftovers(tmp_path / "models") == []

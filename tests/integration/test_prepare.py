@@ -13,6 +13,7 @@ import pytest
 from conftest import child_env, mlflow_client, stage_runs
 from images import bomb_png, exif_rotated_jpeg, mixed_folder, mpo_jpeg, photo, photo_folder, sixteen_bit_png
 from tfmlops import profiling
+from tfmlops.artifacts import MANIFEST, QUARANTINE, RUN_FILE, STATS, TAG_DATA_VERSION, TAG_STAGE
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
 
@@ -27,13 +28,13 @@ def test_mixed_folder_with_broken_files(tmp_path, make_cfg):
     assert metrics["train_images"] + metrics["val_images"] + metrics["test_images"] == 36
 
     out = Path(cfg.paths.prepared)
-    quarantine = json.loads((out / "quarantine.json").read_text())
+    quarantine = json.loads((out / QUARANTINE).read_text())
     assert {q["file"] for q in quarantine} == set(expected_bad)
     for q in quarantine:  # a copy sits beside the report; the user's folder is untouched
         assert (out / "quarantine" / q["file"]).exists() and (tmp_path / "own" / q["file"]).exists()
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["channels"] == 3 and manifest["classes"] == ["0", "1", "2"]
-    stats = json.loads((out / "stats.json").read_text())
+    stats = json.loads((out / STATS).read_text())
     assert len(stats["mean"]) == len(stats["std"]) == 3
     assert json.loads((Path(cfg.paths.reports) / "prepare.json").read_text()) == metrics
 
@@ -51,19 +52,19 @@ def test_run_holds_params_metrics_tags_and_dataset_input(tmp_path, make_cfg):
     assert run.data.params["seed"] == str(cfg.seed)
     assert run.data.metrics["images_bad"] == 5
     tags = run.data.tags
-    for tag in ("tfmlops.stage", "tfmlops.params_hash", "tfmlops.data_version",
+    for tag in (TAG_STAGE, "tfmlops.params_hash", TAG_DATA_VERSION,
                 "mlflow.source.git.commit", "tfmlops.git_dirty"):
         assert tag in tags
-    manifest = (Path(cfg.paths.prepared) / "manifest.json").read_bytes()
+    manifest = (Path(cfg.paths.prepared) / MANIFEST).read_bytes()
     import hashlib
 
-    assert tags["tfmlops.data_version"] == hashlib.sha256(manifest).hexdigest()[:16]
+    assert tags[TAG_DATA_VERSION] == hashlib.sha256(manifest).hexdigest()[:16]
     (ds_input,) = run.inputs.dataset_inputs
-    assert ds_input.dataset.digest == tags["tfmlops.data_version"]
+    assert ds_input.dataset.digest == tags[TAG_DATA_VERSION]
     client = mlflow_client(cfg)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "prepared" in artifacts
-    run_file = json.loads((Path(cfg.paths.prepared) / "mlflow_run.json").read_text())
+    run_file = json.loads((Path(cfg.paths.prepared) / RUN_FILE).read_text())
     assert run_file["run_id"] == run.info.run_id
 
 
@@ -100,7 +101,7 @@ def test_too_many_bad_files_fail_before_any_output(tmp_path, make_cfg):
 
 # ------------------------------------------------- streaming, parallel, incremental
 
-OUTPUTS = ("manifest.json", "stats.json", "quarantine.json")
+OUTPUTS = (MANIFEST, STATS, QUARANTINE)
 
 
 def photo_cfg(make_cfg, tmp_path, folder, name="run", **data):
@@ -174,7 +175,7 @@ def test_stored_size_and_encoding_follow_the_params(tmp_path, make_cfg):
     photo_folder(tmp_path / "photos", per_class=8)
     auto = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "auto")
     metrics = prepare.run(auto)
-    manifest = json.loads((Path(auto.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(auto.paths.prepared) / MANIFEST).read_text())
     by_sha = {f["sha256"]: f["file"] for f in manifest["files"]}
     for sha, data in stored_images(auto).items():
         img = Image.open(io.BytesIO(data))
@@ -249,10 +250,10 @@ def test_incremental_prepare_equals_a_cold_one(tmp_path, make_cfg):
     warm_out, cold_out = output_bytes(warm), output_bytes(cold)
     assert warm_out.keys() == cold_out.keys()
     for name in warm_out:
-        assert warm_out[name] == cold_out[name] or name == "manifest.json", name
+        assert warm_out[name] == cold_out[name] or name == MANIFEST, name
     strip = lambda m: {k: v for k, v in json.loads(m).items() if k != "image_dir"}  # noqa: E731
-    assert strip(warm_out["manifest.json"]) == strip(cold_out["manifest.json"])
-    assert json.loads(warm_out["quarantine.json"])[0]["file"] == "c1/broken.jpg"
+    assert strip(warm_out[MANIFEST]) == strip(cold_out[MANIFEST])
+    assert json.loads(warm_out[QUARANTINE])[0]["file"] == "c1/broken.jpg"
     # a second unchanged run decodes nothing, and the cache holds one entry per file
     assert prepare.run(warm)["images_decoded"] == 0
 
@@ -290,7 +291,7 @@ def test_unchanged_files_are_not_read_again_to_hash(tmp_path, make_cfg, workers)
     cold = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", "cold", workers=1)
     prepare.run(cold)
     strip = lambda m: {k: v for k, v in json.loads(m).items() if k != "image_dir"}  # noqa: E731
-    assert strip(output_bytes(cfg)["manifest.json"]) == strip(output_bytes(cold)["manifest.json"])
+    assert strip(output_bytes(cfg)[MANIFEST]) == strip(output_bytes(cold)[MANIFEST])
     assert before.keys() == output_bytes(cfg).keys()
 
 
@@ -308,9 +309,9 @@ def test_phone_photos_are_read_as_phones_write_them(tmp_path, make_cfg):
     cfg = photo_cfg(make_cfg, tmp_path, root, max_bad_fraction=0.2,
                     split={"val": 0.1, "test": 0.1}, store={"short_side": 20})
     prepare.run(cfg)
-    (bad,) = json.loads((Path(cfg.paths.prepared) / "quarantine.json").read_text())
+    (bad,) = json.loads((Path(cfg.paths.prepared) / QUARANTINE).read_text())
     assert bad["file"] == "c0/bomb.png" and bad["reason"].startswith("decompression bomb")
-    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
     sha = {f["file"]: f["sha256"] for f in manifest["files"]}
     stored = stored_images(cfg)
     portrait = Image.open(io.BytesIO(stored[sha["c0/portrait.jpg"]]))
@@ -354,7 +355,7 @@ def test_symlink_out_of_image_dir_is_quarantined_not_copied(tmp_path, make_cfg):
     metrics = prepare.run(cfg)
     assert metrics["images_good"] == 24 and metrics["images_bad"] == 1
     out = Path(cfg.paths.prepared)
-    quarantine = json.loads((out / "quarantine.json").read_text())
+    quarantine = json.loads((out / QUARANTINE).read_text())
     assert quarantine == [{"file": "a/leak.png", "label": "a",
                            "reason": "symlink leading outside data.image_dir: not followed"}]
     # its bytes are never read nor copied into the quarantine (a DVC output)
@@ -373,7 +374,7 @@ def test_a_class_too_small_for_every_split_errors_or_warns(tmp_path, make_cfg, c
     cfg = make_cfg(data={"image_dir": str(root), "split": {"too_few": "warn"}},
                    tracking={"enabled": False})
     prepare.run(cfg)
-    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
     assert manifest["class_counts"]["test"] == {"a": 2, "b": 0}
     assert any(r.levelname == "WARNING" and "class 'b' is missing from a split" in r.message
                for r in caplog.records)
@@ -383,7 +384,7 @@ def test_a_class_too_small_for_every_split_errors_or_warns(tmp_path, make_cfg, c
     cfg = make_cfg(data={"image_dir": str(root), "max_bad_fraction": 0.2},
                    tracking={"enabled": False})
     prepare.run(cfg)
-    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
     assert all(manifest["class_counts"][s]["b"] == 1 for s in ("train", "val", "test"))
     assert manifest["quarantined"] == 3
 

@@ -37,6 +37,7 @@ from hypothesis.stateful import (
 from PIL import Image
 
 from conftest import tiny_params
+from tfmlops.artifacts import MANIFEST, RUN_FILE
 from tfmlops.config import load_config
 from tfmlops.errors import UserError
 from tfmlops.stages import prepare
@@ -269,9 +270,9 @@ class PrepareMachine(RuleBasedStateMachine):
             assert after == before, "a failed run changed the previous output"
             return
         for side in after:
-            side.pop("mlflow_run.json", None)
+            side.pop(RUN_FILE, None)
         assert after[0] == after[1]
-        manifest = json.loads(after[0]["manifest.json"])
+        manifest = json.loads(after[0][MANIFEST])
         for row in manifest["files"]:
             path = self.images / row["file"]
             assert hashlib.sha256(path.read_bytes()).hexdigest() == row["sha256"], row

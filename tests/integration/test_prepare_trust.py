@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from images import photo_folder
+from tfmlops.artifacts import MANIFEST, RUN_FILE
 from tfmlops.stages import prepare
 
 PAST = 1_700_000_000  # older than the memo's "too recent to trust" window
@@ -26,16 +27,16 @@ def prepared_bytes(cfg) -> dict[str, bytes]:
     """Every file under paths.prepared, by relative path; the manifest without image_dir."""
     out = Path(cfg.paths.prepared)
     files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    files.pop("mlflow_run.json", None)
-    manifest = json.loads(files["manifest.json"])
+    files.pop(RUN_FILE, None)
+    manifest = json.loads(files[MANIFEST])
     manifest.pop("image_dir")
-    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    files[MANIFEST] = json.dumps(manifest, sort_keys=True).encode()
     return files
 
 
 def assert_rows_match_files(cfg) -> None:
     """Each manifest row's hash is its file's, its label the file's class folder."""
-    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
     root = Path(cfg.data.image_dir)
     for row in manifest["files"]:
         path = root / row["file"]
@@ -95,7 +96,7 @@ def test_a_duplicate_across_two_classes_is_kept_under_each_label_and_warned(tmp_
     cfg = trust_cfg(make_cfg, tmp_path / "run", tmp_path / "photos", workers=1)
     with caplog.at_level(logging.WARNING, logger="tfmlops"):
         prepare.run(cfg)
-    manifest = json.loads((Path(cfg.paths.prepared) / "manifest.json").read_text())
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
     rows = {r["file"]: r for r in manifest["files"]}
     a, b = rows["c0/" + files[0].name], rows["c1/same.jpg"]
     assert a["sha256"] == b["sha256"] and (a["label"], b["label"]) == ("c0", "c1")

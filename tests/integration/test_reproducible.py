@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import run_cli, tiny_params
+from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, PRECISION
 
 # A search with choices to make: three trials of hyperband over the default space,
 # then the final round (the params' own settings against the best trial) at train's length.
@@ -35,12 +36,12 @@ def cold_run(workdir: Path, prepared: Path) -> dict:
     run_cli("train", cwd=workdir, timeout=600)
     reports, tuned = workdir / "reports", workdir / "models" / "tuned"
     return {
-        "best": (tuned / "best_hparams.yaml").read_text(),
-        "final_round": untimed_rows(tuned / "final_round.csv"),
+        "best": (tuned / BEST_HPARAMS).read_text(),
+        "final_round": untimed_rows(tuned / FINAL_ROUND),
         "trials": untimed_rows(reports / "tune_trials.csv"),
         "tune": json.loads((reports / "tune.json").read_text()),
         "train": json.loads((reports / "train.json").read_text()),
-        "precision": json.loads((workdir / "models" / "train" / "precision.json").read_text()),
+        "precision": json.loads((workdir / "models" / "train" / PRECISION).read_text()),
     }
 
 

@@ -18,6 +18,7 @@ from test_prepare_trust import age, prepared_bytes
 
 from conftest import VENV_BIN, child_env, mlflow_client, stage_runs
 from images import photo_folder
+from tfmlops.artifacts import MODEL_FILE
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -102,5 +103,5 @@ def test_sigterm_to_train_and_its_sidecar_ends_the_run_killed(tmp_path, digits_w
     assert _group(proc.pid) == [], "a process of the stopped train is left (its sidecar?)"
     (run,) = stage_runs(cfg, "train")
     assert run.info.status == "KILLED"
-    assert not (Path(cfg.paths.train) / "model.keras").exists()
+    assert not (Path(cfg.paths.train) / MODEL_FILE).exists()
     assert mlflow_client(cfg).get_run(run.info.run_id).info.end_time is not None

@@ -15,6 +15,15 @@ import pytest
 import yaml
 
 from conftest import VENV_BIN, child_env, host_gpus, mlflow_client, run_cli, stage_runs
+from tfmlops.artifacts import (
+    BEST_HPARAMS,
+    MODEL_FILE,
+    PRECISION,
+    RESOLVED_PARAMS,
+    RUN_FILE,
+    SEARCHED,
+    TUNE_MERGE,
+)
 from tfmlops.errors import ConfigError, DataError
 
 NO_TUNE = {"use_tuned": False}
@@ -66,8 +75,8 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     metrics = train.run(cfg)
 
     folder = Path(cfg.paths.train)
-    for name in ("model.keras", "resolved_params.yaml", "mlflow_run.json", "tune_merge.json",
-                 "precision.json", "classification_report.json", "confusion_matrix.png",
+    for name in (MODEL_FILE, RESOLVED_PARAMS, RUN_FILE, TUNE_MERGE,
+                 PRECISION, "classification_report.json", "confusion_matrix.png",
                  "training_curves.png"):
         assert (folder / name).is_file(), name
     assert report(cfg) == json.loads(json.dumps(metrics))
@@ -86,7 +95,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     trained = trained_config(cfg)
     assert (trained.model.dropout, trained.model.head_units) == (0.2, 24)
     assert trained.train.optimizer.learning_rate == 0.003
-    changes = {c["key"]: c for c in json.loads((folder / "tune_merge.json").read_text())}
+    changes = {c["key"]: c for c in json.loads((folder / TUNE_MERGE).read_text())}
     assert changes["model.dropout"]["source"] == "tune"
     assert changes["train.optimizer.learning_rate"]["source"] == "override"
 
@@ -102,7 +111,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     # MLflow: params, per-epoch metrics, lineage, profiler artifacts, a loadable model.
     client = mlflow_client(cfg)
     (run,) = stage_runs(cfg, "train")
-    assert json.loads((folder / "mlflow_run.json").read_text())["run_id"] == run.info.run_id
+    assert json.loads((folder / RUN_FILE).read_text())["run_id"] == run.info.run_id
     params = run.data.params
     from tfmlops.model import precision
     from tfmlops.model.strategy import resolve_strategy
@@ -113,7 +122,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     assert params["resolved.precision_policy"] == expected.policy
     assert params["resolved.precision_reason"] == expected.reason != "timed"
     assert not any(k.startswith("precision_") for k in run.data.metrics)
-    assert json.loads((folder / "precision.json").read_text())["policy"] == expected.policy
+    assert json.loads((folder / PRECISION).read_text())["policy"] == expected.policy
     strategy = resolve_strategy("auto", None, host_gpus())
     replicas = max(host_gpus(), 1) if strategy == "mirrored" else 1
     assert params["resolved.global_batch_size"] == str(32 * replicas)
@@ -241,7 +250,7 @@ def test_the_search_record_tells_inputs_from_guards(make_cfg):
             hparams.check_fresh(make_cfg(**sections, **QUIET), "none")
     with pytest.raises(DataError, match=r"prepared data \(version\) \('none' -> 'abc'\)"):
         hparams.check_fresh(cfg, "abc")  # prepared again since the search
-    (Path(cfg.paths.tuned) / hparams.SEARCHED_FILE).unlink()
+    (Path(cfg.paths.tuned) / SEARCHED).unlink()
     with pytest.raises(DataError, match="no readable record.*dvc repro tune"):
         hparams.check_fresh(cfg, "none")
 
@@ -251,7 +260,7 @@ def test_cli_reports_a_missing_tune_output_in_one_line(make_cfg, tmp_path):
     proc = run_cli("train", cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "best_hparams.yaml" in line and "dvc repro tune" in line
+    assert BEST_HPARAMS in line and "dvc repro tune" in line
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import VENV_BIN, child_env, stage_runs
+from tfmlops.artifacts import MODEL_FILE, PRECISION, RESOLVED_PARAMS, RUN_FILE, TUNE_MERGE
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -48,7 +49,7 @@ def test_two_trains_take_turns_and_the_output_is_one_runs(tmp_path, digits_workd
         assert not Path(cfg.paths.train).exists()
         waiting = [ln for ln in waited.read_text().splitlines() if "waiting" in ln]
         assert len(waiting) == 1 and "another `tfmlops train` is writing" in waiting[0], waiting
-        assert ".train.lock" in waiting[0], waiting
+        assert str(Path(".tfmlops", "locks", "train.lock")) in waiting[0], waiting
 
         first.send_signal(signal.SIGCONT)
         assert first.wait(300) == 0, (tmp_path / "first.log").read_text()[-2000:]
@@ -64,12 +65,11 @@ def test_two_trains_take_turns_and_the_output_is_one_runs(tmp_path, digits_workd
     assert runs[0].info.end_time <= runs[1].info.start_time  # one after the other
     # paths.train is the second run's, whole: its run file, and the metrics it reported
     final = Path(cfg.paths.train)
-    assert json.loads((final / "mlflow_run.json").read_text())["run_id"] == runs[1].info.run_id
+    assert json.loads((final / RUN_FILE).read_text())["run_id"] == runs[1].info.run_id
     reported = json.loads((Path(cfg.paths.reports) / "train.json").read_text())
     assert reported["test_accuracy"] == pytest.approx(runs[1].data.metrics["test_accuracy"])
     assert sorted(p.name for p in final.iterdir()) == sorted(
-        ["model.keras", "mlflow_run.json", "resolved_params.yaml", "tune_merge.json",
-         "precision.json", "classification_report.json", "confusion_matrix.png",
-         "training_curves.png"])
-    assert not [p for p in final.parent.iterdir() if p.name.startswith(f".{final.name}")
-                and p.name != f".{final.name}.lock"]  # no staging folder left beside it
+        [MODEL_FILE, RUN_FILE, RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
+         "classification_report.json", "confusion_matrix.png", "training_curves.png"])
+    # no staging folder or lock file left beside it (the lock lives in .tfmlops/locks)
+    assert not [p for p in final.parent.iterdir() if p.name.startswith(f".{final.name}")]
