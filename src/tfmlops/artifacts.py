@@ -42,6 +42,12 @@ TAG_PARITY_PASSED = "tfmlops.export.parity"
 TAG_TUNE_SEARCH = "tfmlops.tune.search"
 TAG_PROMOTE = "tfmlops.promote."  # prefix: action, outcome, candidate, production_before/after
 
+# -- registered-version tags export writes and promote's gate reads
+TAG_ACCURACY = "serving.accuracy"
+TAG_BYTES = "serving.bytes"
+TAG_LATENCY = "serving.latency_p50_ms"
+TAG_PARITY = "parity.passed"
+
 
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
     """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's metrics."""

@@ -23,7 +23,7 @@ class VersionMetrics:
 
     @classmethod
     def from_tags(cls, version: str, tags: dict[str, str]) -> VersionMetrics:
-        from tfmlops.registry import TAG_ACCURACY, TAG_BYTES, TAG_LATENCY, TAG_PARITY
+        from tfmlops.artifacts import TAG_ACCURACY, TAG_BYTES, TAG_LATENCY, TAG_PARITY
 
         parity = tags.get(TAG_PARITY)
         return cls(str(version), _number(tags.get(TAG_ACCURACY)), _number(tags.get(TAG_BYTES)),

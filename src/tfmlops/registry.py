@@ -60,12 +60,6 @@ LOCK_HOLDER, LOCK_LEASE = "tfmlops.lock.holder", "tfmlops.lock.lease_s"
 REGISTER_KEY = "tfmlops.register_key"
 DESCRIPTION_LIMIT = 4900  # the SQL store keeps 5,000 characters of a version description
 
-# Version tags the gate reads (written by `export`).
-TAG_ACCURACY = "serving.accuracy"
-TAG_BYTES = "serving.bytes"
-TAG_LATENCY = "serving.latency_p50_ms"
-TAG_PARITY = "parity.passed"
-
 _PERMANENT = {"RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE"}
 
 

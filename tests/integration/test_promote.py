@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # on the exported mod
 @pytest.fixture
 def store(exported_digits, tmp_path, request):
     """(cfg for a fresh registered model in the exported store, register(accuracy_delta))."""
-    from tfmlops.registry import TAG_ACCURACY, Registry
+    from tfmlops.artifacts import TAG_ACCURACY
+    from tfmlops.registry import Registry
 
     source = exported_digits
     registered = json.loads((Path(source.paths.export) / REGISTERED).read_text())

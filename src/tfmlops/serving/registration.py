@@ -14,7 +14,17 @@ import logging
 from pathlib import Path
 
 from tfmlops import registry, tracking
-from tfmlops.artifacts import EDGE, MODEL_CARD, MODEL_FILE, SKEW, require
+from tfmlops.artifacts import (
+    EDGE,
+    MODEL_CARD,
+    MODEL_FILE,
+    SKEW,
+    TAG_ACCURACY,
+    TAG_BYTES,
+    TAG_LATENCY,
+    TAG_PARITY,
+    require,
+)
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.serving import mlflow_model
@@ -97,11 +107,11 @@ def version_tags(rows, parities, serving, lineage) -> dict[str, str]:
     for p in parities:
         tags[f"parity.{p.runtime}"] = (f"{'pass' if p.passed else 'fail'} max_abs_diff="
                                        f"{p.max_abs_diff:.3g} top1_mismatches={p.top1_mismatches}")
-    tags[registry.TAG_PARITY] = str(all_parity_passed(parities)).lower()
+    tags[TAG_PARITY] = str(all_parity_passed(parities)).lower()
     tags["serving.runtime"] = serving["runtime"]
-    tags[registry.TAG_ACCURACY] = f"{serving['accuracy']:.6f}"
-    tags[registry.TAG_BYTES] = str(serving["bytes"])
-    tags[registry.TAG_LATENCY] = f"{serving['latency_p50_ms']:.4f}"
+    tags[TAG_ACCURACY] = f"{serving['accuracy']:.6f}"
+    tags[TAG_BYTES] = str(serving["bytes"])
+    tags[TAG_LATENCY] = f"{serving['latency_p50_ms']:.4f}"
     return {**tags, **lineage}
 
 
