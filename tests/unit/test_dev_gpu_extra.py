@@ -18,7 +18,7 @@ from conftest import ROOT
 LOCK = "requirements.lock"
 
 
-def stamp_of(repo, extras: str = "test") -> str:
+def stamp_of(repo, extras: str = "test,beam") -> str:
     """The stamp of an install of `extras`, as ./dev writes it."""
     text = (repo / "pyproject.toml").read_bytes() + (repo / LOCK).read_bytes()
     return hashlib.sha256(text + f"{extras}\n".encode()).hexdigest()[:16]
