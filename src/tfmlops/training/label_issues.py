@@ -133,17 +133,17 @@ def contact_sheet(suspects: list[Suspect], classes: list[str], path: Path) -> No
 
     cols = max(min(SHEET_COLUMNS, len(suspects)), 1)
     lines = max(math.ceil(len(suspects) / cols), 1)
-    fig, axes = plt.subplots(lines, cols, figsize=(1.9 * cols, 2.1 * lines), squeeze=False)
+    fig, axes = plt.subplots(lines, cols, figsize=(1.9 * cols, 2.4 * lines), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     if not suspects:  # still written: DVC expects the plot (train.label_issues: 0)
         axes[0, 0].text(0.5, 0.5, "no suspected\nlabel errors", ha="center", va="center")
     for ax, (r, s) in zip(axes.flat, enumerate(suspects, start=1), strict=False):
         pixels = np.asarray(Image.open(io.BytesIO(s.encoded)))  # prepare stores L or RGB
-        ax.imshow(pixels, cmap="gray", vmin=0, vmax=255)
+        ax.imshow(pixels, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
         ax.set_title(f"{r}. given {classes[s.given]} /\npredicted {classes[s.predicted]} "
                      f"({s.p_predicted:.2f})", fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(h_pad=1.5)
     tmp = temp_name(path, ".png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
