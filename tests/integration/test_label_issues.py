@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_train import NO_TUNE, QUIET, artifact_paths
 
-from conftest import stage_runs
-from test_train import NO_TUNE, QUIET, artifact_paths, mlflow_client
+from conftest import mlflow_client, stage_runs
 from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, MANIFEST
 
 TRUE, WRONG = "0", "1"  # zeros are the digits the model is surest of
