@@ -32,6 +32,8 @@ SKEW = "skew.json"  # export: every served path against Keras
 REGISTERED = "registered.json"  # export: {name, version, run_id, model_uri}
 FORMATS_CSV = "export_formats.csv"  # export, in reports/: every format's size, speed, parity
 MODEL_CARD = "model_card.md"  # export
+LABEL_ISSUES_CSV = "label_issues.csv"  # train, in reports/: suspected label errors, worst first
+LABEL_ISSUES_PNG = "label_issues.png"  # train, in reports/: their contact sheet
 
 # -- MLflow tags other stages or the registry read
 TAG_STAGE = "tfmlops.stage"

@@ -54,22 +54,32 @@ class StoredSplit:
     def batches(self, batch_size: int | None = None
                 ) -> Iterator[tuple[list[bytes], np.ndarray, np.ndarray]]:
         """(stored bytes, float32 model inputs, labels) per batch, in file order."""
+        for _, encoded, x, y in self.hashed_batches(batch_size):
+            yield encoded, x, y
+
+    def hashed_batches(self, batch_size: int | None = None
+                       ) -> Iterator[tuple[list[str], list[bytes], np.ndarray, np.ndarray]]:
+        """(content sha256s, stored bytes, float32 model inputs, labels) per batch, in file
+        order: the hash names the image in prepare's manifest ("" in records without one)."""
         import tensorflow as tf
 
         from tfmlops.data.pipeline import FEATURES, decode_stored, preprocess
 
+        features = {**FEATURES, "sha256": tf.io.FixedLenFeature([], tf.string, default_value="")}
+
         def parse(record):
-            ex = tf.io.parse_single_example(record, FEATURES)
+            ex = tf.io.parse_single_example(record, features)
             image = decode_stored(ex["image"], self.channels)
             x = preprocess(image, self.image_size, self.mean, self.std)
-            return ex["image"], x, ex["label"]
+            return ex["sha256"], ex["image"], x, ex["label"]
 
         ds = (tf.data.TFRecordDataset(list(self.files))
               .map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
               .batch(batch_size or self.batch_size)
               .prefetch(1))
-        for encoded, x, y in ds:
-            yield list(encoded.numpy()), x.numpy().astype(np.float32), y.numpy()
+        for sha, encoded, x, y in ds:
+            yield ([h.decode() for h in sha.numpy()], list(encoded.numpy()),
+                   x.numpy().astype(np.float32), y.numpy())
 
     def labels(self) -> np.ndarray:
         import tensorflow as tf

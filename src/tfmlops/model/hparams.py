@@ -25,8 +25,10 @@ from tfmlops.errors import ConfigError, DataError
 
 TUNABLE_TRAIN_KEYS = ("batch_size", "optimizer", "schedule", "fine_tune")
 # Not inputs of the search's result: a guard (the budget binds only when it cuts a search
-# short, which the search reports) and how train places and runs what it trains.
-NOT_SEARCH_INPUTS = ("tune.budget_minutes", "train.use_tuned", "train.strategy", "train.replicas")
+# short, which the search reports), how train places and runs what it trains, and what it
+# reports after.
+NOT_SEARCH_INPUTS = ("tune.budget_minutes", "train.use_tuned", "train.strategy", "train.replicas",
+                     "train.label_issues")
 DATA_KEY = "prepared data (version)"
 
 

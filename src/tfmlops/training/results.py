@@ -1,6 +1,7 @@
 """What `train` records and writes once the model is fitted, the same on one machine
 and across workers: the run's setup, the saved outputs, the test-split evaluation,
-the classification report, plots, the history CSV and the stage's metrics."""
+the classification report, plots, the history CSV, the suspected label errors
+(label_issues.py) and the stage's metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tfmlops.config import Config
 from tfmlops.data import pipeline
 from tfmlops.files import temp_name, write_csv, write_json
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
+from tfmlops.training import label_issues
 from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, metrics_of
 
 OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
@@ -77,23 +79,30 @@ def save(out: Path, model, merged: Config, changes: list, decision, run, prepare
 
 
 def evaluate_test(model, merged: Config, prepared, global_batch: int):
-    """(Keras metrics on the test split, its labels, predicted classes), read batch by
-    batch from the TFRecords: memory does not grow with the split."""
+    """(Keras metrics on the test split, its labels, predicted classes, the suspected label
+    errors of val and test), read batch by batch from the TFRecords: memory does not grow
+    with the splits. The test predictions serve both the report and the label issues."""
     import tensorflow as tf
+
+    from tfmlops.data.stored_split import StoredSplit
 
     steps = math.ceil(prepared.counts["test"] / global_batch)  # known: Keras does not warn
     test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
     test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(steps)),
                           verbose=0, return_dict=True)
-    y_test, outputs = pipeline.predicted(model, merged, prepared, "test", global_batch)
-    return test, y_test, outputs.argmax(-1)
+    worst = label_issues.Worst(merged.train.label_issues)
+    y_test, predicted = label_issues.scan(model, StoredSplit.of(prepared, "test"), "test",
+                                          global_batch, worst)
+    if worst.n and prepared.counts["val"]:
+        label_issues.scan(model, StoredSplit.of(prepared, "val"), "val", global_batch, worst)
+    return test, y_test, predicted, worst
 
 
 def finish(cfg: Config, final: Path, evaluation, fitted, resumed: Resume, run_setup: Setup,
            prepared, run, profile: Path, model_logging, started: float) -> dict:
     """With the outputs swapped in (nothing after this can lose the model): the report,
     history, plots and metrics, the backup emptied, all logged; returns the metrics."""
-    test, y_test, predicted = evaluation
+    test, y_test, predicted, worst = evaluation
     report = classification_report(y_test, predicted, prepared.classes)
     write_json(final / "classification_report.json", report)
     metrics = summary(fitted.rows, test, report, resumed.done, run_setup,
@@ -109,6 +118,7 @@ def finish(cfg: Config, final: Path, evaluation, fitted, resumed: Resume, run_se
     for name in OUTPUTS:
         run.log_artifact(final / name, "train")
     run.log_artifact(history, "reports")
+    label_issues.write(worst, prepared.classes, prepared.folder, Path(cfg.paths.reports), run)
     run.log_dict(metrics, "reports/train.json")  # the harness writes the file at the end
     # The model logged in a thread since `save`: a failure other than the store being
     # away (then its file is queued) fails the stage here.

@@ -95,6 +95,9 @@ class TrainConfig:
     replicas: Int = Field(1, ge=1, le=64)
     jit_compile: Literal["auto", "true", "false"] = "false"
     use_tuned: Bool = True
+    # val and test images the model finds least likely to carry their label, kept in
+    # reports/label_issues.csv and a contact sheet; 0 turns it off
+    label_issues: Int = Field(50, ge=0, le=10_000)
     fine_tune: FineTuneConfig = Field(default_factory=FineTuneConfig)
     # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that
     # win over the tune stage's best hyperparameters.
