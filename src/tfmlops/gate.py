@@ -4,7 +4,8 @@ absolute floors and ceilings (`promote.gate`) and against the version holding
 of both versions on the same current test split (`serving/versions.py`: accuracy,
 per-class recall, calibration, the paired interval); `promotion.py` applies the result.
 Without an evaluation, accuracy and the regression come from the tags export wrote
-(each measured on its own split) and the per-class and calibration checks fail.
+(each measured on its own split) and the per-class and calibration checks fail, unless
+`promote.gate.evaluate` is false (then they are not applied).
 """
 
 from __future__ import annotations
@@ -111,14 +112,17 @@ def _paired(gate: GateConfig, production: VersionMetrics, paired: dict) -> Check
     return Check("max_regression", ok, round(high, 6), limit, text)
 
 
-def _not_evaluated(name: str, limit: float) -> Check:
+def _not_evaluated(gate: GateConfig, name: str, limit: float) -> Check:
+    if not gate.evaluate:
+        return Check(name, True, None, limit, f"{name} not applied (promote.gate.evaluate is "
+                     "false)")
     return Check(name, False, None, limit, f"{name}: the candidate was not evaluated on the "
                  "current test split")
 
 
 def _class_recall(gate: GateConfig, mine: dict | None) -> Check:
     if mine is None:
-        return _not_evaluated("min_class_recall", gate.min_class_recall)
+        return _not_evaluated(gate, "min_class_recall", gate.min_class_recall)
     recalls = {k: v["recall"] for k, v in mine["per_class"].items() if v["recall"] is not None}
     if not recalls:
         return Check("min_class_recall", True, None, gate.min_class_recall, "no class to check")
@@ -136,7 +140,7 @@ def _class_drop(gate: GateConfig, production: VersionMetrics | None, mine: dict 
         return Check("max_class_drop", True, None, gate.max_class_drop,
                      "no other version holds @production: nothing to compare with")
     if mine is None or theirs is None:
-        return _not_evaluated("max_class_drop", gate.max_class_drop)
+        return _not_evaluated(gate, "max_class_drop", gate.max_class_drop)
     drops = {k: theirs["per_class"][k]["recall"] - v["recall"]
              for k, v in mine["per_class"].items()
              if v["recall"] is not None and theirs["per_class"].get(k, {}).get("recall")
@@ -156,7 +160,7 @@ def _class_drop(gate: GateConfig, production: VersionMetrics | None, mine: dict 
 
 def _ece(gate: GateConfig, mine: dict | None) -> Check:
     if mine is None:
-        return _not_evaluated("max_ece", gate.max_ece)
+        return _not_evaluated(gate, "max_ece", gate.max_ece)
     ece = mine["ece"]
     ok = ece <= gate.max_ece
     text = (f"expected calibration error {ece:.4f} {'<=' if ok else '>'} max_ece "

@@ -42,8 +42,10 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
     against = None
     if production and production != candidate:
         against = VersionMetrics.from_tags(production, registry.tags(production))
-    evaluation = evaluate_versions(cfg, registry, candidate, against and production,
-                                   out_dir or Path(cfg.paths.reports) / "promote")
+    evaluation = None
+    if cfg.promote.gate.evaluate:
+        evaluation = evaluate_versions(cfg, registry, candidate, against and production,
+                                       out_dir or Path(cfg.paths.reports) / "promote")
     checks = evaluate_gate(cfg.promote.gate, metrics, against, evaluation)
     failed = [c for c in checks if not c.passed]
     still_held()

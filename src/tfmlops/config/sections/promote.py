@@ -9,6 +9,9 @@ from tfmlops.config.sections.base import Bool, Float, Int, Text, section
 
 @section
 class GateConfig:
+    # false: the gate reads only the tags export wrote (no test split needed; the
+    # per-class and calibration checks are not applied).
+    evaluate: Bool = True
     min_accuracy: Float = Field(0.95, ge=0.0, le=1.0)
     max_regression: Float = Field(0.005, ge=0.0, le=1.0)
     # The paired interval's confidence: a regression refuses only when the whole
