@@ -111,6 +111,7 @@ class Registry:
     # -- files
     def download_version(self, version: str, dest: Path) -> Path:
         """Version `version`'s model folder (MLmodel and its artifacts) downloaded into `dest`."""
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
         mlflow = tracking.import_mlflow()
         uri = self._call(lambda c: c.get_model_version_download_uri(self.name, str(version)),
                          f"locate version {version}")

@@ -132,8 +132,9 @@ def predict_split(registry, version: str, prepared: Path, classes: list[str], ke
         labels.append(batch_labels[chosen])
         predicted.append(to_split[probs.argmax(axis=1)])
         confidence.append(probs.max(axis=1).astype(np.float32))
-    return Predictions(version, predictor.runtime, shas, *(np.concatenate(a) if a else
-                       np.zeros(0) for a in (labels, predicted, confidence)))
+    return Predictions(version, predictor.runtime, shas,
+                       *(np.concatenate(a) if a else np.zeros(0, dtype) for a, dtype in
+                         ((labels, np.int64), (predicted, np.int64), (confidence, np.float32))))
 
 
 def served_predictor(registry, version: str, dest: Path):
