@@ -33,6 +33,12 @@ REGISTERED = "registered.json"  # export: {name, version, run_id, model_uri}
 FORMATS_CSV = "export_formats.csv"  # export, in reports/: every format's size, speed, parity
 MODEL_CARD = "model_card.md"  # export
 
+# -- prepare's data contract, in reports/ (data.contract)
+DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
+DATA_PROFILE_CLASSES = "data_profile_classes.csv"  # dvc plots: images per class and split
+DATA_PROFILE_FEATURES = "data_profile_features.csv"  # dvc plots: each feature's histogram
+DATA_PROFILE_PNG = "data_profile.png"  # the prepare run's figure (tracking on)
+
 # -- MLflow tags other stages or the registry read
 TAG_STAGE = "tfmlops.stage"
 TAG_DATA_VERSION = "tfmlops.data_version"
