@@ -122,7 +122,7 @@ def split_histograms(summary: dict, feature: str) -> dict[str, list[int] | dict]
 
 def bin_labels(feature: str) -> list[str]:
     edges = EDGES[feature]
-    return [f"<{edges[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(edges, edges[1:])] \
+    return [f"<{edges[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(edges, edges[1:], strict=False)] \
         + [f">={edges[-1]:g}"]
 
 
