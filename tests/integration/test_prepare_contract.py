@@ -92,7 +92,7 @@ def test_no_reference_checks_nothing_then_accept_reference_writes_it(tmp_path, m
     assert any("no reference profile accepted yet" in r.getMessage()
                and "tfmlops accept-reference" in r.getMessage() for r in caplog.records)
     profile = profile_of(cfg)
-    assert profile["reference"] is None and profile["anomalies"] == []
+    assert profile["checked_against"] is None and profile["anomalies"] == []
     assert profile["images"] == sum(profile["counts"][s][c] for s in profile["counts"]
                                     for c in profile["classes"])
     assert sum(profile["features"]["brightness"]) == profile["images"]
@@ -120,7 +120,7 @@ def test_drift_against_the_reference_warns_or_fails_per_severity(tmp_path, make_
     metrics = prepare.run(cfg)  # nothing changed: every fact from the cache, no anomaly
     assert metrics["images_decoded"] == 0 and metrics["images_cached"] == 300
     again = profile_of(cfg)
-    assert again.pop("reference") and first.pop("reference") is None
+    assert again.pop("checked_against") and first.pop("checked_against") is None
     assert again == first and again["anomalies"] == []
 
     for path in sorted(folder.rglob("*.png"))[::2]:  # a darkened batch: half the images
@@ -144,7 +144,7 @@ def test_drift_against_the_reference_warns_or_fails_per_severity(tmp_path, make_
     prepare.run(cfg)
     assert [a["kind"] for a in profile_of(cfg)["anomalies"]] == ["class_vanished"]
 
-    write_digits(tmp_path / "more", limit=20)  # a new class: error, through the CLI
+    write_digits(tmp_path / "more", limit=100)  # a new class: error, through the CLI
     shutil.copytree(tmp_path / "more" / "1", folder / "new")
     proc = run_cli("--params", str(tmp_path / "params.yaml"), "prepare", cwd=tmp_path, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -52,7 +52,7 @@ def check_contract(cfg, classes: list[str], tally) -> dict:
             if severity != "off":
                 found.append({**anomaly, "severity": severity})
     profile = {"profile": True, **summary, "leakage": leakage,
-               "reference": contract.reference if reference is not None else None,
+               "checked_against": contract.reference if reference is not None else None,
                "anomalies": found}
     write_json(reports / DATA_PROFILE, profile)
     write_csvs(summary, *files)
