@@ -54,7 +54,8 @@ def test_near_duplicate_search_finds_what_all_pairs_finds():
         near = (bits <= distance) & (splits[:, None] != splits[None, :])
         assert found.pairs == np.triu(near, 1).sum() == len(found.listed)
         assert found.leaked == (near.any(1) & (splits > 0)).sum()
-        assert {(min(i, j), max(i, j)) for i, j, _ in found.listed} == set(zip(*np.nonzero(np.triu(near, 1))))
+        expected = set(zip(*np.nonzero(np.triu(near, 1)), strict=True))
+        assert {(min(i, j), max(i, j)) for i, j, _ in found.listed} == expected
 
 
 def test_many_identical_hashes_are_counted_without_listing_them_all():
@@ -75,4 +76,4 @@ def test_js_distance_is_zero_for_the_same_shape_and_one_for_disjoint():
     assert js_distance([1, 2, 3], [10, 20, 30]) == 0
     assert abs(js_distance([5, 0], [0, 5]) - 1) < 1e-12
     assert 0 < js_distance([5, 5], [6, 4]) < 0.1
-    assert all(a < b for a, b in itertools.pairwise(edges) for edges in EDGES.values())
+    assert all(a < b for edges in EDGES.values() for a, b in itertools.pairwise(edges))
