@@ -90,8 +90,9 @@ def anomalies(now: dict, ref: dict, contract) -> list[dict]:
                 f"data.contract.max_class_share_change {contract.max_class_share_change})",
                 cls=c, change=round(moved, 4))
     for feature, hist in now["features"].items():
-        if feature == "format" or feature not in ref["features"]:
-            continue
+        if feature == "format" or feature not in ref["features"] \
+                or now["edges"].get(feature) != ref["edges"].get(feature):
+            continue  # bins of another version: not comparable, accept a new reference
         distance = js_distance(*_aligned(hist, ref["features"][feature]))
         if distance > contract.max_feature_distance:
             add("feature_drift", f"{feature}'s histogram moved: Jensen-Shannon distance "
