@@ -120,10 +120,15 @@ def split_histograms(summary: dict, feature: str) -> dict[str, list[int] | dict]
     return out
 
 
+def _num(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def bin_labels(feature: str) -> list[str]:
-    edges = EDGES[feature]
-    return [f"<{edges[0]:g}"] + [f"{a:g}-{b:g}" for a, b in zip(edges, edges[1:], strict=False)] \
-        + [f">={edges[-1]:g}"]
+    """`lo-hi` of each bin of a numeric feature, `<lo` and `>=hi` at the ends."""
+    edges = [_num(e) for e in EDGES[feature]]
+    return [f"<{edges[0]}"] + [f"{a}-{b}" for a, b in zip(edges, edges[1:], strict=False)] \
+        + [f">={edges[-1]}"]
 
 
 def write_csvs(summary: dict, classes_csv: Path, features_csv: Path) -> None:

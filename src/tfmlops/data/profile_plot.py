@@ -1,7 +1,11 @@
 """The data profile as one PNG for the `prepare` run in MLflow: images per class and
-split, and every feature's histogram per split (shares of the split, so splits of
-different sizes overlay). matplotlib's object API on the Agg canvas: no pyplot, no
-display, no global state; imported only when a PNG is drawn.
+split, and every feature's histogram per split (as shares of the split, so splits of
+different sizes overlay), one small panel each.
+
+Drawn with Pillow, which prepare has loaded already, not matplotlib: importing and
+drawing a matplotlib figure of these panels cost prepare more than the 10% the whole
+contract may (BENCHMARKS.md, "The data contract"); these lines and labels take
+milliseconds. `dvc plots show` draws the same numbers from the CSVs.
 """
 
 from __future__ import annotations
@@ -9,38 +13,67 @@ from __future__ import annotations
 from pathlib import Path
 
 from tfmlops.data.images import SPLITS
-from tfmlops.data.profile import CATEGORIES, EDGES, split_histograms
+from tfmlops.data.profile import CATEGORIES, EDGES, bin_labels, split_histograms
+
+PANEL = (320, 180)  # width, height of one panel, in pixels
+COLUMNS = 4
+COLOURS = {"train": (31, 119, 180), "val": (255, 127, 14), "test": (44, 160, 44)}
+
+
+def panels(summary: dict) -> list[tuple[str, list[str], dict[str, list[float]]]]:
+    """(title, bin labels, {split: shares}) of each panel: class counts, then features."""
+    classes = summary["classes"]
+    out = [("images per class (share of split)", classes,
+            {s: _shares([summary["counts"][s][c] for c in classes]) for s in SPLITS})]
+    for feature in [*EDGES, *CATEGORIES]:
+        hists = split_histograms(summary, feature)
+        if feature in CATEGORIES:
+            labels = sorted({n for h in hists.values() for n in h})
+            series = {s: _shares([hists[s].get(n, 0) for n in labels]) for s in SPLITS}
+        else:
+            labels, series = bin_labels(feature), {s: _shares(hists[s]) for s in SPLITS}
+        out.append((f"{feature} (share of split)", labels, series))
+    return out
+
+
+def _shares(values: list[int]) -> list[float]:
+    total = max(sum(values), 1)
+    return [v / total for v in values]
 
 
 def plot_profile(summary: dict, path: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from PIL import Image, ImageDraw
 
-    fig = Figure(figsize=(16, 10))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(3, 4).ravel()
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.06, top=0.95, wspace=0.25, hspace=0.45)
-    classes = summary["classes"]
-    for k, split in enumerate(SPLITS):
-        counts = [summary["counts"][split][c] for c in classes]
-        axes[0].bar([i + 0.27 * (k - 1) for i in range(len(classes))], counts, 0.27, label=split)
-    axes[0].set_xticks(range(len(classes)), classes if len(classes) <= 20 else [""] * len(classes))
-    axes[0].set_title("images per class")
-    axes[0].legend(fontsize=8)
-    for ax, feature in zip(axes[1:], [*EDGES, *CATEGORIES], strict=False):
-        hists = split_histograms(summary, feature)
-        names = sorted({n for h in hists.values() for n in h}) if feature in CATEGORIES else None
-        for split in SPLITS:
-            values = [hists[split].get(n, 0) for n in names] if names else hists[split]
-            total = max(sum(values), 1)
-            ax.stairs([v / total for v in values], range(len(values) + 1), label=split)
-        if names:
-            ax.set_xticks([i + 0.5 for i in range(len(names))], names)
-        else:
-            edges = EDGES[feature]
-            ticks = list(range(1, len(edges) + 1, max(1, len(edges) // 4)))
-            ax.set_xticks(ticks, [f"{edges[i - 1]:g}" for i in ticks])
-        ax.set_title(f"{feature} (share of split)")
-    axes[-1].set_visible(False)
-    fig.savefig(path, dpi=60)
+    items = panels(summary)
+    rows = -(-len(items) // COLUMNS)
+    img = Image.new("RGB", (PANEL[0] * COLUMNS, PANEL[1] * rows), "white")
+    draw = ImageDraw.Draw(img)
+    for k, (title, labels, series) in enumerate(items):
+        _panel(draw, (k % COLUMNS) * PANEL[0], (k // COLUMNS) * PANEL[1], title, labels, series)
+    x = img.width - 150
+    for split, colour in COLOURS.items():  # the legend, bottom right
+        draw.text((x, img.height - 16), split, fill=colour)
+        x += 45
+    img.save(path)
     return path
+
+
+def _panel(draw, x0: int, y0: int, title: str, labels: list[str], series: dict) -> None:
+    """One histogram: a step line per split over the bins, labels at both ends and the middle."""
+    left, right, top, bottom = x0 + 12, x0 + PANEL[0] - 12, y0 + 22, y0 + PANEL[1] - 30
+    draw.text((left, y0 + 6), title, fill="black")
+    draw.line([(left, bottom), (right, bottom)], fill=(120, 120, 120))
+    peak = max((v for values in series.values() for v in values), default=0) or 1
+    width = (right - left) / max(len(labels), 1)
+    for split, values in series.items():
+        points = []
+        for i, v in enumerate(values):
+            y = bottom - (bottom - top) * v / peak
+            points += [(left + i * width, y), (left + (i + 1) * width, y)]
+        if points:
+            draw.line(points, fill=COLOURS[split], width=2)
+    draw.text((x0 + PANEL[0] - 60, top), f"max {peak:.0%}", fill=(90, 90, 90))
+    for i in sorted({0, len(labels) // 2, len(labels) - 1}) if labels else []:
+        text = labels[i][:16]
+        x = min(left + i * width, right - draw.textlength(text))  # the last one inside
+        draw.text((x, bottom + 4 + 12 * (i % 2)), text, fill="black")
