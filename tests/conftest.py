@@ -215,8 +215,11 @@ def git(*args: str, cwd: Path) -> str:
 def scratch_repo(dest: Path, params: dict | None = None) -> Path:
     """A git+DVC copy of this project (code, dvc.yaml, params) in `dest`, committed."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore"):
+    # data/reference_profile.json: the committed "no reference yet", a dependency of prepare
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore",
+                 "data/reference_profile.json"):
         if (ROOT / name).exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
     (dest / "params.yaml").write_text(committed_params_text())
     shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))

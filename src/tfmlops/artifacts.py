@@ -40,6 +40,12 @@ RELIABILITY_PNG = "reliability.png"  # promote: both versions' reliability diagr
 CONFUSION_PNG = "confusion_{version}.png"  # promote: one per evaluated version
 PREPARED_MANIFEST = "prepared/" + MANIFEST  # artifact path of the manifest in prepare's run
 
+# -- prepare's data contract, in reports/ (data.contract)
+DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
+DATA_PROFILE_CLASSES = "data_profile_classes.csv"  # dvc plots: images per class and split
+DATA_PROFILE_FEATURES = "data_profile_features.csv"  # dvc plots: each feature's histogram
+DATA_PROFILE_PNG = "data_profile.png"  # the prepare run's figure (tracking on)
+
 # -- MLflow tags other stages or the registry read
 TAG_STAGE = "tfmlops.stage"
 TAG_DATA_VERSION = "tfmlops.data_version"
