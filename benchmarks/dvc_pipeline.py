@@ -61,8 +61,10 @@ def project_copy(dest: Path, params: dict | None = None) -> Path:
     """The project as a user has it: code, dvc.yaml, params.yaml (with `params`
     merged in), committed."""
     git_repo(dest)
-    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
+    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore",
+                 "data/reference_profile.json"):  # a dependency of prepare
         if (ROOT / name).exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
     if params:
         import yaml

@@ -78,6 +78,12 @@ TINY = {
 }
 
 
+# The tiny models (16 px, 2 to 8 epochs) are neither accurate nor calibrated on every class:
+# the gate's class and calibration checks are loosened where a test wants a promotion.
+LOOSE_GATE = {"min_accuracy": 0.5, "min_class_recall": 0.0, "max_class_drop": 0.5,
+              "max_ece": 0.5, "min_edge_agreement": 0.5}
+
+
 def deep_merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for k, v in extra.items():
@@ -209,8 +215,11 @@ def git(*args: str, cwd: Path) -> str:
 def scratch_repo(dest: Path, params: dict | None = None) -> Path:
     """A git+DVC copy of this project (code, dvc.yaml, params) in `dest`, committed."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore"):
+    # data/reference_profile.json: the committed "no reference yet", a dependency of prepare
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore",
+                 "data/reference_profile.json"):
         if (ROOT / name).exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
     (dest / "params.yaml").write_text(committed_params_text())
     shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
@@ -238,7 +247,7 @@ def pipeline_repo(tmp_path_factory):
     per session and shared by the e2e tests (the README's commands run in it afterwards)."""
     params = relative_tiny_params(
         tune={"max_trials": 2, "max_epochs": 1, "tuner": "random"},
-        promote={"gate": {"min_accuracy": 0.3, "max_latency_ms": 1000.0}},
+        promote={"gate": {**LOOSE_GATE, "min_accuracy": 0.3, "max_latency_ms": 1000.0}},
     )
     repo = scratch_repo(tmp_path_factory.mktemp("e2e") / "repo", params)
     first = dvc("repro", cwd=repo, timeout=1400)
@@ -282,7 +291,8 @@ def save_tiny_trained(cfg, epochs: int = 8) -> None:
     tflite = tf.lite.TFLiteConverter.from_keras_model(model).convert()
     Path(cfg.paths.tflite).mkdir(parents=True, exist_ok=True)
     (Path(cfg.paths.tflite) / "float32.tflite").write_bytes(tflite)
-    edge = {"variant": "float32", "file": "float32.tflite", "accuracy": 0.0, "bytes": len(tflite)}
+    edge = {"variant": "float32", "file": "float32.tflite", "accuracy": 0.0, "bytes": len(tflite),
+            "agreement": 1.0}  # the float32 file of the model itself
     (Path(cfg.paths.tflite) / EDGE).write_text(json.dumps(edge))
 
 
@@ -294,7 +304,7 @@ def exported_digits(tmp_path_factory, prepared_digits):
     from tfmlops.stages import export
 
     workdir = tmp_path_factory.mktemp("exported_digits")
-    params = tiny_params(workdir, promote={"gate": {"min_accuracy": 0.5}},
+    params = tiny_params(workdir, promote={"gate": LOOSE_GATE},
                          profiling={"enabled": True, "start_step": 1, "steps": 1})
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cfg = load_config(workdir / "params.yaml")

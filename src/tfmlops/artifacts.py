@@ -34,6 +34,17 @@ FORMATS_CSV = "export_formats.csv"  # export, in reports/: every format's size, 
 MODEL_CARD = "model_card.md"  # export
 LABEL_ISSUES_CSV = "label_issues.csv"  # train, in reports/: suspected label errors, worst first
 LABEL_ISSUES_PNG = "label_issues.png"  # train, in reports/: their contact sheet
+EVALUATION = "promote_evaluation"  # promote: reports/<this>.json, candidate vs production
+EVALUATED_CSV = "evaluated_images.csv"  # promote, in reports/promote/: every evaluated image
+RELIABILITY_PNG = "reliability.png"  # promote: both versions' reliability diagrams
+CONFUSION_PNG = "confusion_{version}.png"  # promote: one per evaluated version
+PREPARED_MANIFEST = "prepared/" + MANIFEST  # artifact path of the manifest in prepare's run
+
+# -- prepare's data contract, in reports/ (data.contract)
+DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
+DATA_PROFILE_CLASSES = "data_profile_classes.csv"  # dvc plots: images per class and split
+DATA_PROFILE_FEATURES = "data_profile_features.csv"  # dvc plots: each feature's histogram
+DATA_PROFILE_PNG = "data_profile.png"  # the prepare run's figure (tracking on)
 
 # -- MLflow tags other stages or the registry read
 TAG_STAGE = "tfmlops.stage"
@@ -49,6 +60,9 @@ TAG_ACCURACY = "serving.accuracy"
 TAG_BYTES = "serving.bytes"
 TAG_LATENCY = "serving.latency_p50_ms"
 TAG_PARITY = "parity.passed"
+TAG_EDGE_AGREEMENT = "edge.top1_agreement"  # the INT8 edge file vs the float model (quantize)
+TAG_LINEAGE_RUN = "lineage.run."  # prefix: + stage, the run id of each upstream stage
+TAG_LINEAGE_DATA = "lineage.data_version"
 
 
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "who (mlflow.user), the action and outcome, @production before and "
                        "after, the candidate, and why.")
     p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+    sub.add_parser("accept-reference", help="accept the last prepare's data profile as the "
+                   "reference later runs are checked against",
+                   description="Copy reports/data_profile.json to data.contract.reference; "
+                   "commit that file. Later prepares report drift and anomalies against it.")
     sub.add_parser("sync", help="upload MLflow calls queued while the server was away",
                    description="Replay reports/outbox/*.jsonl against the tracking store.")
     return parser
@@ -117,6 +121,13 @@ def _command(args: argparse.Namespace):
             return rows
         sys.stdout.write(history_table(rows) + "\n")  # the command's output, not a log line
         return None
+    if args.command == "accept-reference":
+        from pathlib import Path
+
+        from tfmlops.artifacts import DATA_PROFILE
+        from tfmlops.data.drift import accept_reference
+
+        return accept_reference(Path(cfg.paths.reports) / DATA_PROFILE, cfg.data.contract.reference)
     if args.command == "sync":
         from tfmlops.tracking import sync
 

@@ -1,7 +1,11 @@
 """The promotion gate, written as data: checks of a candidate version against
 absolute floors and ceilings (`promote.gate`) and against the version holding
-@production. Pure functions of the registry's version tags; `stages/promote.py`
-applies the result.
+@production. Pure functions of the registry's version tags and of the evaluation
+of both versions on the same current test split (`serving/versions.py`: accuracy,
+per-class recall, calibration, the paired interval); `promotion.py` applies the result.
+Without an evaluation, accuracy and the regression come from the tags export wrote
+(each measured on its own split) and the per-class and calibration checks fail, unless
+`promote.gate.evaluate` is false (then they are not applied).
 """
 
 from __future__ import annotations
@@ -20,15 +24,23 @@ class VersionMetrics:
     bytes: float | None
     latency_ms: float | None
     parity: bool | None
+    edge_agreement: float | None = None
 
     @classmethod
     def from_tags(cls, version: str, tags: dict[str, str]) -> VersionMetrics:
-        from tfmlops.artifacts import TAG_ACCURACY, TAG_BYTES, TAG_LATENCY, TAG_PARITY
+        from tfmlops.artifacts import (
+            TAG_ACCURACY,
+            TAG_BYTES,
+            TAG_EDGE_AGREEMENT,
+            TAG_LATENCY,
+            TAG_PARITY,
+        )
 
         parity = tags.get(TAG_PARITY)
         return cls(str(version), _number(tags.get(TAG_ACCURACY)), _number(tags.get(TAG_BYTES)),
                    _number(tags.get(TAG_LATENCY)),
-                   None if parity is None else parity.strip().lower() == "true")
+                   None if parity is None else parity.strip().lower() == "true",
+                   _number(tags.get(TAG_EDGE_AGREEMENT)))
 
 
 @dataclass(frozen=True)
@@ -41,13 +53,29 @@ class Check:
 
 
 def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
-                  production: VersionMetrics | None) -> list[Check]:
-    """Every check of the gate, passed or not, with its values and a one-line message."""
+                  production: VersionMetrics | None, evaluation: dict | None = None
+                  ) -> list[Check]:
+    """Every check of the gate, passed or not, with its values and a one-line message.
+    `evaluation`: {"candidate": summary, "production": summary or absent, "paired": ...}
+    (`evaluation.summarize`, `evaluation.paired_interval`) on the same images."""
     c = candidate
+    ev = evaluation if evaluation and evaluation.get("images") else {}  # 0 images: none
+    mine, theirs = ev.get("candidate"), ev.get("production") if production else None
     checks = []
-    checks.append(_bound("min_accuracy", c, c.accuracy, gate.min_accuracy, "serving.accuracy",
-                         at_least=True, label="accuracy", unit="", spec=(".4f", ".4f")))
-    checks.append(_regression(gate, c, production))
+    if mine is not None:
+        accuracy = mine["accuracy"]
+        checks.append(_bound("min_accuracy", c, accuracy, gate.min_accuracy, "",
+                             at_least=True, label=f"accuracy on {mine['images']} test images",
+                             unit="", spec=(".4f", ".4f")))
+    else:
+        checks.append(_bound("min_accuracy", c, c.accuracy, gate.min_accuracy, "serving.accuracy",
+                             at_least=True, label="accuracy", unit="", spec=(".4f", ".4f")))
+    if production is not None and ev.get("paired") is not None:
+        checks.append(_paired(gate, production, ev["paired"]))
+    else:
+        checks.append(_regression(gate, c, production))
+    checks += [_class_recall(gate, mine), _class_drop(gate, production, mine, theirs),
+               _ece(gate, mine)]
     checks.append(_bound("max_size_bytes", c, c.bytes, gate.max_size_bytes, "serving.bytes",
                          at_least=False, label="size", unit=" bytes", spec=(",.0f", ",")))
     checks.append(_bound("max_latency_ms", c, c.latency_ms, gate.max_latency_ms,
@@ -59,7 +87,85 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
         ok = c.parity is True
         what = {True: "passed", False: "failed", None: "were not recorded"}[c.parity]
         checks.append(Check("parity", ok, c.parity, True, f"parity checks {what} at export"))
+    if c.edge_agreement is None:
+        checks.append(Check("min_edge_agreement", False, None, gate.min_edge_agreement,
+                            f"version {c.version} has no 'edge.top1_agreement' tag (exported "
+                            "from an edge.json without it?); run `dvc repro quantize export`"))
+    else:
+        checks.append(_bound("min_edge_agreement", c, c.edge_agreement, gate.min_edge_agreement,
+                             "", at_least=True, label="INT8 edge file's top-1 agreement with "
+                             "the float model", unit="", spec=(".4f", ".4f")))
     return checks
+
+
+def _paired(gate: GateConfig, production: VersionMetrics, paired: dict) -> Check:
+    """Refused only when the whole interval lies below -max_regression."""
+    high, limit = paired["high"], -gate.max_regression
+    ok = high >= limit
+    text = (f"accuracy change vs production version {production.version} on the same "
+            f"{paired['images']} images: {paired['difference']:+.4f} (better on "
+            f"{paired['candidate_only']}, worse on {paired['production_only']}); "
+            f"{paired['confidence']:.0%} interval [{paired['low']:+.4f}, {high:+.4f}]")
+    text += (f", within max_regression {gate.max_regression:g}" if ok else
+             f": worse by more than max_regression {gate.max_regression:g} "
+             f"(upper bound short by {limit - high:.4f})")
+    return Check("max_regression", ok, round(high, 6), limit, text)
+
+
+def _not_evaluated(gate: GateConfig, name: str, limit: float) -> Check:
+    if not gate.evaluate:
+        return Check(name, True, None, limit, f"{name} not applied (promote.gate.evaluate is "
+                     "false)")
+    return Check(name, False, None, limit, f"{name}: the candidate was not evaluated on the "
+                 "current test split")
+
+
+def _class_recall(gate: GateConfig, mine: dict | None) -> Check:
+    if mine is None:
+        return _not_evaluated(gate, "min_class_recall", gate.min_class_recall)
+    recalls = {k: v["recall"] for k, v in mine["per_class"].items() if v["recall"] is not None}
+    if not recalls:
+        return Check("min_class_recall", True, None, gate.min_class_recall, "no class to check")
+    low = sorted((r, k) for k, r in recalls.items() if r < gate.min_class_recall)
+    worst = min(recalls.values())
+    text = (f"every class's recall >= min_class_recall {gate.min_class_recall:g} (lowest "
+            f"{worst:.4f})" if not low else "recall below min_class_recall "
+            f"{gate.min_class_recall:g}: " + ", ".join(f"class {k} {r:.4f}" for r, k in low))
+    return Check("min_class_recall", not low, worst, gate.min_class_recall, text)
+
+
+def _class_drop(gate: GateConfig, production: VersionMetrics | None, mine: dict | None,
+                theirs: dict | None) -> Check:
+    if production is None:
+        return Check("max_class_drop", True, None, gate.max_class_drop,
+                     "no other version holds @production: nothing to compare with")
+    if mine is None or theirs is None:
+        return _not_evaluated(gate, "max_class_drop", gate.max_class_drop)
+    drops = {k: theirs["per_class"][k]["recall"] - v["recall"]
+             for k, v in mine["per_class"].items()
+             if v["recall"] is not None and theirs["per_class"].get(k, {}).get("recall")
+             is not None}
+    if not drops:
+        return Check("max_class_drop", True, None, gate.max_class_drop, "no class to compare")
+    over = sorted(((d, k) for k, d in drops.items() if d > gate.max_class_drop), reverse=True)
+    worst = max(drops.values())
+    text = (f"per-class recall vs production version {production.version}: largest drop "
+            f"{worst:+.4f} <= max_class_drop {gate.max_class_drop:g}" if not over else
+            f"recall fell by more than max_class_drop {gate.max_class_drop:g} vs production "
+            f"version {production.version}: "
+            + ", ".join(f"class {k} {theirs['per_class'][k]['recall']:.4f} -> "
+                        f"{mine['per_class'][k]['recall']:.4f}" for _, k in over))
+    return Check("max_class_drop", not over, round(worst, 6), gate.max_class_drop, text)
+
+
+def _ece(gate: GateConfig, mine: dict | None) -> Check:
+    if mine is None:
+        return _not_evaluated(gate, "max_ece", gate.max_ece)
+    ece = mine["ece"]
+    ok = ece <= gate.max_ece
+    text = (f"expected calibration error {ece:.4f} {'<=' if ok else '>'} max_ece "
+            f"{gate.max_ece:g}" + ("" if ok else f" (over by {ece - gate.max_ece:.4f})"))
+    return Check("max_ece", ok, ece, gate.max_ece, text)
 
 
 def _bound(name: str, v: VersionMetrics, value: float | None, limit: float, tag: str, *,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict
+from pathlib import Path
 
 from tfmlops.config import Config
 from tfmlops.errors import DataError
@@ -31,14 +32,21 @@ def experiment_alias(name: str) -> str:
 
 
 def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_id,
-           experiment: str | None = None) -> dict:
-    """Under the lock: read @production again, apply the gate, move the aliases."""
+           experiment: str | None = None, out_dir: Path | None = None) -> dict:
+    """Under the lock: read @production again, evaluate both versions on the current test
+    split (files in `out_dir`), apply the gate, move the aliases."""
+    from tfmlops.serving.versions import evaluate_versions
+
     metrics = VersionMetrics.from_tags(candidate, registry.tags(candidate))
     production = registry.alias(PRODUCTION)
     against = None
     if production and production != candidate:
         against = VersionMetrics.from_tags(production, registry.tags(production))
-    checks = evaluate_gate(cfg.promote.gate, metrics, against)
+    evaluation = None
+    if cfg.promote.gate.evaluate:
+        evaluation = evaluate_versions(cfg, registry, candidate, against and production,
+                                       out_dir or Path(cfg.paths.reports) / "promote")
+    checks = evaluate_gate(cfg.promote.gate, metrics, against, evaluation)
     failed = [c for c in checks if not c.passed]
     still_held()
     reasons = "; ".join(c.message for c in failed)
@@ -82,7 +90,30 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
             "production_before": production, "production_after": after,
             "previous_after": registry.alias(PREVIOUS),
             "checks": [asdict(c) for c in checks], "failed": [c.name for c in failed],
-            "summary": summary}
+            "summary": summary, "evaluation": evaluation}
+
+
+def record_evaluation(cfg: Config, run, evaluation: dict) -> dict:
+    """reports/promote_evaluation.json and the promote run's artifacts (that JSON, the
+    plots, the per-image table) and metrics; returns the digest promote.json keeps."""
+    from tfmlops.artifacts import EVALUATION, report_path
+    from tfmlops.files import write_json
+
+    files = evaluation.pop("files", [])
+    path = write_json(report_path(cfg.paths.reports, EVALUATION), evaluation)
+    for file in [path, *files]:
+        run.log_artifact(file, "evaluation")
+    paired = evaluation.get("paired") or {}
+    roles = [r for r in ("candidate", "production") if r in evaluation]
+    run.log_metrics({"eval.images": evaluation["images"], "eval.excluded": evaluation["excluded"],
+                     **{f"eval.{r}.{k}": evaluation[r][k] for r in roles
+                        for k in ("accuracy", "ece") if evaluation[r][k] is not None},
+                     **{f"eval.paired.{k}": paired[k] for k in ("difference", "low", "high")
+                        if k in paired}})
+    return {"images": evaluation["images"], "excluded": evaluation["excluded"],
+            "exclusion": evaluation["exclusion"], "paired": paired or None,
+            **{r: {k: evaluation[r][k] for k in ("version", "runtime", "accuracy", "ece")}
+               for r in roles}, "report": str(path)}
 
 
 def hold_experiment(registry, candidate: str, production: str | None, experiment: str,

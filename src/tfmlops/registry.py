@@ -108,6 +108,26 @@ class Registry:
         except _Missing:
             return False
 
+    # -- files
+    def download_version(self, version: str, dest: Path) -> Path:
+        """Version `version`'s model folder (MLmodel and its artifacts) downloaded into `dest`."""
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
+        mlflow = tracking.import_mlflow()
+        uri = self._call(lambda c: c.get_model_version_download_uri(self.name, str(version)),
+                         f"locate version {version}")
+        return Path(self._call(lambda c: mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(dest), tracking_uri=self.uri),
+            f"download version {version}"))
+
+    def run_artifact(self, run_id: str, path: str, dest: Path) -> Path | None:
+        """The artifact `path` of run `run_id` downloaded into `dest`; None when the run
+        or the file is not in the store (deleted, or logged to another store)."""
+        try:
+            return Path(self._call(lambda c: c.download_artifacts(run_id, path, str(dest)),
+                                   f"download {path} of run {run_id}"))
+        except (_Missing, OSError):
+            return None
+
     # -- writing (each re-checks the promotion lock when one is held)
     def set_alias(self, alias: str, version: str) -> None:
         self._write(lambda c: c.set_registered_model_alias(self.name, alias, str(version)),

@@ -11,7 +11,7 @@ from conftest import dvc, git, relative_tiny_params, scratch_repo
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 GOOD = {"serving.accuracy": "0.99", "serving.bytes": "1000", "serving.latency_p50_ms": "1.0",
-        "parity.passed": "true"}
+        "parity.passed": "true", "edge.top1_agreement": "1.0"}
 
 # Only the promote stage, of a version registered by the test: no training needed.
 DVC_YAML = """stages:
@@ -29,7 +29,9 @@ def test_dvc_exp_run_never_moves_production(tmp_path):
     from tfmlops.config import load_config
     from tfmlops.registry import Registry
 
-    params = relative_tiny_params(promote={"registered_model": "exp-promote"})
+    # No model behind the versions: the gate reads their tags alone (no evaluation).
+    params = relative_tiny_params(promote={"registered_model": "exp-promote",
+                                           "gate": {"evaluate": False}})
     params["tracking"]["uri"] = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
     repo = scratch_repo(tmp_path / "repo", params)

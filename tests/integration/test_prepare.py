@@ -86,7 +86,8 @@ def test_prepare_as_users_run_it_imports_neither_tensorflow_nor_mlflow(tmp_path,
     (run,) = stage_runs(cfg, "prepare")
     assert run.info.status == "FINISHED"
     assert run.data.metrics["images_good"] == 18 and "decode_seconds" in run.data.metrics
-    assert {a.path for a in mlflow_client(cfg).list_artifacts(run.info.run_id)} == {"prepared"}
+    assert {a.path for a in mlflow_client(cfg).list_artifacts(run.info.run_id)} == {"prepared",
+                                                                                 "data_profile"}
     assert not profiling.profile_dir(cfg, "prepare").exists()
 
 

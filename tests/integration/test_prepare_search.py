@@ -3,7 +3,8 @@
 Hypothesis draws what users do to an image folder and its params, one step at a
 time; after each step an incremental `prepare` (its cache and memo kept from
 step to step, 1 or 2 workers) and a cold one (no cache, no memo, in this
-process, one worker) run on the same folder and must write the same bytes, or
+process, one worker) run on the same folder and must write the same bytes (the
+data profile in reports/ too: its per-image facts come from the cache), or
 fail with the same one line and leave their previous output in place. Every
 manifest row must carry its own file's content hash and class.
 
@@ -37,7 +38,7 @@ from hypothesis.stateful import (
 from PIL import Image
 
 from conftest import tiny_params
-from tfmlops.artifacts import MANIFEST, RUN_FILE
+from tfmlops.artifacts import DATA_PROFILE, MANIFEST, RUN_FILE
 from tfmlops.config import load_config
 from tfmlops.errors import UserError
 from tfmlops.stages import prepare
@@ -272,6 +273,9 @@ class PrepareMachine(RuleBasedStateMachine):
         for side in after:
             side.pop(RUN_FILE, None)
         assert after[0] == after[1]
+        # The data profile too: an incremental run takes each image's facts from the cache.
+        profiles = [(Path(cfg.paths.reports) / DATA_PROFILE).read_bytes() for cfg in (warm, cold)]
+        assert profiles[0] == profiles[1]
         manifest = json.loads(after[0][MANIFEST])
         for row in manifest["files"]:
             path = self.images / row["file"]

@@ -2,22 +2,26 @@
 
 Each test owns a registered model of its own in the exported store. Its
 versions are registered from the really exported model with the tags export
-wrote; a "worse" or "better" model is that model with a lower or higher
-`serving.accuracy` tag, which is all the gate reads.
+wrote, or from a variant of it (`served_variant`): the same ONNX model served with
+some class names changed (a class the split does not know is always wrong) or with
+one class's probability raised a little (a few images change). The gate evaluates
+each version through its registered serving files on the same test images.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from conftest import VENV_BIN, child_env, mlflow_client, run_cli
-from tfmlops.artifacts import REGISTERED
+from tfmlops.artifacts import EVALUATED_CSV, EVALUATION, REGISTERED, report_path
 from tfmlops.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # on the exported model
@@ -25,7 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # on the exported mod
 
 @pytest.fixture
 def store(exported_digits, tmp_path, request):
-    """(cfg for a fresh registered model in the exported store, register(accuracy_delta))."""
+    """(cfg for a fresh registered model in the exported store, register(accuracy_delta,
+    **variant)): a version of the exported model, or of `served_variant(**variant)`."""
     from tfmlops.artifacts import TAG_ACCURACY
     from tfmlops.registry import Registry
 
@@ -40,12 +45,55 @@ def store(exported_digits, tmp_path, request):
     cfg = load_config(tmp_path / "params.yaml")
     registry = Registry(cfg)
     accuracy = float(base_tags[TAG_ACCURACY])
+    made = iter(range(1000))
 
-    def register(delta: float = 0.0) -> str:
-        tags = {**base_tags, TAG_ACCURACY: f"{accuracy + delta:.6f}"}
-        return registry.register(registered["model_uri"], tags, "test copy of the export")
+    def register(delta: float = 0.0, tags: dict | None = None, **variant) -> str:
+        uri = (served_variant(cfg, tmp_path / f"variant-{next(made)}", **variant) if variant
+               else registered["model_uri"])
+        tags = {**base_tags, TAG_ACCURACY: f"{accuracy + delta:.6f}", **(tags or {})}
+        return registry.register(uri, tags, "test copy of the export")
 
     return cfg, registry, register
+
+
+def served_variant(cfg, dest: Path, rename: dict | None = None,
+                   boost: tuple[int, float] | None = None, plain: bool = False) -> str:
+    """The exported ONNX model logged as a served pyfunc model (ONNX Runtime) with the
+    class names in `rename` changed, or class j's probability raised by eps (`boost`,
+    then renormalised); its model URI."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tfmlops.data.stored_split import stored_records
+    from tfmlops.serving import mlflow_model
+    from tfmlops.tracking import tracking_uri, use_uri
+
+    export = Path(cfg.paths.export)
+    dest.mkdir(parents=True)
+    config = json.loads((export / "serving.json").read_text())
+    config.update(runtime="onnx", file="model.onnx")
+    config["classes"] = [(rename or {}).get(c, c) for c in config["classes"]]
+    (dest / "serving.json").write_text(json.dumps(config))
+    model = onnx.load(export / "model.onnx")
+    if boost is not None:
+        j, eps = boost
+        graph, out = model.graph, model.graph.output[0].name
+        for node in graph.node:
+            node.output[:] = [f"{o}_raw" if o == out else o for o in node.output]
+        add = np.zeros(len(config["classes"]), np.float32)
+        add[j] = eps
+        graph.initializer.extend([numpy_helper.from_array(add, "boost"),
+                                  numpy_helper.from_array(np.float32(1 + eps), "norm")])
+        graph.node.extend([helper.make_node("Add", [f"{out}_raw", "boost"], [f"{out}_b"]),
+                           helper.make_node("Div", [f"{out}_b", "norm"], [out])])
+    onnx.save(model, dest / "model.onnx")
+    _, encoded, _ = next(stored_records(cfg.paths.prepared, "test", batch_size=1))
+    mlflow = use_uri(tracking_uri(cfg))
+    mlflow.set_experiment(cfg.tracking.experiment)
+    with mlflow.start_run(run_name="test variant"):
+        info = mlflow.pyfunc.log_model(name="model", **mlflow_model._serving_model(
+            dest, "model.onnx", mlflow_model.request_example(encoded[0])))
+    return info.model_uri
 
 
 def decision(cfg) -> dict:
@@ -56,7 +104,8 @@ def test_gate_promotes_a_better_model_refuses_a_worse_one_and_rollback_restores(
     from tfmlops.stages import promote
 
     cfg, registry, register = store
-    v1, worse, better = register(0.0), register(-0.05), register(+0.01)
+    # worse: the same model, two of its classes served under names the split does not have
+    v1, worse, better = register(0.0), register(rename={"0": "zero", "1": "one"}), register(+0.01)
 
     assert promote.run(cfg, version=int(v1))["outcome"] == "promoted"
     assert registry.aliases() == {"production": v1}
@@ -65,8 +114,9 @@ def test_gate_promotes_a_better_model_refuses_a_worse_one_and_rollback_restores(
     assert result["outcome"] == "refused"
     assert registry.aliases() == {"production": v1, "candidate": worse}
     d = decision(cfg)
-    assert d["failed"] == ["max_regression"]
-    assert "worse by more than max_regression" in d["summary"] and "(by 0.0450)" in d["summary"]
+    assert "max_regression" in d["failed"]
+    assert "worse by more than max_regression" in d["summary"] and "upper bound short by" in \
+        d["summary"]
 
     assert promote.run(cfg, version=int(better))["outcome"] == "promoted"
     assert registry.aliases() == {"production": better, "previous": v1, "candidate": worse}
@@ -114,7 +164,7 @@ def test_force_promotes_past_the_gate_and_says_so(store):
     from tfmlops.stages import promote
 
     cfg, registry, register = store
-    good, poor = register(0.0), register(-0.3)
+    good, poor = register(0.0), register(rename={"0": "zero", "1": "one", "2": "two"})
     promote.run(cfg, version=int(good))
     result = promote.run(cfg, version=int(poor), force=True)
     assert result["outcome"] == "forced"
@@ -127,7 +177,7 @@ def test_force_promotes_past_the_gate_and_says_so(store):
 def test_refusal_exits_0_unless_the_pipeline_must_fail(store, tmp_path):
     """Through the CLI: a refused default candidate exits 0; with fail_pipeline, 2 in one line."""
     cfg, registry, register = store
-    worse = register(-0.5)  # below min_accuracy
+    worse = register(rename={str(d): str((d + 1) % 10) for d in range(10)})  # below min_accuracy
     registered = {"name": registry.name, "version": worse, "run_id": None, "model_uri": None}
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     params["paths"]["export"] = str(tmp_path / "export")
@@ -199,3 +249,117 @@ def _promote_runs(cfg):
     query = (f"tags.`tfmlops.stage` = 'promote' and "
              f"params.`promote.registered_model` = '{cfg.promote.registered_model}'")
     return client.search_runs([exp.experiment_id], query, order_by=["attributes.start_time ASC"])
+
+
+# ------------------------------------------- both versions on the same images (issue 28)
+
+def evaluation(cfg) -> dict:
+    return json.loads(report_path(cfg.paths.reports, EVALUATION).read_text())
+
+
+def test_equal_on_average_but_one_class_lost_is_refused(store):
+    """Production serves class k under a name the split lacks, the candidate class j, with
+    as many right images in each: the same accuracy, the paired check passes, and the
+    candidate is refused for the class it lost."""
+    from tfmlops.stages import promote
+
+    cfg, registry, register = store
+    promote.run(cfg, version=int(register(plain=True)))
+    per_class = evaluation(cfg)["candidate"]["per_class"]
+    right = {c: round(v["recall"] * v["support"]) for c, v in per_class.items()}
+    k, j = min(((a, b) for a in right for b in right if a != b and
+                per_class[b]["recall"] > cfg.promote.gate.max_class_drop),
+               key=lambda ab: (abs(right[ab[0]] - right[ab[1]]), ab))
+    production = register(rename={k: "retired"})
+    assert promote.run(cfg, version=int(production), force=True)["outcome"] == "forced"
+    candidate = register(rename={j: "renamed"})
+    assert promote.run(cfg, version=int(candidate))["outcome"] == "refused"
+
+    checks = {c["name"]: c for c in decision(cfg)["checks"]}
+    ev = evaluation(cfg)
+    assert ev["paired"]["candidate_only"] == right[k] and ev["paired"]["production_only"] == \
+        right[j]
+    assert checks["max_regression"]["passed"], checks["max_regression"]["message"]
+    assert ev["candidate"]["per_class"][j]["recall"] == 0.0 == checks["min_class_recall"]["value"]
+    assert ev["production"]["per_class"][k]["recall"] == 0.0  # unknown to it: always wrong
+    assert not checks["max_class_drop"]["passed"]
+    assert f"class {j} {per_class[j]['recall']:.4f} -> 0.0000" in checks["max_class_drop"]["message"]
+    assert registry.aliases()["production"] == production
+
+
+def test_a_candidate_worse_on_fewer_images_than_the_interval_allows_is_promoted(store):
+    """Class j's probability raised just enough to turn 2 right images wrong and no wrong
+    one right: -2/n is beyond max_regression, the interval is not: promoted."""
+    from tfmlops.serving.predictor import Predictor
+    from tfmlops.stages import promote
+
+    cfg, registry, register = store
+    plain = register(plain=True)
+    promote.run(cfg, version=int(plain))
+    export = Path(cfg.paths.export)
+    config = json.loads((export / "serving.json").read_text())
+    j, eps = two_images_worse(cfg, Predictor("onnx", export / "model.onnx", config))
+    candidate = register(boost=(j, eps))
+    assert promote.run(cfg, version=int(candidate))["outcome"] == "promoted"
+    paired = evaluation(cfg)["paired"]
+    assert (paired["candidate_only"], paired["production_only"]) == (0, 2)
+    assert paired["difference"] < -cfg.promote.gate.max_regression < paired["high"]
+    assert decision(cfg)["failed"] == []
+
+
+def two_images_worse(cfg, predictor) -> tuple[int, float]:
+    """(class j, eps): raising p_j by eps flips exactly two right images to j, nothing else."""
+    from tfmlops.data.stored_split import stored_records
+
+    probs, labels = [], []
+    for _, encoded, y in stored_records(cfg.paths.prepared, "test"):
+        probs.append(predictor.probabilities(np.stack([predictor.image_input(e) for e in encoded])))
+        labels.append(y)
+    probs, labels = np.concatenate(probs), np.concatenate(labels)
+    top = probs.argmax(axis=1)
+    for j in range(probs.shape[1]):
+        gaps = np.where(top != j, probs.max(axis=1) - probs[:, j], np.inf)
+        order = np.argsort(gaps)
+        first = order[:3]
+        if (np.all(top[first[:2]] == labels[first[:2]]) and np.all(labels[first[:2]] != j)
+                and gaps[first[2]] - gaps[first[1]] > 1e-4):
+            return j, float(gaps[first[1]] + gaps[first[2]]) / 2
+    pytest.skip("no class whose two nearest images are both right")
+
+
+def test_both_versions_see_the_same_images_without_productions_training_images(store, tmp_path):
+    """Production's prepare run names a manifest whose train split holds 12 of today's test
+    images: they are left out, for both versions alike."""
+    from tfmlops.artifacts import MANIFEST, PREPARED_MANIFEST
+    from tfmlops.serving import versions
+    from tfmlops.stages import promote
+    from tfmlops.tracking import tracking_uri, use_uri
+
+    cfg, registry, register = store
+    manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
+    test_files = [f for f in manifest["files"] if f["split"] == "test"]
+    held = {f["sha256"] for f in test_files[::len(test_files) // 12][:12]}
+    old = {**manifest, "files": [{**f, "split": "train"} if f["sha256"] in held else f
+                                 for f in manifest["files"]]}
+    mlflow = use_uri(tracking_uri(cfg))
+    mlflow.set_experiment(cfg.tracking.experiment)
+    with mlflow.start_run(run_name="an older prepare") as run:
+        mlflow.log_dict(old, PREPARED_MANIFEST)
+    production = register(tags={"lineage.run.prepare": run.info.run_id,
+                                "lineage.data_version": "older"})
+    promote.run(cfg, version=int(production))
+    candidate = register(+0.0)
+    promote.run(cfg, version=int(candidate))
+
+    ev = evaluation(cfg)
+    assert ev["excluded"] == 12 and run.info.run_id in ev["exclusion"]
+    with (Path(cfg.paths.reports) / "promote" / EVALUATED_CSV).open() as fh:
+        evaluated = [row["sha256"] for row in csv.DictReader(fh)]
+    assert len(evaluated) == len(test_files) - 12 and not held & set(evaluated)
+
+    excluded, _ = versions.trained_hashes(registry, production, "current", tmp_path / "l")
+    assert excluded & {f["sha256"] for f in test_files} == held  # and the train and val files
+    runs = [versions.predict_split(registry, v, Path(cfg.paths.prepared), manifest["classes"],
+                                   lambda sha: sha not in excluded, tmp_path / v)
+            for v in (candidate, production)]
+    assert runs[0].sha256 == runs[1].sha256 == evaluated

@@ -23,7 +23,7 @@ from tfmlops.config import load_config
 pytestmark = pytest.mark.timeout(600)
 
 GOOD = {"serving.accuracy": "0.99", "serving.bytes": "1000", "serving.latency_p50_ms": "1.0",
-        "parity.passed": "true"}
+        "parity.passed": "true", "edge.top1_agreement": "1.0"}
 
 
 @pytest.fixture
@@ -31,7 +31,9 @@ def reg(make_cfg, tmp_path):
     """(cfg, registry, register()): a fresh registered model in a temp SQLite store."""
     from tfmlops.registry import Registry
 
-    cfg = make_cfg(promote={"registered_model": "safety", "lock_lease_s": 3.0})
+    # No model behind the versions: the gate reads their tags alone (no evaluation).
+    cfg = make_cfg(promote={"registered_model": "safety", "lock_lease_s": 3.0,
+                            "gate": {"evaluate": False}})
     registry = Registry(cfg)
     count = iter(range(1, 1000))
 

@@ -6,15 +6,43 @@ import numpy as np
 import pytest
 
 from tfmlops.config import GateConfig
+from tfmlops.evaluation import paired_interval, summarize
 from tfmlops.gate import VersionMetrics, evaluate_gate
 from tfmlops.serving.parity import compare
 
 GATE = GateConfig(min_accuracy=0.9, max_regression=0.01, max_size_bytes=1000,
                   max_latency_ms=5.0, require_parity=True)
+CLASSES = list("abcdefghij")
 
 
-def version(v="2", accuracy=0.95, size=500.0, latency=1.0, parity=True):
-    return VersionMetrics(v, accuracy, size, latency, parity)
+def version(v="2", accuracy=0.95, size=500.0, latency=1.0, parity=True, agreement=0.99):
+    return VersionMetrics(v, accuracy, size, latency, parity, agreement)
+
+
+def predictions(correct_per_class: list[int], per_class: int = 25):
+    """Labels and predictions with `correct_per_class[k]` of class k's images right (the
+    wrong ones predicted as the next class), confidence 0.99 when right, 0.3 when wrong."""
+    labels = np.repeat(np.arange(len(correct_per_class)), per_class)
+    right = np.concatenate([np.arange(per_class) < n for n in correct_per_class])
+    predicted = np.where(right, labels, (labels + 1) % len(correct_per_class))
+    return labels, predicted, np.where(right, 0.99, 0.3)
+
+
+def evaluation(candidate: list[int], production: list[int] | None = None) -> dict:
+    """The evaluation summary the gate reads, from per-class counts of right images."""
+    y, p_cand, conf = predictions(candidate)
+    out = {"images": len(y), "candidate": summarize(y, p_cand, conf, CLASSES)}
+    if production is not None:
+        _, p_prod, conf_p = predictions(production)
+        out["production"] = summarize(y, p_prod, conf_p, CLASSES)
+        out["paired"] = paired_interval(p_cand == y, p_prod == y, 0.95)
+    return out
+
+
+def gate_of(candidate, production=None, ev: dict | None = None, gate=GATE):
+    """The checks with a well-calibrated, even evaluation unless `ev` is given."""
+    ev = ev or evaluation([24] * 10, [24] * 10 if production else None)
+    return by_name(evaluate_gate(gate, candidate, production, ev))
 
 
 def by_name(checks):
@@ -22,32 +50,76 @@ def by_name(checks):
 
 
 def test_a_good_candidate_passes_every_check():
-    checks = evaluate_gate(GATE, version(), version("1", accuracy=0.95))
-    assert all(c.passed for c in checks)
-    assert set(by_name(checks)) == {"min_accuracy", "max_regression", "max_size_bytes",
-                                    "max_latency_ms", "parity"}
+    checks = evaluate_gate(GATE, version(), version("1", accuracy=0.95),
+                           evaluation([24] * 10, [24] * 10))
+    assert all(c.passed for c in checks), [c.message for c in checks if not c.passed]
+    assert set(by_name(checks)) == {"min_accuracy", "max_regression", "min_class_recall",
+                                    "max_class_drop", "max_ece", "max_size_bytes",
+                                    "max_latency_ms", "parity", "min_edge_agreement"}
 
 
-def test_without_production_the_regression_check_has_nothing_to_compare():
-    check = by_name(evaluate_gate(GATE, version(), None))["max_regression"]
-    assert check.passed and "nothing to compare" in check.message
+def test_without_production_the_paired_checks_have_nothing_to_compare():
+    checks = gate_of(version(), None)
+    for name in ("max_regression", "max_class_drop"):
+        assert checks[name].passed and "nothing to compare" in checks[name].message
 
 
-@pytest.mark.parametrize("candidate, failing, words", [
-    (version(accuracy=0.85), "min_accuracy", "short by 0.0500"),
-    (version(size=1500), "max_size_bytes", "over by 500"),
-    (version(latency=7.5), "max_latency_ms", "over by 2.500"),
-    (version(parity=False), "parity", "failed"),
-    (version(parity=None), "parity", "not recorded"),
+def test_equal_on_average_but_one_class_lost_is_refused():
+    """Both miss 25 of 250 images: production a few of every class, the candidate all of
+    class j. Accuracy and the paired check pass; the class checks refuse it."""
+    ev = evaluation([25] * 9 + [0], [23] * 9 + [18])
+    assert ev["candidate"]["accuracy"] == ev["production"]["accuracy"] == 0.9
+    checks = gate_of(version(), version("1"), ev)
+    assert checks["max_regression"].passed and checks["min_accuracy"].passed
+    assert {n for n, c in checks.items() if not c.passed} == {"min_class_recall",
+                                                              "max_class_drop"}
+    assert "class j 0.0000" in checks["min_class_recall"].message
+    assert "class j 0.7200 -> 0.0000" in checks["max_class_drop"].message
+
+
+def test_a_few_images_worse_pass_the_paired_check_that_the_difference_alone_would_fail():
+    """Worse on 4 of 250 images: -0.016, beyond max_regression 0.01, yet within the
+    interval: the paired check passes; worse on 12 of them it refuses."""
+    close = gate_of(version(), version("1"), evaluation([24] * 9 + [20], [24] * 10))
+    check = close["max_regression"]
+    assert check.passed and "-0.0160" in check.message and "worse on 4" in check.message
+    assert all(c.passed for c in close.values())
+    far = gate_of(version(), version("1"), evaluation([24] * 9 + [12], [24] * 10))
+    assert not far["max_regression"].passed
+    assert "worse by more than max_regression" in far["max_regression"].message
+
+
+def test_calibration_above_the_ceiling_is_refused():
+    y, p, _ = predictions([24] * 10)
+    ev = {"images": len(y), "candidate": summarize(y, p, np.full(len(y), 0.3), CLASSES)}
+    check = gate_of(version(), None, ev)["max_ece"]
+    assert not check.passed and check.value == pytest.approx(0.96 - 0.3)
+
+
+def test_without_an_evaluation_the_tags_decide_accuracy_and_class_checks_fail():
+    checks = by_name(evaluate_gate(GATE, version(accuracy=0.93), version("1", accuracy=0.95)))
+    assert checks["min_accuracy"].passed and not checks["max_regression"].passed
+    assert {n for n, c in checks.items() if not c.passed} == {
+        "max_regression", "min_class_recall", "max_class_drop", "max_ece"}
+
+
+@pytest.mark.parametrize("candidate, right, failing, words", [
+    (version(), [22] * 10, "min_accuracy", "short by 0.0200"),
+    (version(agreement=0.9), [24] * 10, "min_edge_agreement", "short by 0.0700"),
+    (version(size=1500), [24] * 10, "max_size_bytes", "over by 500"),
+    (version(latency=7.5), [24] * 10, "max_latency_ms", "over by 2.500"),
+    (version(parity=False), [24] * 10, "parity", "failed"),
+    (version(parity=None), [24] * 10, "parity", "not recorded"),
 ])
-def test_each_budget_refuses_and_says_by_how_much(candidate, failing, words):
-    checks = by_name(evaluate_gate(GATE, candidate, None))
+def test_each_budget_refuses_and_says_by_how_much(candidate, right, failing, words):
+    checks = gate_of(candidate, None, evaluation(right))
     assert not checks[failing].passed
     assert words in checks[failing].message
     assert [n for n, c in checks.items() if not c.passed] == [failing]
 
 
 def test_a_regression_beyond_the_tolerance_is_refused():
+    """Without an evaluation, the tags' accuracies (each on its own split) are compared."""
     checks = by_name(evaluate_gate(GATE, version(accuracy=0.93), version("1", accuracy=0.95)))
     check = checks["max_regression"]
     assert not check.passed
@@ -63,19 +135,22 @@ def test_a_regression_within_the_tolerance_passes():
 
 def test_parity_not_required_is_not_checked():
     gate = GateConfig(**{**GATE.__dict__, "require_parity": False})
-    assert by_name(evaluate_gate(gate, version(parity=False), None))["parity"].passed
+    assert gate_of(version(parity=False), None, gate=gate)["parity"].passed
 
 
 def test_missing_tags_fail_the_checks_that_need_them():
     bare = VersionMetrics.from_tags("7", {})
     failed = {c.name for c in evaluate_gate(GATE, bare, None) if not c.passed}
-    assert failed == {"min_accuracy", "max_size_bytes", "max_latency_ms", "parity"}
+    assert failed == {"min_accuracy", "max_size_bytes", "max_latency_ms", "parity",
+                      "min_edge_agreement", "min_class_recall", "max_ece"}
 
 
 def test_metrics_come_from_the_tags_export_writes():
     m = VersionMetrics.from_tags("3", {"serving.accuracy": "0.97", "serving.bytes": "1234",
-                                       "serving.latency_p50_ms": "0.5", "parity.passed": "true"})
-    assert (m.accuracy, m.bytes, m.latency_ms, m.parity) == (0.97, 1234.0, 0.5, True)
+                                       "serving.latency_p50_ms": "0.5", "parity.passed": "true",
+                                       "edge.top1_agreement": "0.99"})
+    assert (m.accuracy, m.bytes, m.latency_ms, m.parity, m.edge_agreement) == (
+        0.97, 1234.0, 0.5, True, 0.99)
 
 
 def test_parity_needs_both_tolerance_and_identical_top1():

@@ -27,10 +27,10 @@ def prepared(make_cfg, root: Path, channels: int = 1):
     out = Path(cfg.paths.prepared)
     out.mkdir(parents=True, exist_ok=True)
     tally = prepare_stream(cfg, root, classes, files, out)
-    check_empty_classes(root, classes, {label for _, _, label, _ in tally.rows})
+    check_empty_classes(root, classes, {row[2] for row in tally.rows})
     cache = ImageCache(cfg.paths.prepare_cache, store_spec(cfg))
     try:
-        good = {rel: (label, cache.get(sha).data) for rel, sha, label, _ in tally.rows}
+        good = {rel: (label, cache.get(sha).data) for rel, sha, label, *_ in tally.rows}
     finally:
         cache.close()
     bad = {b["file"]: b["reason"] for b in tally.bad}

@@ -48,6 +48,7 @@ def select_edge(rows: list[dict], reference_accuracy: float, budget: float,
         "variant": best["variant"],
         "file": f"{best['variant']}.tflite",
         "accuracy": best["accuracy"],
+        "agreement": best.get("agreement"),  # top-1 with the float Keras model (promote's gate)
         "bytes": best["bytes"],
         "gzip_bytes": best["gzip_bytes"],
         "reference_accuracy": reference_accuracy,

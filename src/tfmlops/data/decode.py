@@ -104,14 +104,14 @@ def load_image(data: bytes, channels: int, short_side: int | None = None,
 
 
 def load_pixels(data: bytes, channels: int, short_side: int | None = None,
-                max_pixels: int | None = None) -> tuple[np.ndarray, str, tuple[int, int]]:
-    """`load_image` as uint8 [H, W] (channels 1) or [H, W, 3], plus the source's format
-    and its upright full size (width, height)."""
-    img, fmt, source = _decode_upright(data, channels, short_side, max_pixels)
+                max_pixels: int | None = None) -> tuple[np.ndarray, str, tuple[int, int], str]:
+    """`load_image` as uint8 [H, W] (channels 1) or [H, W, 3], plus the source's format,
+    its upright full size (width, height) and its PIL mode as stored (`RGB`, `P`...)."""
+    img, fmt, source, mode = _decode_upright(data, channels, short_side, max_pixels)
     pixels = np.asarray(img)
     if short_side is not None and min(img.size) > short_side:
         pixels = reduce_short_side(pixels, short_side)
-    return pixels, fmt, source
+    return pixels, fmt, source, mode
 
 
 def reduce_short_side(pixels: np.ndarray, short_side: int) -> np.ndarray:
@@ -133,10 +133,11 @@ def reduce_short_side(pixels: np.ndarray, short_side: int) -> np.ndarray:
 
 
 def _decode_upright(data: bytes, channels: int, short_side: int | None,
-                    max_pixels: int | None) -> tuple[Image.Image, str, tuple[int, int]]:
-    """The decoded PIL image (JPEG at draft scale), upright and in `channels`, not resized."""
+                    max_pixels: int | None) -> tuple[Image.Image, str, tuple[int, int], str]:
+    """The decoded PIL image (JPEG at draft scale), upright and in `channels`, not resized;
+    the source's format, upright size and mode."""
     img = open_image(data, max_pixels)
-    fmt, (width, height) = img.format, img.size
+    fmt, (width, height), mode = img.format, img.size, img.mode
     try:
         if img.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn by 90
             width, height = height, width
@@ -152,7 +153,7 @@ def _decode_upright(data: bytes, channels: int, short_side: int | None,
         img = to_channels(img, channels)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
-    return img, fmt, (width, height)
+    return img, fmt, (width, height), mode
 
 
 def reduced_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:

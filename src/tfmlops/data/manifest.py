@@ -45,7 +45,7 @@ def check_tally(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) 
 
 def check_class_splits(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) -> None:
     """Every class in every split, or an error/warning (data.split.too_few) naming it."""
-    per_class = Counter((label, split) for _, _, label, split in tally.rows)
+    per_class = Counter((row[2], row[3]) for row in tally.rows)
     short = [c for c in classes if any(per_class[(c, s)] == 0 for s in SPLITS)]
     if not short:
         return
@@ -93,7 +93,7 @@ def prepare_metrics(tally: Tally, write_seconds: float, classes: int,
 def build_manifest(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) -> dict:
     """manifest.json: the label map, counts, sizes, encodings and every good file."""
     rows = sorted(tally.rows)
-    per_class = Counter((split, label) for _, _, label, split in rows)
+    per_class = Counter((row[3], row[2]) for row in rows)
     store = cfg.data.store
     return {
         "image_dir": str(image_dir),
@@ -113,6 +113,8 @@ def build_manifest(cfg: Config, image_dir: Path, classes: list[str], tally: Tall
             "bytes": tally.stored_bytes,
         },
         "quarantined": len(tally.bad),
-        "files": [{"file": f, "sha256": sha, "label": label, "split": split}
-                  for f, sha, label, split in rows],
+        # with the source facts a slice of the evaluation needs
+        "files": [{"file": f, "sha256": sha, "label": label, "split": split, "format": fmt,
+                   "width": width, "height": height, "bytes": size}
+                  for f, sha, label, split, fmt, width, height, size in rows],
     }

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfmlops.artifacts import MANIFEST, STATS, require
 from tfmlops.config import Config
+from tfmlops.data.tfrecords import shard_files  # noqa: F401 - callers import it from here
 from tfmlops.errors import DataError
 from tfmlops.files import MARKER, claim_folder, owned_children
 
@@ -91,10 +92,6 @@ def load_prepared(cfg: Config) -> Prepared:
         # prepare's stored short side: the served paths reduce a request image to it first
         stored_size=manifest.get("stored", {}).get("short_side"),
     )
-
-
-def shard_files(folder: Path, split: str) -> list[str]:
-    return sorted(str(p) for p in folder.glob(f"{split}-*.tfrecord"))
 
 
 def preprocess(image_uint8: tf.Tensor, image_size: int, mean, std) -> tf.Tensor:

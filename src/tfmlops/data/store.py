@@ -34,8 +34,8 @@ from tfmlops.errors import DataError
 from tfmlops.files import claim_folder, owned_children
 
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
-STORE_VERSION = 4  # 2: PNG compress level 1; 3: OpenCV resizes, encodes and measures;
-# 4: entries checksum their header too
+STORE_VERSION = 5  # 2: PNG compress level 1; 3: OpenCV resizes, encodes and measures;
+# 4: entries checksum their header too; 5: the data profile's per-image facts (features)
 # PNG's compress level: 1 instead of 6 encodes a stored PNG photo in 1.3 ms instead of
 # 4.9 ms for 15% more bytes (100 of the benchmark's PNG photos at 96 px, Pillow's
 # encoder); the stored size is far below the source's either way.
@@ -74,6 +74,15 @@ class Stored:
     sums: tuple[float, ...] = ()  # per channel, of pixels in [0, 1] at image_size
     squares: tuple[float, ...] = ()
     pixels: int = 0  # per channel
+    # The data profile's facts (data.features): of the source file, then of the stored image.
+    source_format: str = ""  # PIL's: JPEG, MPO, PNG, GIF, BMP
+    source_channels: int = 0  # of the source's mode (data.features.mode_channels)
+    source_bytes: int = 0
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    sharpness: float = 0.0
+    phash: int = 0  # 64-bit DCT perceptual hash (data.features.phash)
 
     @property
     def ok(self) -> bool:
@@ -138,13 +147,16 @@ def cached_prefixes(shas) -> np.ndarray:
 
 
 def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
-    """Decode, resize, encode and measure one file's bytes."""
+    """Decode, resize, encode and measure one file's bytes. The profile's brightness,
+    contrast, saturation, sharpness and perceptual hash are measured on the stored
+    image (as a stored JPEG decodes), its format, channels and bytes are the source's."""
     import cv2
 
     from tfmlops.data.decode import ImageRejected, load_pixels
+    from tfmlops.data.features import image_features, mode_channels
 
     try:
-        pixels, fmt, source = load_pixels(data, spec.channels, spec.short_side)
+        pixels, fmt, source, mode = load_pixels(data, spec.channels, spec.short_side)
     except ImageRejected as exc:
         return Stored(reason=str(exc))
     encoding = spec.encoding
@@ -166,7 +178,8 @@ def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
         pixels = cv2.imdecode(encoded, cv2.IMREAD_GRAYSCALE if pixels.ndim == 2 else cv2.IMREAD_COLOR_RGB)
     sums, squares, count = channel_sums(pixels, spec.image_size)
     height, width = pixels.shape[:2]
-    return Stored(None, stored, encoding, tuple(source), (width, height), sums, squares, count)
+    return Stored(None, stored, encoding, tuple(source), (width, height), sums, squares, count,
+                  fmt, mode_channels(mode), len(data), **image_features(pixels))
 
 
 def channel_sums(pixels: np.ndarray, size: int):

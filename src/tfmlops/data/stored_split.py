@@ -5,7 +5,9 @@ test photos of 224 px the float inputs alone are 60 GB, so a `StoredSplit`
 never holds more than one batch of images: each pass decodes the TFRecords
 again (stored bytes, the pipeline's own decode and preprocess, labels), in one
 fixed order, the shards' file order. What the callers keep is per image and
-small: labels and probabilities (N x classes).
+small: labels and probabilities (N x classes). `stored_records` reads the same
+records in the same order without TensorFlow (with each image's sha256), for code
+that hands the stored bytes to a served model, which preprocesses them itself.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class StoredSplit:
 
     @classmethod
     def of(cls, prepared, split: str = "test", batch_size: int = BATCH) -> StoredSplit:
-        from tfmlops.data.pipeline import shard_files
+        from tfmlops.data.tfrecords import shard_files
 
         files = shard_files(prepared.folder, split)
         if not files:
@@ -115,3 +117,29 @@ class StoredSplit:
             xs.append(x)
             ys.append(y)
         return encoded, np.concatenate(xs), np.concatenate(ys)
+
+
+def stored_records(folder, split: str = "test", batch_size: int = BATCH
+                   ) -> Iterator[tuple[list[str], list[bytes], np.ndarray]]:
+    """(sha256 hex, stored bytes, labels) per batch of `split`'s TFRecords in `folder`,
+    in the shards' file order, read record by record (no TensorFlow)."""
+    from tfmlops.data.tfrecords import decode_example, read_records, shard_files
+
+    files = shard_files(folder, split)
+    if not files:
+        raise DataError(f"no {split} TFRecords in {folder}; run `dvc repro prepare`")
+    batch: list[dict] = []
+    for path in files:
+        for record in read_records(path):
+            batch.append(decode_example(record))
+            if len(batch) == batch_size:
+                yield _columns(batch)
+                batch = []
+    if batch:
+        yield _columns(batch)
+
+
+def _columns(examples: list[dict]) -> tuple[list[str], list[bytes], np.ndarray]:
+    return ([bytes(e.get("sha256", b"")).decode() for e in examples],
+            [e["image"] for e in examples],
+            np.array([e["label"] for e in examples], np.int64))

@@ -34,6 +34,7 @@ from tfmlops import faults
 from tfmlops.config import Config
 from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
 from tfmlops.data.images import SPLITS, assign_splits, unsupported
+from tfmlops.data.profile import Profile
 from tfmlops.data.store import (
     ImageCache,
     Stored,
@@ -80,7 +81,9 @@ class Extent:
 @dataclass
 class Tally:
     cache: ImageCache
-    rows: list = field(default_factory=list)  # (file, sha256, label, split) of good files
+    profile: Profile | None = None  # data.contract.profile: folded in as images are written
+    # (file, sha256, label, split, source format, width, height, bytes) of good files
+    rows: list = field(default_factory=list)
     bad: list = field(default_factory=list)  # {"file", "label", "reason"}
     hashes: set = field(default_factory=set)
     split_counts: Counter = field(default_factory=lambda: Counter({s: 0 for s in SPLITS}))
@@ -143,7 +146,9 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     """Write every good image of `files` [(path, class)] to `out`'s shards; copy bad
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
-    tally = Tally(ImageCache(cfg.paths.prepare_cache, spec))
+    contract = cfg.data.contract
+    tally = Tally(ImageCache(cfg.paths.prepare_cache, spec),
+                  Profile(contract.tiny.side) if contract.profile else None)
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     started = time.perf_counter()
     try:
@@ -187,8 +192,9 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
                 writers[split].write(encode_example({
                     "image": stored.data, "label": label_index[label], "sha256": sha.encode()}))
                 faults.point("write.first")
-                _count(tally, stored, split)
-                tally.rows.append((rel, sha, label, split))
+                _count(tally, stored, label, split)
+                tally.rows.append((rel, sha, label, split, stored.source_format,
+                                   *stored.source_size, stored.source_bytes))
             progress.update()
     finally:
         for w in writers.values():
@@ -245,8 +251,10 @@ def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config
     return keys, reasons
 
 
-def _count(tally: Tally, stored: Stored, split: str) -> None:
+def _count(tally: Tally, stored: Stored, label: str, split: str) -> None:
     tally.split_counts[split] += 1
+    if tally.profile is not None:
+        tally.profile.add(stored, label, split)
     tally.encodings[stored.encoding] += 1
     tally.source_sizes.add(stored.source_size)
     tally.stored_sizes.add(stored.stored_size)

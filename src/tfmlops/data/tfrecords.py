@@ -108,3 +108,58 @@ class ShardedWriter:
         for old, new in zip(self.paths[:used], final, strict=True):
             os.replace(old, new)
         return final
+
+
+def shard_files(folder: str | Path, split: str) -> list[str]:
+    """The shards of `split` in `folder`, in file order (the order every reader keeps)."""
+    return sorted(str(p) for p in Path(folder).glob(f"{split}-*.tfrecord"))
+
+
+def read_records(path: str | Path):
+    """The records of one TFRecord file, in order, one at a time (CRCs checked)."""
+    with open(path, "rb") as fh:
+        while header := fh.read(12):
+            if len(header) < 12 or _masked_crc(header[:8]) != header[8:]:
+                raise ValueError(f"{path}: truncated or corrupt TFRecord header")
+            (length,) = struct.unpack("<Q", header[:8])
+            record, crc = fh.read(length), fh.read(4)
+            if len(record) < length or _masked_crc(record) != crc:
+                raise ValueError(f"{path}: truncated or corrupt TFRecord")
+            yield record
+
+
+def decode_example(record: bytes) -> dict[str, bytes | int]:
+    """A tf.train.Example of single bytes or int64 values -> {key: value}: the inverse
+    of `encode_example` (lists of more than one value keep their first)."""
+    out: dict[str, bytes | int] = {}
+    for _, entries in _fields(record):  # Example.features
+        for _, entry in _fields(entries):  # Features.feature map entries
+            parts = dict(_fields(entry))
+            key, feature = parts[1].decode(), parts.get(2, b"")
+            for kind, values in _fields(feature):
+                inner = dict(_fields(values)).get(1, b"")
+                out[key] = inner if kind == 1 else _read_varint(inner, 0)[0]
+    return out
+
+
+def _fields(data: bytes):
+    """(field number, payload) of the length-delimited fields of a protobuf message."""
+    pos = 0
+    while pos < len(data):
+        tag, pos = _read_varint(data, pos)
+        if tag & 7 != 2:
+            raise ValueError(f"unexpected protobuf wire type {tag & 7} in a tf.train.Example")
+        size, pos = _read_varint(data, pos)
+        yield tag >> 3, data[pos:pos + size]
+        pos += size
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (value - (1 << 64) if value >= 1 << 63 else value), pos
+        shift += 7

@@ -21,7 +21,10 @@ from tfmlops.artifacts import (
     SKEW,
     TAG_ACCURACY,
     TAG_BYTES,
+    TAG_EDGE_AGREEMENT,
     TAG_LATENCY,
+    TAG_LINEAGE_DATA,
+    TAG_LINEAGE_RUN,
     TAG_PARITY,
     require,
 )
@@ -98,7 +101,7 @@ def registration_key(cfg: Config) -> str:
                      hashlib.sha256(params.encode()).hexdigest()[:16]])
 
 
-def version_tags(rows, parities, serving, lineage) -> dict[str, str]:
+def version_tags(rows, parities, serving, lineage, edge: dict) -> dict[str, str]:
     tags = {}
     for r in rows:
         tags[f"accuracy.{r['format']}"] = f"{r['accuracy']:.6f}"
@@ -112,6 +115,8 @@ def version_tags(rows, parities, serving, lineage) -> dict[str, str]:
     tags[TAG_ACCURACY] = f"{serving['accuracy']:.6f}"
     tags[TAG_BYTES] = str(serving["bytes"])
     tags[TAG_LATENCY] = f"{serving['latency_p50_ms']:.4f}"
+    if edge.get("agreement") is not None:  # an edge.json from before quantize recorded it: none
+        tags[TAG_EDGE_AGREEMENT] = f"{edge['agreement']:.6f}"
     return {**tags, **lineage}
 
 
@@ -120,12 +125,12 @@ def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
     root = tracking.repo_root()
     commit, dirty = tracking.git_state(root)
     tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
-            "lineage.data_version": tracking.data_version(cfg)}
+            TAG_LINEAGE_DATA: tracking.data_version(cfg)}
     folders = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned, "train": cfg.paths.train,
                "prune": cfg.paths.pruned, "quantize": cfg.paths.tflite}
     for stage, folder in folders.items():
-        tags[f"lineage.run.{stage}"] = tracking.read_run_file(folder).get("run_id") or "none"
-    tags["lineage.run.export"] = export_run_id or "none"
+        tags[TAG_LINEAGE_RUN + stage] = tracking.read_run_file(folder).get("run_id") or "none"
+    tags[TAG_LINEAGE_RUN + "export"] = export_run_id or "none"
     tags.update(tracking.dvc_data_hashes(cfg, root))
     return tags
 

@@ -93,7 +93,7 @@ def run(cfg: Config) -> dict:
         # failure before registration leaves no version without its registered.json.
         final = st.swap()
         registered = reg.register(cfg, run, final, serving,
-                                  reg.version_tags(rows, parities, serving, lineage), card,
+                                  reg.version_tags(rows, parities, serving, lineage, edge), card,
                                   first_image)
         write_json(final / REGISTERED, registered)
 

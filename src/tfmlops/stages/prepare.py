@@ -11,7 +11,9 @@ Output (`paths.prepared`, built in a staging folder and swapped in whole):
 TFRecord shards per split, `manifest.json` (label map, counts per class and
 split, source and stored sizes, encodings, content hashes), `stats.json`
 (per-channel mean and std of the train split at the model's input size),
-`quarantine.json` and a copy of every rejected file.
+`quarantine.json` and a copy of every rejected file. In `paths.reports`: the data
+contract's `data_profile.json` and its plots (data.contract: profile, near-duplicates
+across splits, anomalies against the accepted reference profile).
 
 The checks, the manifest and the metrics are data.manifest's; the lock, the
 staging folder, the swap-in, the run and reports/prepare.json the harness's. This
@@ -32,6 +34,7 @@ from tfmlops import faults, harness
 from tfmlops.artifacts import MANIFEST, QUARANTINE, STATS, TAG_DATA_VERSION, data_version
 from tfmlops.config import Config
 from tfmlops.config.machine import allow_open_files
+from tfmlops.data.contract import check_contract, log_profile
 from tfmlops.data.images import SPLITS, list_files
 from tfmlops.data.manifest import build_manifest, check_tally, prepare_metrics, prepare_params
 from tfmlops.data.stream import prepare_stream
@@ -56,6 +59,7 @@ def run(cfg: Config) -> dict[str, float]:
         tally.bad.extend({"file": str(b.path.relative_to(image_dir)), "label": b.label,
                           "reason": b.reason} for b in refused)
         check_tally(cfg, image_dir, classes, tally)
+        contract = check_contract(cfg, classes, tally)  # profile, leakage, drift: may refuse
         manifest = build_manifest(cfg, image_dir, classes, tally)
         write_json(st.out / MANIFEST, manifest)
         faults.point("json.manifest")
@@ -63,7 +67,7 @@ def run(cfg: Config) -> dict[str, float]:
         mean, std = tally.mean_std()
         write_json(st.out / STATS, {"mean": mean, "std": std})
         metrics = prepare_metrics(tally, time.perf_counter() - started, len(classes),
-                                  list_seconds)
+                                  list_seconds) | contract
         # The run opens only now, the data checked: bad data leaves no run.
         version = data_version(st.out)
         st.run.set_tags({TAG_DATA_VERSION: version})
@@ -75,6 +79,7 @@ def run(cfg: Config) -> dict[str, float]:
         # From where they now are: the sidecar reads each file after this call returns.
         for name in (MANIFEST, STATS, QUARANTINE):
             st.run.log_artifact(final / name, "prepared")
+        log_profile(cfg, st.run)
         tally.cache.compact(tally.hashes)  # only once the new output is in place
         faults.point("prepare.compacted")
     counts = manifest["split_counts"]

@@ -1,8 +1,11 @@
 """Stage `promote`: a gate written as data between the exported version and @production.
 
-The gate (`promote.gate` in params) reads the version tags `export` wrote:
-an absolute floor on test accuracy, a tolerated change against the version
-holding @production, size and latency budgets, and the parity checks. Pass:
+The gate (`promote.gate` in params) reads both versions' evaluation on the same
+current test split, as each would serve (serving/versions.py): a floor on accuracy,
+the paired change against the version holding @production (refused only when worse
+beyond max_regression with `confidence`), per-class recall floors and drops, a
+calibration ceiling; and the version tags `export` wrote: size and latency budgets,
+the parity checks, the INT8 edge file's agreement with the float model. Pass:
 the candidate gets @production and the version it replaced @previous. Fail:
 the candidate gets @candidate, production is unchanged, and the stage exits 0
 unless `promote.fail_pipeline`. `--rollback` moves @production back to @previous;
@@ -18,7 +21,8 @@ Every alias move happens under the registry's promotion lock, after reading
 @production again, so concurrent promotions serialize. The writes of a
 promotion go in an order whose every prefix is safe for `--rollback`: the
 candidate's `promote.replaced` tag, then @previous, then @production. Each decision goes
-to `reports/promote.json`, a `promote` MLflow run and the candidate version's tags.
+to `reports/promote.json`, a `promote` MLflow run and the candidate version's tags; the
+evaluation to `reports/promote_evaluation.json` and `reports/promote/` (plots, per image).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, report_path, require
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.files import write_json
-from tfmlops.promotion import decide, dvc_experiment, roll_back
+from tfmlops.promotion import decide, dvc_experiment, record_evaluation, roll_back
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,9 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
                 decision = roll_back(registry, still_held, run.run_id)
             else:
                 decision = decide(cfg, registry, candidate, force, still_held, run.run_id,
-                                  experiment=dvc_experiment())
+                                  experiment=dvc_experiment(), out_dir=out_dir)
+        if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
+            decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
         decision.update(model=registry.name, run_id=run.run_id,
                         time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                         promoted=decision["production_after"] != decision["production_before"])

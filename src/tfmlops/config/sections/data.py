@@ -8,7 +8,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Float, Int, Text, section
+from tfmlops.config.sections.base import Bool, Float, Int, Text, section
+
+Severity = Literal["error", "warn", "off"]  # error fails prepare, warn logs a line, off: no check
 
 
 @section
@@ -48,6 +50,52 @@ class StoreConfig:
 
 
 @section
+class LeakageConfig:
+    """Near-duplicates across splits, by perceptual hash (data.leakage)."""
+
+    # Hamming distance between two 64-bit pHashes that makes a pair near-duplicates. The
+    # search splits the hash into max_distance + 1 chunks: above 8 it nears all pairs.
+    max_distance: Int = Field(4, ge=0, le=8)
+    # Share of the val and test images with a near-duplicate in another split that is
+    # tolerated; above it, `severity` applies.
+    max_share: Float = Field(0.01, ge=0.0, le=1.0)
+    severity: Severity = "warn"  # off: not searched
+    listed: Int = Field(100, ge=0, le=100_000)  # pairs named in data_profile.json
+
+
+@section
+class SeverityConfig:
+    """What each anomaly against the reference profile does (data.drift)."""
+
+    class_appeared: Severity = "error"
+    class_vanished: Severity = "error"
+    class_share: Severity = "warn"
+    feature_drift: Severity = "warn"
+    new_format: Severity = "warn"
+    tiny_images: Severity = "warn"
+
+
+@section
+class TinyConfig:
+    side: Int = Field(32, ge=1, le=8192)  # a source short side below this is tiny
+    max_share_change: Float = Field(0.02, ge=0.0, le=1.0)  # over the reference's share
+
+
+@section
+class ContractConfig:
+    """The data contract `prepare` checks: profile, leakage, drift against a reference."""
+
+    profile: Bool = True  # false: no profile, no leakage search, no drift check
+    # The accepted profile (`tfmlops accept-reference`), a dependency of prepare in dvc.yaml.
+    reference: Text = "data/reference_profile.json"
+    max_class_share_change: Float = Field(0.05, ge=0.0, le=1.0)
+    max_feature_distance: Float = Field(0.15, ge=0.0, le=1.0)  # Jensen-Shannon, base 2
+    tiny: TinyConfig = Field(default_factory=TinyConfig)
+    leakage: LeakageConfig = Field(default_factory=LeakageConfig)
+    severity: SeverityConfig = Field(default_factory=SeverityConfig)
+
+
+@section
 class DataConfig:
     # The class-per-folder images prepare reads. The default is where the
     # `materialize` stage writes the built-in dataset; point it at your own.
@@ -61,6 +109,7 @@ class DataConfig:
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     workers: Int = Field(0, ge=0, le=1024)  # prepare's decoding processes; 0: every core
     store: StoreConfig = Field(default_factory=StoreConfig)
+    contract: ContractConfig = Field(default_factory=ContractConfig)
 
     @model_validator(mode="after")
     def _stores_at_least_what_training_reads(self):

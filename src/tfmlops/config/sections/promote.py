@@ -9,8 +9,18 @@ from tfmlops.config.sections.base import Bool, Float, Int, Text, section
 
 @section
 class GateConfig:
+    # false: the gate reads only the tags export wrote (no test split needed; the
+    # per-class and calibration checks are not applied).
+    evaluate: Bool = True
     min_accuracy: Float = Field(0.95, ge=0.0, le=1.0)
     max_regression: Float = Field(0.005, ge=0.0, le=1.0)
+    # The paired interval's confidence: a regression refuses only when the whole
+    # interval lies below -max_regression.
+    confidence: Float = Field(0.95, ge=0.5, lt=1.0)
+    min_class_recall: Float = Field(0.8, ge=0.0, le=1.0)
+    max_class_drop: Float = Field(0.2, ge=0.0, le=1.0)
+    max_ece: Float = Field(0.1, ge=0.0, le=1.0)
+    min_edge_agreement: Float = Field(0.97, ge=0.0, le=1.0)
     max_size_bytes: Int = Field(5_000_000, ge=1)
     max_latency_ms: Float = Field(20.0, gt=0.0)
     require_parity: Bool = True

@@ -1,0 +1,194 @@
+"""The candidate and the @production version, evaluated on the same current test split.
+
+Each version is evaluated through what it would serve: its registered pyfunc
+artifacts (the ONNX or LiteRT file and its `serving.json`) downloaded and run by
+`Predictor`, so it decodes, resizes and normalises the stored image bytes as it
+does when served, with its own classes, size and normalisation. Predictions are
+mapped to the current split's classes by name: a class the version does not
+know is always wrong for it.
+
+Both see the same images, the test split's TFRecords read batch by batch, minus
+the images production's own training held (its `lineage.run.prepare` tag ->
+that prepare run's `prepared/manifest.json` -> the sha256 of its train and val
+files). Only small per-image arrays are kept (sha256, label, prediction,
+confidence), so memory stays flat in the split's size. The figures are
+`evaluation`'s; the registry calls `registry.Registry`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tfmlops import evaluation as ev
+from tfmlops.artifacts import (
+    CONFUSION_PNG,
+    EVALUATED_CSV,
+    MANIFEST,
+    PREPARED_MANIFEST,
+    RELIABILITY_PNG,
+    TAG_LINEAGE_DATA,
+    TAG_LINEAGE_RUN,
+    data_version,
+    require,
+)
+from tfmlops.files import write_csv
+
+log = logging.getLogger(__name__)
+
+TRAINED_SPLITS = ("train", "val")  # what a version's training saw
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """One version on the evaluated images, in split order (per image: small arrays)."""
+
+    version: str
+    runtime: str
+    sha256: list[str]
+    labels: np.ndarray  # index into the current split's classes
+    predicted: np.ndarray  # same indices; -1: a class the split does not have
+    confidence: np.ndarray  # the top probability
+
+    @property
+    def correct(self) -> np.ndarray:
+        return self.predicted == self.labels
+
+
+def evaluate_versions(cfg, registry, candidate: str, production: str | None,
+                      out_dir: Path) -> dict:
+    """Both versions on the same images: the summary promote's gate reads (also written
+    with its plots and the per-image table to `out_dir`; "files" lists them)."""
+    prepared = Path(cfg.paths.prepared)
+    manifest = json.loads(require(prepared / MANIFEST, "prepare").read_text())
+    classes = list(manifest["classes"])
+    with tempfile.TemporaryDirectory(prefix="tfmlops-promote-") as tmp:
+        excluded, exclusion = (set(), "no production version") if production is None else \
+            trained_hashes(registry, production, data_version(prepared), Path(tmp))
+        keep = (lambda sha: sha not in excluded) if excluded else (lambda sha: True)
+        runs = {"candidate": predict_split(registry, candidate, prepared, classes, keep,
+                                           Path(tmp) / "candidate")}
+        if production is not None:
+            runs["production"] = predict_split(registry, production, prepared, classes, keep,
+                                               Path(tmp) / "production")
+    first = runs["candidate"]
+    if any(p.sha256 != first.sha256 for p in runs.values()):  # one reader, one order
+        raise AssertionError("the candidate and production were evaluated on different images")
+    summary = {"images": len(first.sha256),
+               "excluded": int(manifest["split_counts"]["test"]) - len(first.sha256),
+               "exclusion": exclusion, "classes": classes}
+    for role, p in runs.items():
+        summary[role] = {"version": p.version, "runtime": p.runtime,
+                         **ev.summarize(p.labels, p.predicted, p.confidence, classes)}
+    if "production" in runs:
+        summary["paired"] = ev.paired_interval(first.correct, runs["production"].correct,
+                                               cfg.promote.gate.confidence)
+    summary["slices"] = ev.slices(slice_keys(first, classes, manifest),
+                                  {role: p.correct for role, p in runs.items()})
+    summary["files"] = write_outputs(out_dir, summary, runs, classes)
+    return summary
+
+
+def trained_hashes(registry, version: str, current_data: str, dest: Path
+                   ) -> tuple[set[str], str]:
+    """(sha256 of the images `version` trained or validated on, how they were found)."""
+    tags = registry.tags(version)
+    run_id = tags.get(TAG_LINEAGE_RUN + "prepare")
+    if run_id and run_id != "none":
+        path = registry.run_artifact(run_id, PREPARED_MANIFEST, dest / "lineage")
+        if path is not None:
+            files = json.loads(path.read_text()).get("files", [])
+            held = {f["sha256"] for f in files if f.get("split") in TRAINED_SPLITS}
+            return held, f"version {version}'s prepare run {run_id}: {len(held)} train/val images"
+    if tags.get(TAG_LINEAGE_DATA) == current_data:
+        return set(), (f"version {version} was trained on this data version ({current_data}): "
+                       "its test images are this test split")
+    log.warning("promote: production version %s names no prepare run whose manifest is in the "
+                "store: its training images cannot be left out of the test split", version)
+    return set(), f"unknown: version {version}'s training manifest is not in the store"
+
+
+def predict_split(registry, version: str, prepared: Path, classes: list[str], keep,
+                  dest: Path) -> Predictions:
+    """`version`'s served model over the kept test images (stored bytes, batch by batch)."""
+    from tfmlops.data.stored_split import stored_records
+
+    predictor = served_predictor(registry, version, dest)
+    index = {name: i for i, name in enumerate(classes)}
+    to_split = np.array([index.get(name, -1) for name in predictor.classes])
+    shas, labels, predicted, confidence = [], [], [], []
+    for batch_shas, encoded, batch_labels in stored_records(prepared, "test"):
+        chosen = [i for i, sha in enumerate(batch_shas) if keep(sha)]
+        if not chosen:
+            continue
+        probs = predictor.probabilities(np.stack([predictor.image_input(encoded[i])
+                                                  for i in chosen]))
+        shas.extend(batch_shas[i] for i in chosen)
+        labels.append(batch_labels[chosen])
+        predicted.append(to_split[probs.argmax(axis=1)])
+        confidence.append(probs.max(axis=1).astype(np.float32))
+    return Predictions(version, predictor.runtime, shas,
+                       *(np.concatenate(a) if a else np.zeros(0, dtype) for a, dtype in
+                         ((labels, np.int64), (predicted, np.int64), (confidence, np.float32))))
+
+
+def served_predictor(registry, version: str, dest: Path):
+    """The `Predictor` of `version`'s registered pyfunc model (its runtime file and
+    serving.json, as `mlflow models serve` would load them; no code of the version runs)."""
+    import yaml
+
+    from tfmlops.serving.predictor import CONFIG_ARTIFACT, MODEL_ARTIFACT, Predictor
+
+    folder = registry.download_version(version, dest)
+    flavor = yaml.safe_load((folder / "MLmodel").read_text())["flavors"]["python_function"]
+    files = {name: folder / spec["path"] for name, spec in flavor.get("artifacts", {}).items()}
+    if MODEL_ARTIFACT not in files or CONFIG_ARTIFACT not in files:
+        from tfmlops.errors import DataError
+
+        raise DataError(f"version {version} of {registry.name} is not a tfmlops serving model "
+                        "(no model and config artifacts); promote versions `tfmlops export` "
+                        "registered")
+    return Predictor.from_files(files[MODEL_ARTIFACT], files[CONFIG_ARTIFACT])
+
+
+def manifest_test(manifest: dict) -> dict[str, dict]:
+    """The manifest's test files by sha256."""
+    return {f["sha256"]: f for f in manifest.get("files", []) if f.get("split") == "test"}
+
+
+def slice_keys(p: Predictions, classes: list[str], manifest: dict) -> dict[str, list[str]]:
+    """Per evaluated image: its class, source format and source-size bucket (the
+    manifest's `format`, `width`, `height` by sha256; "unknown" where it has none)."""
+    rows = manifest_test(manifest)
+    meta = [rows.get(sha, {}) for sha in p.sha256]
+    return {"class": [classes[i] for i in p.labels],
+            "format": [str(m.get("format") or ev.UNKNOWN).lower() for m in meta],
+            "source_size": [ev.size_bucket(m.get("width"), m.get("height")) for m in meta]}
+
+
+def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
+                  classes: list[str]) -> list[str]:
+    """The reliability diagram, a confusion matrix per version and the per-image table,
+    in `out_dir`; their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [ev.reliability_png({f"{role} v{summary[role]['version']}": summary[role]
+                                 for role in runs}, out_dir / RELIABILITY_PNG)]
+    for role in runs:
+        files.append(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
+                                      out_dir / CONFUSION_PNG.format(version=role)))
+    first = runs["candidate"]
+    def name(i: int) -> str:
+        return classes[i] if i >= 0 else ev.UNKNOWN
+
+    rows = ({"sha256": sha, "label": classes[first.labels[i]],
+             **{f"{role}_predicted": name(p.predicted[i]) for role, p in runs.items()},
+             **{f"{role}_confidence": f"{p.confidence[i]:.6f}" for role, p in runs.items()}}
+            for i, sha in enumerate(first.sha256))
+    columns = ["sha256", "label", *[f"{r}_{k}" for r in runs for k in ("predicted", "confidence")]]
+    files.append(write_csv(out_dir / EVALUATED_CSV, rows, columns))
+    return [str(f) for f in files]
