@@ -14,7 +14,8 @@ from pathlib import Path
 from tfmlops.errors import DataError
 
 # -- files in a stage's output folder, by the stage that writes them
-RUN_FILE = "mlflow_run.json"  # every stage: its run's id and store (lineage)
+RUN_FILE = "mlflow_run.json"  # every stage: its run's id and store (lineage); see run_dir
+DATA_VERSION = "data_version"  # in prepare's run file: the data version its run made
 MANIFEST = "manifest.json"  # prepare: label map, counts, the files and their hashes
 STATS = "stats.json"  # prepare: per-channel mean and std of the train split
 QUARANTINE = "quarantine.json"  # prepare: every rejected file and why
@@ -68,6 +69,16 @@ TAG_LINEAGE_DATA = "lineage.data_version"
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
     """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's metrics."""
     return Path(reports) / f"{stage}{suffix}"
+
+
+def run_dir(cfg, stage: str) -> Path:
+    """The folder of a stage's `mlflow_run.json`: its output folder, but `reports/<stage>/`
+    for prepare and promote. prepare's output is the data alone, byte for byte the same
+    from either engine and any rerun (a run id in it would make DVC rerun every later
+    stage); promote has no output folder."""
+    outputs = {"tune": cfg.paths.tuned, "train": cfg.paths.train, "prune": cfg.paths.pruned,
+               "quantize": cfg.paths.tflite, "export": cfg.paths.export}
+    return Path(outputs.get(stage) or Path(cfg.paths.reports) / stage)
 
 
 def data_version(prepared: str | Path) -> str:

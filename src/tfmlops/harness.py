@@ -61,6 +61,9 @@ class Stage:
     name: str
     out: Path | None  # the staging folder, None for a stage without an output folder
     final: Path | None  # where `out` is swapped in
+    run_in_out: bool = True  # the run's `mlflow_run.json` goes into `out` (no `run_dir`)
+    # more fields for `mlflow_run.json`, set before the run opens (prepare's data version)
+    run_facts: dict = field(default_factory=dict)
     metrics: dict | None = None  # reports/<stage>.json, written once the run has ended
     swapped: bool = False
     _open: Callable[[], Any] | None = None  # opens the run, on the first use of `run`
@@ -76,9 +79,10 @@ class Stage:
 
     def swap(self) -> Path:
         """Swap the staging folder in now (once): later calls log from the final folder.
-        The run is open first: its `mlflow_run.json` moves in with the rest."""
+        The run is open first if its `mlflow_run.json` moves in with the rest."""
         if not self.swapped:
-            self.run.wait_open()
+            if self.run_in_out:
+                self.run.wait_open()
             swap_in(self.out, self.final)
             self.swapped = True
         return self.final
@@ -123,8 +127,8 @@ def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Pa
           tracked: bool = True, sidecar: bool = False, async_batches: bool = True,
           staged: bool = True) -> Iterator[Stage]:
     """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
-    when the stage has no output folder; `staged=False` writes into `output` directly
-    (a non-chief worker's scratch output)."""
+    instead of the output folder (artifacts.run_dir); `staged=False` writes into `output`
+    directly (a non-chief worker's scratch output)."""
     final = Path(output) if output is not None else None
     with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar), \
             _output_lock(cfg, name, final if staged else None):
@@ -132,12 +136,13 @@ def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Pa
         runs = contextlib.ExitStack()  # the run, once opened: it ends as the block does
 
         def open_run():
-            run = runs.enter_context(_run(cfg, name, out or run_dir, upstream, params, tracked,
-                                          sidecar, async_batches))
+            run = runs.enter_context(_run(cfg, name, run_dir or out, upstream, params, tracked,
+                                          sidecar, async_batches, current.run_facts))
             faults.stage_point(name, "running")
             return run
 
-        current = Stage(cfg, name, out, final, swapped=not staged, _open=open_run)
+        current = Stage(cfg, name, out, final, run_in_out=run_dir is None, swapped=not staged,
+                        _open=open_run)
         try:
             yield current
             if out is not None and not current.swapped:
@@ -248,15 +253,16 @@ def _output_lock(cfg, name: str, final: Path | None) -> Iterator[None]:
         yield
 
 
-def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches):
+def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches, facts):
     from tfmlops import tracking
 
     if not tracked:
         return contextlib.nullcontext(NullRun())
     if sidecar:
-        return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params)
+        return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params,
+                                    facts=facts)
     return tracking.stage_run(cfg, name, folder, upstream=upstream, params=params,
-                              async_batches=async_batches)
+                              async_batches=async_batches, facts=facts)
 
 
 class NullRun:

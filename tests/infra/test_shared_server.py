@@ -14,7 +14,7 @@ import pytest
 from live_services import libpq_uri, mlflow_server, postgres_cluster
 
 from conftest import run_cli
-from tfmlops.artifacts import MANIFEST, RUN_FILE, TAG_DATA_VERSION
+from tfmlops.artifacts import DATA_VERSION, MANIFEST, RUN_FILE, TAG_DATA_VERSION, run_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -47,9 +47,10 @@ def test_stage_runs_unchanged_against_postgres_server(tmp_path, make_cfg, shared
     assert run.data.params["data.image_size"] == "16"
     assert run.data.metrics["images_good"] == 1797
     assert run.data.tags[TAG_DATA_VERSION]
-    run_file = json.loads((Path(cfg.paths.prepared) / RUN_FILE).read_text())
+    run_file = json.loads((run_dir(cfg, "prepare") / RUN_FILE).read_text())
     assert run_file == {"stage": "prepare", "run_id": run.info.run_id,
-                        "tracking_uri": shared_server.url}
+                        "tracking_uri": shared_server.url,
+                        DATA_VERSION: run.data.tags[TAG_DATA_VERSION]}
 
     # The run is a row of PostgreSQL, not of a local file store.
     with psycopg2.connect(libpq_uri(shared_server.pg_uri)) as conn, conn.cursor() as cur:

@@ -13,7 +13,16 @@ import pytest
 from conftest import child_env, mlflow_client, stage_runs
 from images import bomb_png, exif_rotated_jpeg, mixed_folder, mpo_jpeg, photo, photo_folder, sixteen_bit_png
 from tfmlops import profiling
-from tfmlops.artifacts import MANIFEST, QUARANTINE, RUN_FILE, STATS, TAG_DATA_VERSION, TAG_STAGE
+from tfmlops.artifacts import (
+    DATA_VERSION,
+    MANIFEST,
+    QUARANTINE,
+    RUN_FILE,
+    STATS,
+    TAG_DATA_VERSION,
+    TAG_STAGE,
+    run_dir,
+)
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
 
@@ -64,8 +73,11 @@ def test_run_holds_params_metrics_tags_and_dataset_input(tmp_path, make_cfg):
     client = mlflow_client(cfg)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "prepared" in artifacts
-    run_file = json.loads((Path(cfg.paths.prepared) / RUN_FILE).read_text())
+    # beside the reports, not in the data (their bytes are the same whichever run made them)
+    assert not (Path(cfg.paths.prepared) / RUN_FILE).exists()
+    run_file = json.loads((run_dir(cfg, "prepare") / RUN_FILE).read_text())
     assert run_file["run_id"] == run.info.run_id
+    assert run_file[DATA_VERSION] == tags[TAG_DATA_VERSION]
 
 
 def test_prepare_as_users_run_it_imports_neither_tensorflow_nor_mlflow(tmp_path, make_cfg):
@@ -268,7 +280,6 @@ def test_unchanged_files_are_not_read_again_to_hash(tmp_path, make_cfg, workers)
     cfg = photo_cfg(make_cfg, tmp_path, tmp_path / "photos", workers=workers)
     first = prepare.run(cfg)
     assert first["files_hashed"] == 18
-    before = output_bytes(cfg)
     again = prepare.run(cfg)
     assert (again["files_hashed"], again["images_decoded"]) == (0, 0)
     # touched and copied (same content, new stat or path): hashed again, found in the cache
@@ -293,7 +304,7 @@ def test_unchanged_files_are_not_read_again_to_hash(tmp_path, make_cfg, workers)
     prepare.run(cold)
     strip = lambda m: {k: v for k, v in json.loads(m).items() if k != "image_dir"}  # noqa: E731
     assert strip(output_bytes(cfg)[MANIFEST]) == strip(output_bytes(cold)[MANIFEST])
-    assert before.keys() == output_bytes(cfg).keys()
+    assert output_bytes(cfg).keys() == output_bytes(cold).keys()  # no file left over
 
 
 def test_phone_photos_are_read_as_phones_write_them(tmp_path, make_cfg):

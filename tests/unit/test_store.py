@@ -22,8 +22,8 @@ def test_records_are_read_by_tensorflow_as_written(tmp_path):
     writer = ShardedWriter(tmp_path, "train", shards=3)
     written = [{"image": bytes([i]) * (i * 50), "label": i - 1, "sha256": f"{i:064x}".encode()}
                for i in range(5)]
-    for features in written:
-        writer.write(encode_example(features))
+    for i, features in enumerate(written):
+        writer.write(encode_example(features), shard=i % 3)
     paths = writer.close()
     assert [p.name for p in paths] == [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)]
     read = []
@@ -32,7 +32,7 @@ def test_records_are_read_by_tensorflow_as_written(tmp_path):
             f = tf.train.Example.FromString(record.numpy()).features.feature
             read.append({"image": f["image"].bytes_list.value[0], "label": f["label"].int64_list.value[0],
                          "sha256": f["sha256"].bytes_list.value[0]})
-    order = [0, 3, 1, 4, 2]  # round robin over the shards
+    order = [0, 3, 1, 4, 2]  # each in the shard it was written to, in writing order
     assert read == [written[i] for i in order]
     for features in written:  # byte for byte what protobuf writes (map keys sorted)
         example = tf.train.Example(features=tf.train.Features(feature={
@@ -43,14 +43,18 @@ def test_records_are_read_by_tensorflow_as_written(tmp_path):
         assert encode_example(features) == example.SerializeToString(deterministic=True)
 
 
-def test_fewer_records_than_shards_makes_fewer_files(tmp_path):
+def test_shards_no_record_went_to_are_dropped_and_the_rest_renumbered(tmp_path):
+    from tfmlops.data.tfrecords import frame
+
     writer = ShardedWriter(tmp_path, "test", shards=4)
-    writer.write(encode_example({"label": 1}))
-    writer.write(encode_example({"label": 2}))
+    writer.write(encode_example({"label": 1}), shard=3)
+    writer.write(encode_example({"label": 2}), shard=1)
     assert [p.name for p in writer.close()] == ["test-00000-of-00002.tfrecord",
                                                  "test-00001-of-00002.tfrecord"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test-00000-of-00002.tfrecord",
                                                            "test-00001-of-00002.tfrecord"]
+    assert (tmp_path / "test-00000-of-00002.tfrecord").read_bytes() == \
+        frame(encode_example({"label": 2}))  # shard 1 comes first
 
 
 def test_statistics_are_those_of_the_image_tensorflow_resizes():

@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,22 @@ def test_run_file_and_messages_carry_no_credentials(tmp_path):
     # MLflow's REST errors quote the URL they called
     exc = RuntimeError("API request to http://u:SECRET@h:5000/api/2.0/mlflow/runs/get failed")
     assert first_line(exc) == "API request to http://h:5000/api/2.0/mlflow/runs/get failed"
+
+
+def test_a_stage_links_prepares_run_only_if_it_made_the_data_read(tmp_path, make_cfg):
+    """prepare's run file sits in reports/prepare/ with the data version its run made; a
+    later stage links to that run (tfmlops.upstream.prepare) only while paths.prepared
+    holds that version: after a `dvc checkout` of other data the link would be false."""
+    from tfmlops.artifacts import DATA_VERSION, MANIFEST, data_version, run_dir
+    from tfmlops.tracking.lineage import run_tags, write_run_file
+
+    cfg = make_cfg()
+    prepared = Path(cfg.paths.prepared)
+    prepared.mkdir(parents=True)
+    (prepared / MANIFEST).write_text('{"files": []}')
+    upstream = {"prepare": run_dir(cfg, "prepare")}
+    write_run_file(run_dir(cfg, "prepare"), "prepare", "run-a", None,
+                   {DATA_VERSION: data_version(prepared)})
+    assert run_tags(cfg, "train", upstream)["tfmlops.upstream.prepare"] == "run-a"
+    (prepared / MANIFEST).write_text('{"files": ["other data"]}')
+    assert "tfmlops.upstream.prepare" not in run_tags(cfg, "train", upstream)

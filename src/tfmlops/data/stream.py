@@ -80,7 +80,7 @@ class Extent:
 
 @dataclass
 class Tally:
-    cache: ImageCache
+    cache: ImageCache | None  # None: the Beam engine, always cold
     profile: Profile | None = None  # data.contract.profile: folded in as images are written
     # (file, sha256, label, split, source format, width, height, bytes) of good files
     rows: list = field(default_factory=list)
@@ -178,7 +178,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
             (path, label), sha, reason = files[i], keys[i], reasons[i]
             rel = str(path.relative_to(image_dir))
             if reason:
-                _quarantine(out, image_dir, path)
+                quarantine(out, image_dir, path)
                 faults.point("write.quarantine")
                 tally.bad.append({"file": rel, "label": label, "reason": reason})
             else:
@@ -189,20 +189,42 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
                         raise DataError(f"{path} changed while prepare was reading it; run "
                                         "prepare again once nothing writes to data.image_dir")
                 split = splits[sha]
-                writers[split].write(encode_example({
-                    "image": stored.data, "label": label_index[label], "sha256": sha.encode()}))
+                writers[split].write(record_of(stored, label_index[label], sha),
+                                     shard_of(sha, cfg.data.shards))
                 faults.point("write.first")
-                _count(tally, stored, label, split)
-                tally.rows.append((rel, sha, label, split, stored.source_format,
-                                   *stored.source_size, stored.source_bytes))
+                fold(tally, rel, sha, label, split, stored, len(stored.data))
             progress.update()
     finally:
         for w in writers.values():
             w.close()
-        tally.cache.close()
+        if tally.cache is not None:
+            tally.cache.close()
     faults.point("write.closed")
     progress.close()
     return tally
+
+
+def finish_beam_tally(tally: Tally, rows: list[dict], image_dir: Path) -> None:
+    """Fold the rows of Beam's workers (data.beam: one per file, its facts without its
+    pixels) into `tally` in the order this module writes: the same tally, so the same
+    manifest, statistics and quarantine list, as a local run's."""
+    rows.sort(key=lambda r: r["i"])  # the listing's order
+    for r in rows:
+        if r["sha"] is not None:
+            tally.hashed += 1
+            tally.decoded += 1
+            tally.source_bytes += r["size"]
+    shas = {r["i"]: r["sha"] for r in rows}
+    files = [(image_dir / r["file"], r["label"]) for r in rows]
+    _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None],
+                         files, [r["sha"] for r in rows], image_dir)
+    for i in write_order([r["sha"] for r in rows], [r["reason"] for r in rows]):
+        r = rows[i]
+        if r["reason"]:
+            tally.bad.append({"file": r["file"], "label": r["label"], "reason": r["reason"]})
+        else:
+            fold(tally, r["file"], shas[r["i"]], r["label"], r["split"], r["stored"],
+                 r["stored_bytes"])
 
 
 def _warn_across_classes(good, files, keys, image_dir: Path) -> None:
@@ -251,16 +273,32 @@ def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config
     return keys, reasons
 
 
-def _count(tally: Tally, stored: Stored, label: str, split: str) -> None:
+def shard_of(sha256: str, shards: int) -> int:
+    """A record's shard: a function of its content hash alone, so every engine, worker
+    count and listing puts it in the same file (within a shard, records go in
+    `write_order`)."""
+    return int(sha256[:8], 16) % shards
+
+
+def record_of(stored: Stored, label_index: int, sha256: str) -> bytes:
+    """One image's tf.train.Example: its stored bytes, label index and content hash."""
+    return encode_example({"image": stored.data, "label": label_index, "sha256": sha256.encode()})
+
+
+def fold(tally: Tally, rel: str, sha: str, label: str, split: str, stored: Stored,
+         stored_bytes: int) -> None:
+    """Count one written image (its facts, `stored_bytes` its stored size) into the tally."""
     tally.split_counts[split] += 1
     if tally.profile is not None:
         tally.profile.add(stored, label, split)
     tally.encodings[stored.encoding] += 1
     tally.source_sizes.add(stored.source_size)
     tally.stored_sizes.add(stored.stored_size)
-    tally.stored_bytes += len(stored.data)
+    tally.stored_bytes += stored_bytes
     if split == "train":
         tally.add_train_stats(stored)
+    tally.rows.append((rel, sha, label, split, stored.source_format, *stored.source_size,
+                       stored.source_bytes))
 
 
 def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
@@ -362,7 +400,7 @@ def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8
         yield from window.popleft().result()
 
 
-def _quarantine(out: Path, image_dir: Path, path: Path) -> None:
+def quarantine(out: Path, image_dir: Path, path: Path) -> None:
     """Copy a rejected file beside the report (the user's folder stays untouched)."""
     target = out / "quarantine" / path.relative_to(image_dir)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -76,38 +76,42 @@ def frame(record: bytes) -> bytes:
 
 
 class ShardedWriter:
-    """Round-robin records over `shards` files `<split>-NNNNN-of-MMMMM.tfrecord`.
+    """Records into `shards` files `<split>-NNNNN-of-MMMMM.tfrecord`, each to the shard
+    its caller names (`stream.shard_of`: a function of the record's content).
 
-    The files are named for `shards`; a split with fewer records than shards
-    ends with as many files as records (renamed on close), as a writer that
-    knew the count beforehand would have made them.
+    Shards no record went to are dropped and the others renumbered in order
+    (`shard_names`), as a writer that knew which would be used would have named them.
     """
 
     def __init__(self, folder: Path, split: str, shards: int):
         self.folder, self.split, self.shards = Path(folder), split, shards
-        self.paths = [self._path(i, shards) for i in range(shards)]
+        self.paths = [self.folder / f".{split}-{i:05d}.part" for i in range(shards)]
         self.files = [p.open("wb") for p in self.paths]
-        self.count = 0
+        self.counts = [0] * shards
 
-    def _path(self, index: int, of: int) -> Path:
-        return self.folder / f"{self.split}-{index:05d}-of-{of:05d}.tfrecord"
-
-    def write(self, record: bytes) -> None:
-        self.files[self.count % self.shards].write(frame(record))
-        self.count += 1
+    def write(self, record: bytes, shard: int) -> None:
+        self.files[shard].write(frame(record))
+        self.counts[shard] += 1
 
     def close(self) -> list[Path]:
         for f in self.files:
             f.close()
-        used = max(1, min(self.shards, self.count))
-        if used == self.shards:
-            return self.paths
-        for p in self.paths[used:]:
-            p.unlink()
-        final = [self._path(i, used) for i in range(used)]
-        for old, new in zip(self.paths[:used], final, strict=True):
-            os.replace(old, new)
-        return final
+        used = [i for i, n in enumerate(self.counts) if n] or [0]  # an empty split: one file
+        names = shard_names(self.folder, self.split, used)
+        for i, part in enumerate(self.paths):
+            if i in names:
+                os.replace(part, names[i])
+            else:
+                part.unlink()
+        return list(names.values())
+
+
+def shard_names(folder: Path, split: str, used: list[int]) -> dict[int, Path]:
+    """{shard index: its file} for the shards of `split` that hold records, renumbered
+    in order: `<split>-00000-of-00002.tfrecord`... Both engines name their shards so."""
+    used = sorted(used)
+    return {shard: Path(folder) / f"{split}-{i:05d}-of-{len(used):05d}.tfrecord"
+            for i, shard in enumerate(used)}
 
 
 def shard_files(folder: str | Path, split: str) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tfmlops import registry, tracking
 from tfmlops.artifacts import (
+    DATA_VERSION,
     EDGE,
     MODEL_CARD,
     MODEL_FILE,
@@ -27,6 +28,7 @@ from tfmlops.artifacts import (
     TAG_LINEAGE_RUN,
     TAG_PARITY,
     require,
+    run_dir,
 )
 from tfmlops.config import Config
 from tfmlops.errors import DataError
@@ -126,10 +128,11 @@ def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
     commit, dirty = tracking.git_state(root)
     tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
             TAG_LINEAGE_DATA: tracking.data_version(cfg)}
-    folders = {"prepare": cfg.paths.prepared, "tune": cfg.paths.tuned, "train": cfg.paths.train,
-               "prune": cfg.paths.pruned, "quantize": cfg.paths.tflite}
-    for stage, folder in folders.items():
-        tags[TAG_LINEAGE_RUN + stage] = tracking.read_run_file(folder).get("run_id") or "none"
+    for stage in ("prepare", "tune", "train", "prune", "quantize"):
+        up = tracking.read_run_file(run_dir(cfg, stage))
+        # prepare's last run may have made other data (a `dvc checkout` since): no link then
+        other_data = up.get(DATA_VERSION, tags[TAG_LINEAGE_DATA]) != tags[TAG_LINEAGE_DATA]
+        tags[TAG_LINEAGE_RUN + stage] = "none" if other_data else up.get("run_id") or "none"
     tags[TAG_LINEAGE_RUN + "export"] = export_run_id or "none"
     tags.update(tracking.dvc_data_hashes(cfg, root))
     return tags

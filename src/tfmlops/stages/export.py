@@ -31,6 +31,7 @@ from tfmlops.artifacts import (
     SKEW,
     TAG_PARITY_PASSED,
     TAG_SERVED_RUNTIME,
+    run_dir,
 )
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_json, write_text
@@ -51,7 +52,7 @@ def run(cfg: Config) -> dict:
     prepared = load_prepared(cfg)
     tcfg = trained_config(cfg)  # fails clearly when train has not run
     edge = reg.read_edge(cfg)
-    upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train,
+    upstream = {"prepare": run_dir(cfg, "prepare"), "train": cfg.paths.train,
                 "quantize": cfg.paths.tflite}
     params = {"export": cfg.to_dict()["export"],
               "promote.registered_model": cfg.promote.registered_model}

@@ -11,7 +11,10 @@ Output (`paths.prepared`, built in a staging folder and swapped in whole):
 TFRecord shards per split, `manifest.json` (label map, counts per class and
 split, source and stored sizes, encodings, content hashes), `stats.json`
 (per-channel mean and std of the train split at the model's input size),
-`quarantine.json` and a copy of every rejected file. In `paths.reports`: the data
+`quarantine.json` and a copy of every rejected file: the data alone, the same bytes
+from either engine (`data.engine`: local, this machine's pool and cache; beam, Apache
+Beam, always cold: data.beam), so DVC reruns nothing after an unchanged prepare. Its
+run's `mlflow_run.json` is in `reports/prepare/` with the data version it made. In `paths.reports`: the data
 contract's `data_profile.json` and its plots (data.contract: profile, near-duplicates
 across splits, anomalies against the accepted reference profile).
 
@@ -31,9 +34,18 @@ import time
 from pathlib import Path
 
 from tfmlops import faults, harness
-from tfmlops.artifacts import MANIFEST, QUARANTINE, STATS, TAG_DATA_VERSION, data_version
+from tfmlops.artifacts import (
+    DATA_VERSION,
+    MANIFEST,
+    QUARANTINE,
+    STATS,
+    TAG_DATA_VERSION,
+    data_version,
+    run_dir,
+)
 from tfmlops.config import Config
 from tfmlops.config.machine import allow_open_files
+from tfmlops.data.beam import prepare_beam
 from tfmlops.data.contract import check_contract, log_profile
 from tfmlops.data.images import SPLITS, list_files
 from tfmlops.data.manifest import build_manifest, check_tally, prepare_metrics, prepare_params
@@ -47,14 +59,15 @@ log = logging.getLogger(__name__)
 def run(cfg: Config) -> dict[str, float]:
     allow_open_files(cfg.data.shards)  # every shard of the three splits stays open
     image_dir = Path(cfg.data.image_dir)
-    with harness.stage(cfg, STAGE, output=cfg.paths.prepared, params=prepare_params(cfg),
-                       sidecar=True) as st:
+    with harness.stage(cfg, STAGE, output=cfg.paths.prepared, run_dir=run_dir(cfg, STAGE),
+                       params=prepare_params(cfg), sidecar=True) as st:
         listing = time.perf_counter()
         classes, files, refused = list_files(image_dir)
         list_seconds = time.perf_counter() - listing
         faults.point("prepare.listed")
         started = time.perf_counter()
-        tally = prepare_stream(cfg, image_dir, classes, files, st.out)
+        engine = prepare_beam if cfg.data.engine == "beam" else prepare_stream
+        tally = engine(cfg, image_dir, classes, files, st.out)
         # Refused by what they are (symlinks out of image_dir): listed, never read or copied.
         tally.bad.extend({"file": str(b.path.relative_to(image_dir)), "label": b.label,
                           "reason": b.reason} for b in refused)
@@ -69,7 +82,7 @@ def run(cfg: Config) -> dict[str, float]:
         metrics = prepare_metrics(tally, time.perf_counter() - started, len(classes),
                                   list_seconds) | contract
         # The run opens only now, the data checked: bad data leaves no run.
-        version = data_version(st.out)
+        version = st.run_facts[DATA_VERSION] = data_version(st.out)
         st.run.set_tags({TAG_DATA_VERSION: version})
         st.report(metrics)
         st.run.log_dataset(image_dir.name or "images", str(image_dir.resolve()), version,
@@ -80,7 +93,8 @@ def run(cfg: Config) -> dict[str, float]:
         for name in (MANIFEST, STATS, QUARANTINE):
             st.run.log_artifact(final / name, "prepared")
         log_profile(cfg, st.run)
-        tally.cache.compact(tally.hashes)  # only once the new output is in place
+        if tally.cache is not None:  # only once the new output is in place
+            tally.cache.compact(tally.hashes)
         faults.point("prepare.compacted")
     counts = manifest["split_counts"]
     log.info(f"prepare: {tally.good} images ({len(tally.bad)} quarantined) in {len(classes)} "

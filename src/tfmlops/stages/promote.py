@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from tfmlops import harness
-from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, report_path, require
+from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, report_path, require, run_dir
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.files import write_json
@@ -57,7 +57,7 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
     if candidate and not version and (cfg.promote.from_experiments or not dvc_experiment()) \
             and registry.alias("production") == candidate:
         return unchanged(cfg, registry.name, candidate)  # dvc runs promote on every repro
-    out_dir = Path(cfg.paths.reports) / STAGE  # mlflow_run.json; paths.export is export's output
+    out_dir = run_dir(cfg, STAGE)  # mlflow_run.json; paths.export is export's output
     params = {"promote": cfg.to_dict()["promote"], "rollback": rollback,
               "version": version, "force": force}
     # Registry calls stay synchronous: the decision is recorded before the run ends.

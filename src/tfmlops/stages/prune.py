@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfmlops import harness
-from tfmlops.artifacts import MODEL_FILE, report_path
+from tfmlops.artifacts import MODEL_FILE, report_path, run_dir
 from tfmlops.compress import source
 from tfmlops.compress.measure import SPARSITY_COLUMNS, gzip_bytes, sparsity_table
 from tfmlops.compress.schedule import pruning_steps
@@ -40,7 +40,7 @@ BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statisti
 def run(cfg: Config) -> dict:
     tcfg = source.trained(cfg)  # DataError (exit 2) before TensorFlow loads
     steps = pruning_steps(cfg.prune, source.train_split_size(cfg), tcfg.train.batch_size)
-    upstream = {"prepare": cfg.paths.prepared, "train": cfg.paths.train}
+    upstream = {"prepare": run_dir(cfg, "prepare"), "train": cfg.paths.train}
     params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],
               "schedule_steps": asdict(steps)}
     # The run is kept by the sidecar, which imports MLflow while this process imports

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from tfmlops import harness, tracking
-from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report_path
+from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report_path, run_dir
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
 from tfmlops.model import backbones, hparams, search_space
@@ -48,7 +48,7 @@ def run(cfg: Config) -> dict[str, Any]:
     from tfmlops.tuning import tuner  # keras-tuner, Keras, TensorFlow
 
     key = search_key(cfg)
-    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": cfg.paths.prepared},
+    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": run_dir(cfg, "prepare")},
                        params=_params(cfg)) as st:
         out, parent = st.out, st.run
         parent.set_tags({TAG_TUNE_SEARCH: key, "tfmlops.tune.role": role,
@@ -98,7 +98,7 @@ def _run_worker(cfg: Config) -> dict[str, Any]:
 
 def _write_untuned(cfg: Config) -> dict[str, Any]:
     """tune.enabled: false: the params' own settings, no search."""
-    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": cfg.paths.prepared},
+    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": run_dir(cfg, "prepare")},
                        params=_params(cfg)) as st:
         out, parent = st.out, st.run
         metrics = st.report({"trials": 0, "trials_run": 0, "search_seconds": 0.0, "enabled": 0})

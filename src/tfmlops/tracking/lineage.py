@@ -56,12 +56,14 @@ def read_run_file(folder: str | Path) -> dict[str, Any]:
         return {}
 
 
-def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None) -> None:
+def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None,
+                   facts: dict[str, Any] | None = None) -> None:
     """Write `mlflow_run.json` atomically (a reader never sees half a file).
 
     The URI without its credentials: the file is a DVC output that `dvc push` uploads.
     """
-    data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri}
+    data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri,
+            **(facts or {})}
     write_text(out_dir / RUN_FILE, json.dumps(data, indent=2) + "\n")
 
 
@@ -84,6 +86,9 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
     for name, folder in (upstream or {}).items():
         up = read_run_file(folder)
+        if up.get(artifacts.DATA_VERSION, tags[artifacts.TAG_DATA_VERSION]) != \
+                tags[artifacts.TAG_DATA_VERSION]:
+            continue  # prepare's last run made other data (a `dvc checkout` since): no link
         if up.get("run_id"):
             tags[f"tfmlops.upstream.{name}"] = up["run_id"]
     return tags

@@ -433,6 +433,7 @@ def stage_run(
     params: dict[str, Any] | None = None,
     *,
     async_batches: bool = False,
+    facts: dict[str, Any] | None = None,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
@@ -441,13 +442,14 @@ def stage_run(
     part of the resolved config this stage uses (default: all of it).
     `sidecar.sidecar_run` is the same run kept by a separate process.
     `async_batches` sends metrics, params and tags through MLflow's async queue,
-    at the cost of about 1 s at the run's end.
+    at the cost of about 1 s at the run's end. `facts` go into `mlflow_run.json` too
+    (prepare's data version: lineage.run_tags checks it).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.tracking.enabled or not is_chief():
         run = _NullRun(cfg, stage)
-        write_run_file(out_dir, stage, None, None)
+        write_run_file(out_dir, stage, None, None, facts)
         yield run
         return
 
@@ -459,7 +461,7 @@ def stage_run(
         # runs of this stage a SIGKILL left RUNNING, here or on another machine
         close_orphans_of(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
                          cfg.tracking.retries + 1)
-        write_run_file(out_dir, stage, run_id, uri)
+        write_run_file(out_dir, stage, run_id, uri, facts)
         return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
 
     run = StageRun(cfg, stage, *open_it(), async_batches=async_batches)

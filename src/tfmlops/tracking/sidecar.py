@@ -111,11 +111,12 @@ def discard_early() -> None:
 
 @contextlib.contextmanager
 def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = None,
-                params: dict[str, Any] | None = None) -> Iterator[StageRun]:
+                params: dict[str, Any] | None = None,
+                facts: dict[str, Any] | None = None) -> Iterator[StageRun]:
     """`stage_run`, with the run kept by a sidecar process. The store is checked
     here first, so a stage still fails within seconds when it is away."""
     if not cfg.tracking.enabled or not is_chief():
-        with stage_run(cfg, stage, out_dir, upstream, params) as run:
+        with stage_run(cfg, stage, out_dir, upstream, params, facts=facts) as run:
             yield run
         return
     ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
@@ -124,7 +125,7 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
     # One spawned for an earlier stage that failed before its run (a library caller
     # running stages in one process) may have exited: a fresh one then.
     process = early if early is not None and early.proc.poll() is None else _Process(cfg)
-    process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir),
+    process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir), "facts": facts,
                            "upstream": upstream,
                            "params": params if params is not None else cfg.to_dict(),
                            "level": logging.getLogger("tfmlops").getEffectiveLevel()})
@@ -366,7 +367,7 @@ def serve(calls: queue.Queue, replies: _Replies) -> None:
         # Synchronous batches: MLflow's async queue would make the run's end wait up to
         # 1 s (its logging thread polls its queue every second before it can stop).
         with stage_run(start["cfg"], start["stage"], start["out_dir"], start["upstream"],
-                       start["params"], async_batches=False) as run:
+                       start["params"], async_batches=False, facts=start["facts"]) as run:
             replies.send("opened", run.run_id)
             with contextlib.suppress(OSError):
                 os.nice(NICENESS)

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Bool, Float, Int, Text, section
+from tfmlops.config.sections.base import Bool, Float, Int, Text, copies, section
 
 Severity = Literal["error", "warn", "off"]  # error fails prepare, warn logs a line, off: no check
 
@@ -96,6 +96,17 @@ class ContractConfig:
 
 
 @section
+class BeamConfig:
+    """prepare on Apache Beam (`data.engine: beam`): Beam's own pipeline options, passed
+    through, so `--runner=DataflowRunner --project=... --region=...` needs no code. The
+    default runs on this machine and downloads nothing (a named Python runner: Beam's
+    default may fetch its Go runner first); --direct_num_workers=0 is one per core."""
+
+    options: list[Text] = copies("--runner=DirectRunner", "--direct_running_mode=multi_processing",
+                                 "--direct_num_workers=0")
+
+
+@section
 class DataConfig:
     # The class-per-folder images prepare reads. The default is where the
     # `materialize` stage writes the built-in dataset; point it at your own.
@@ -110,6 +121,10 @@ class DataConfig:
     workers: Int = Field(0, ge=0, le=1024)  # prepare's decoding processes; 0: every core
     store: StoreConfig = Field(default_factory=StoreConfig)
     contract: ContractConfig = Field(default_factory=ContractConfig)
+    # local: this machine's process pool and prepare_cache (incremental); beam: Apache Beam
+    # (data.beam), always cold; both write the same data/prepared, byte for byte.
+    engine: Literal["local", "beam"] = "local"
+    beam: BeamConfig = Field(default_factory=BeamConfig)
 
     @model_validator(mode="after")
     def _stores_at_least_what_training_reads(self):

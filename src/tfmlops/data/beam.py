@@ -1,0 +1,256 @@
+"""prepare on Apache Beam (`data.engine: beam`): the engine of TFX's ExampleGen and
+of Dataflow, Flink and Spark, for folders one machine's pool is too slow for.
+
+The per-image work is the local pool's own functions, called in Beam's workers:
+`store.hash_and_store` reads, hashes, decodes, validates, reduces, encodes and
+measures each file; `stream.quarantine` copies a refused one; `images.assign_splits`
+splits each class; `stream.shard_of` picks a record's shard; `tfrecords` frames
+the records. What Beam adds is where they run and how results meet:
+
+    files -> decode (per file) -> owner class of each content (min class index)
+          -> split per class (GroupByKey class) -> join back by content hash
+          -> (split, shard) groups, sorted by (hash, label) -> one shard file each
+          -> one small row per file (no pixels) -> the driver
+
+The driver (this process) folds the rows into the same `Tally` the local path
+builds and writes manifest, stats and quarantine list with the same functions,
+so the output is the local path's byte for byte (tests/integration/test_beam.py):
+every piece of it is defined without an order (a shard is a function of the
+content hash, records sorted within it, statistics exact sums).
+
+Always cold: no `prepare_cache`, no hash memo (README, "Millions of images").
+Workers write the shard parts and quarantine copies into the staging folder, so
+they must share its filesystem (true of the in-process runner and of a worker
+pool on this machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from tfmlops.errors import ConfigError, DataError, UserError
+
+log = logging.getLogger(__name__)
+
+RUNNERS = ("DirectRunner", "PortableRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
+PARTS = ".beam"  # in the staging folder: shard parts and rows, gone before the swap
+
+
+def pipeline_options(cfg):
+    """`data.beam.options` as Beam's PipelineOptions, the runner checked now: an unknown
+    runner or option fails in one line before any image is read."""
+    _import_beam()
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.runners.runner import create_runner
+
+    flags = list(cfg.data.beam.options)
+    runner = None
+    # it warns of options it does not know; this says so in the one line below
+    logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
+    try:
+        options = PipelineOptions(flags)
+        unknown = options.get_all_options(retain_unknown_options=True).keys() - \
+            options.get_all_options().keys()
+        runner = options.view_as(StandardOptions).runner or "DirectRunner"
+        create_runner(runner)
+    except (ValueError, TypeError, ImportError, SystemExit) as exc:
+        why = (f"Beam has no runner {runner!r}; name one of {', '.join(RUNNERS)}"
+               if "Unexpected pipeline runner" in str(exc) else _first(exc))
+        raise ConfigError(f"data.beam.options {flags}: {why}") from None
+    if unknown:
+        raise ConfigError(f"data.beam.options: Beam knows no option {sorted(unknown)}; fix or "
+                          "remove it (e.g. --runner=DirectRunner --direct_num_workers=2)")
+    return options
+
+
+def prepare_beam(cfg, image_dir: Path, classes: list[str], files, out: Path):
+    """`stream.prepare_stream` on Apache Beam: the same shards and quarantine in `out`,
+    the same tally (folded here, in the local path's order, from each file's row)."""
+    from tfmlops.data.stream import Tally, finish_beam_tally
+
+    started = time.perf_counter()
+    options = pipeline_options(cfg)
+    parts = out / PARTS
+    parts.mkdir(parents=True)
+    log.info("prepare: %d files on Apache Beam (%s), no cache: every file is decoded",
+             len(files), " ".join(cfg.data.beam.options))
+    try:
+        _run(cfg, options, image_dir, classes, files, out, parts)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a worker died, the runner gave up: one line
+        raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was swapped "
+                        "in; run it again, or set data.engine: local") from None
+    rows = []
+    for part in sorted(parts.glob("*.rows")):
+        rows.extend(pickle.loads(part.read_bytes()))
+    _finish_shards(out, parts)
+    tally = Tally(None, _profile(cfg))
+    finish_beam_tally(tally, rows, image_dir)
+    tally.decode_seconds = time.perf_counter() - started
+    return tally
+
+
+def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) -> None:
+    import apache_beam as beam
+
+    from tfmlops.data.stream import store_spec
+
+    spec, d = store_spec(cfg), cfg.data
+    index = {c: i for i, c in enumerate(classes)}
+    items = [(i, str(path), label) for i, (path, label) in enumerate(files)]
+    _quiet_beam()
+    with beam.Pipeline(options=options) as p:
+        done = (p | "files" >> beam.Create(items) | "spread" >> beam.Reshuffle()
+                | "decode" >> beam.Map(_decode, spec, str(image_dir), str(out)))
+        good = done | "good" >> beam.Filter(lambda r: r["reason"] is None)
+        splits = (good | "owner" >> beam.Map(lambda r: (r["sha"], index[r["label"]]))
+                  | "first class" >> beam.CombinePerKey(min)  # the listing's first (images.py)
+                  | "by class" >> beam.Map(lambda kv: (kv[1], kv[0]))
+                  | "class" >> beam.GroupByKey()
+                  | "split" >> beam.FlatMap(_split_class, classes, cfg.seed, d.split.val,
+                                            d.split.test))
+        _ = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)), "split": splits}
+             | "join" >> beam.CoGroupByKey()
+             | "with split" >> beam.FlatMap(_with_split)
+             | "by shard" >> beam.Map(_shard_key, d.shards) | "shard" >> beam.GroupByKey()
+             | "write" >> beam.Map(_write_shard, str(parts), index))
+        _ = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
+             | "facts" >> beam.Map(_row) | "all refused" >> beam.combiners.ToList()
+             | "write refused" >> beam.Map(_write_rows, str(parts / "refused.rows")))
+
+
+def _finish_shards(out: Path, parts: Path) -> None:
+    """The shard parts under their final names (tfrecords.shard_names, as the local
+    writer names them; an empty split gets one empty file); the work folder goes."""
+    from tfmlops.data.images import SPLITS
+    from tfmlops.data.tfrecords import shard_names
+
+    for split in SPLITS:
+        found = {int(p.stem.rsplit("-", 1)[1]): p for p in parts.glob(f"{split}-*.part")}
+        if not found:
+            (parts / f"{split}-00000.part").touch()
+            found = {0: parts / f"{split}-00000.part"}
+        for shard, final in shard_names(out, split, list(found)).items():
+            found[shard].replace(final)
+    shutil.rmtree(parts)
+
+
+def _profile(cfg):
+    from tfmlops.data.profile import Profile
+
+    contract = cfg.data.contract
+    return Profile(contract.tiny.side) if contract.profile else None
+
+
+# -- what runs in Beam's workers: the local path's functions, one file or shard at a time
+
+def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
+    """One file: hashed, decoded and stored (or refused and quarantined), as the pool does."""
+    import numpy as np
+
+    from tfmlops import faults
+    from tfmlops.data.images import unsupported
+    from tfmlops.data.store import Stored, hash_and_store
+    from tfmlops.data.stream import quarantine
+
+    i, path, label = item
+    faults.point("beam.decode")
+    reason = unsupported(Path(path))
+    sha, stored = None, Stored(reason=reason)
+    if reason is None:
+        _, sha, stored = hash_and_store(path, spec, np.zeros(0, np.uint64))
+    if not stored.ok:
+        quarantine(Path(out), Path(image_dir), Path(path))
+    size = Path(path).stat().st_size if sha else 0
+    return {"i": i, "file": str(Path(path).relative_to(image_dir)), "label": label, "sha": sha,
+            "reason": stored.reason, "size": size, "stored": stored}
+
+
+def _split_class(group, classes: list[str], seed: int, val: float, test: float):
+    from tfmlops.data.images import assign_splits
+
+    label, shas = group
+    yield from assign_splits([(sha, classes[label]) for sha in shas], seed, val, test).items()
+
+
+def _with_split(joined):
+    _, found = joined
+    (split,) = found["split"]
+    for row in found["file"]:
+        yield {**row, "split": split}
+
+
+def _shard_key(row: dict, shards: int):
+    from tfmlops.data.stream import shard_of
+
+    return (row["split"], shard_of(row["sha"], shards)), row
+
+
+def _write_shard(group, parts: str, index: dict[str, int]) -> int:
+    """One shard's records in the local writer's order (content hash, then listing),
+    framed into its part file; its files' rows (facts, not pixels) beside it."""
+    from tfmlops.data.stream import record_of
+    from tfmlops.data.tfrecords import frame
+
+    (split, shard), rows = group
+    rows = sorted(rows, key=lambda r: (r["sha"], r["i"]))
+    name = Path(parts) / f"{split}-{shard:05d}"
+    with open(name.with_suffix(".part"), "wb") as fh:
+        for row in rows:
+            fh.write(frame(record_of(row["stored"], index[row["label"]], row["sha"])))
+    _write_rows([_row(r) for r in rows], str(name.with_suffix(".rows")))
+    return len(rows)
+
+
+def _row(row: dict) -> dict:
+    """A file's row without its stored bytes (their length kept)."""
+    stored = row["stored"]
+    return {**row, "stored": replace(stored, data=b""), "stored_bytes": len(stored.data)}
+
+
+def _write_rows(rows: list[dict], path: str) -> None:
+    Path(path).write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _import_beam() -> None:
+    """Import Beam without its import-time warning that optional GCP libraries are
+    missing (logged on the root logger, which it would also configure)."""
+    root = logging.getLogger()
+    quiet = _Drop("apitools not found")
+    root.addFilter(quiet)
+    added = None if root.handlers else logging.NullHandler()
+    if added:
+        root.addHandler(added)  # logging.warning() would call basicConfig otherwise
+    try:
+        import apache_beam  # noqa: F401
+    finally:
+        root.removeFilter(quiet)
+        if added:
+            root.removeHandler(added)
+
+
+class _Drop(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def _quiet_beam() -> None:
+    """Beam logs every bundle at INFO and a warning about optional GCP libraries: only
+    its warnings about this pipeline reach the user."""
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("apache_beam.io.gcp").setLevel(logging.ERROR)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:300]

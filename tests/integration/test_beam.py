@@ -1,0 +1,164 @@
+"""prepare on Apache Beam (data.engine: beam) writes the local path's data/prepared byte
+for byte, on Beam's in-process runner with 2 worker processes and on a cluster's
+topology (a portable job service and an external SDK worker pool, each its own process
+on 127.0.0.1, sharing nothing with this one but the filesystem); a worker killed
+mid-run fails prepare in one line with nothing swapped in; a bad option exits 2."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import child_env, free_port, run_cli, tiny_params
+from images import photo_folder
+
+pytestmark = pytest.mark.distributed
+
+IN_PROCESS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+              "--direct_num_workers=2"]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """Three classes of small photos with what a real folder holds: corrupt files, one
+    photo twice in a class, one in two classes, a symlink out of the folder."""
+    root = tmp_path_factory.mktemp("beam") / "photos"
+    files = photo_folder(root, per_class=8, classes=3)
+    (root / "c0" / "empty.jpg").write_bytes(b"")
+    (root / "c1" / "cut.jpg").write_bytes(files[9].read_bytes()[:200])
+    (root / "c2" / "notes.txt").write_bytes(b"not an image\n")
+    shutil.copy(files[0], root / files[0].parent.name / "again.jpg")
+    other = sorted(p for p in root.iterdir() if p.is_dir() and p != files[5].parent)[0]
+    shutil.copy(files[5], other / "also_here.jpg")
+    outside = root.parent / "outside.jpg"
+    shutil.copy(files[1], outside)
+    (root / files[1].parent.name / "link.jpg").symlink_to(outside)
+    return root
+
+
+def prepare(work: Path, images: Path, engine: str, options=None, env=None):
+    """`tfmlops prepare` in its own process; (the CompletedProcess, the config)."""
+    from tfmlops.config import load_config
+
+    work.mkdir(parents=True, exist_ok=True)
+    data = {"image_dir": str(images), "channels": 3, "image_size": 16, "shards": 3,
+            "split": {"val": 0.2, "test": 0.2}, "max_bad_fraction": 0.3, "engine": engine}
+    if options is not None:
+        data["beam"] = {"options": options}
+    params = tiny_params(work, data=data, tracking={"enabled": False})
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = run_cli("--params", str(work / "params.yaml"), "prepare", cwd=work,
+                     env={**child_env(), **(env or {})}, check=False)
+    return result, load_config(work / "params.yaml")
+
+
+def prepared_bytes(cfg) -> dict[str, bytes]:
+    out = Path(cfg.paths.prepared)
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def local_output(images, tmp_path_factory) -> dict[str, bytes]:
+    result, cfg = prepare(tmp_path_factory.mktemp("local"), images, "local")
+    assert result.returncode == 0, result.stderr
+    return prepared_bytes(cfg)
+
+
+def test_the_in_process_runner_writes_the_local_bytes(images, local_output, tmp_path):
+    result, cfg = prepare(tmp_path, images, "beam", IN_PROCESS)
+    assert result.returncode == 0, result.stderr
+    assert prepared_bytes(cfg) == local_output
+    names = set(local_output)
+    assert {"manifest.json", "stats.json", "quarantine.json"} <= names
+    assert any(n.startswith("quarantine/") for n in names)  # the corrupt files' copies
+    for split in ("train", "val", "test"):  # shards by content hash: empty ones are dropped
+        assert 1 <= sum(n.startswith(f"{split}-") for n in names) <= 3
+
+
+@pytest.fixture
+def beam_cluster(tmp_path):
+    """A portable job service and an external SDK worker pool, each its own process."""
+    job, pool = free_port(), free_port()
+    env = {**child_env(), "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", module, flag, str(port)], env=env,
+                              stdout=open(tmp_path / f"{name}.log", "wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+             for name, module, flag, port in (
+                 ("job", "apache_beam.runners.portability.local_job_service_main", "--port", job),
+                 ("pool", "apache_beam.runners.worker.worker_pool_main", "--service_port", pool))]
+    try:
+        for port in (job, pool):
+            _wait_for_port(port, procs)
+        yield {"job": job, "pool": pool, "procs": procs}
+    finally:
+        for proc in procs:
+            with_group(proc, signal.SIGKILL)
+            proc.wait(30)
+
+
+def with_group(proc: subprocess.Popen, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for_port(port: int, procs, timeout: float = 60) -> None:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        assert all(p.poll() is None for p in procs), "a Beam service exited at start"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+def portable(cluster) -> list[str]:
+    return ["--runner=PortableRunner", f"--job_endpoint=localhost:{cluster['job']}",
+            "--environment_type=EXTERNAL", f"--environment_config=localhost:{cluster['pool']}"]
+
+
+def test_a_job_service_and_an_external_worker_pool_write_the_local_bytes(
+        images, local_output, tmp_path, beam_cluster):
+    result, cfg = prepare(tmp_path, images, "beam", portable(beam_cluster))
+    assert result.returncode == 0, result.stderr
+    assert prepared_bytes(cfg) == local_output
+    pool_log = (tmp_path / "pool.log").read_text(errors="replace")
+    assert "Starting worker" in pool_log or "worker" in pool_log.lower()  # the pool ran it
+
+
+def test_a_worker_killed_mid_run_fails_in_one_line_and_a_rerun_gives_the_same_output(
+        images, local_output, tmp_path):
+    result, cfg = prepare(tmp_path, images, "beam", IN_PROCESS,
+                          env={"TFMLOPS_FAULT": "beam.decode@3"})
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Apache Beam failed" in errors[0], result.stderr
+    assert not Path(cfg.paths.prepared).exists()  # nothing swapped in
+    assert not list(tmp_path.glob("data/.prepared*"))  # nor a staging folder left
+    result, cfg = prepare(tmp_path, images, "beam", IN_PROCESS)
+    assert result.returncode == 0, result.stderr
+    assert prepared_bytes(cfg) == local_output
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--runner=NoSuchRunner"], "NoSuchRunner"),
+    (["--runner=DirectRunner", "--direct_num_wrokers=2"], "direct_num_wrokers"),
+])
+def test_a_bad_beam_option_exits_2_in_one_line(images, tmp_path, options, named):
+    result, cfg = prepare(tmp_path, images, "beam", options)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and named in errors[0] and "data.beam.options" in errors[0], \
+        result.stderr
+    assert not Path(cfg.paths.prepared).exists()
