@@ -67,3 +67,27 @@ def test_exp_run_temp_lands_in_the_repo_store_with_its_name(tmp_path):
     # the workspace is untouched by a temp run: nothing changed, nothing new but ignored files
     assert git("status", "--short", "--untracked-files=all", cwd=repo) == ""
     assert not (repo / "data" / "prepared").exists()
+
+
+@pytest.mark.distributed
+def test_switching_prepare_to_beam_changes_no_byte_dvc_tracks(tmp_path):
+    """data.engine: beam writes data/prepared byte for byte as local does, so DVC records
+    the same hash for it and reruns nothing after prepare (prepare's own run file is in
+    reports/prepare/, not in the data)."""
+    repo = scratch_repo(tmp_path / "repo", relative_tiny_params())
+    dvc("repro", "prepare", cwd=repo)
+    md5 = lambda: {o["path"]: o["md5"] for o in yaml.safe_load(  # noqa: E731
+        (repo / "dvc.lock").read_text())["stages"]["prepare"]["outs"]}
+    local = md5()
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["data"].update(engine="beam", beam={"options": [
+        "--runner=DirectRunner", "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2"]})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    switched = dvc("repro", "prepare", cwd=repo)
+    assert "Running stage 'prepare'" in switched.stdout  # its params changed
+    timings = "reports/prepare.json"  # the metrics: seconds, images/s
+    assert {k: v for k, v in md5().items() if k != timings} == \
+        {k: v for k, v in local.items() if k != timings}
+    assert "data/prepared" in local
+    assert len(prepare_runs(repo)) == 2

@@ -89,6 +89,9 @@ def prepare_beam(cfg, image_dir: Path, classes: list[str], files, out: Path):
     rows = []
     for part in sorted(parts.glob("*.rows")):
         rows.extend(pickle.loads(part.read_bytes()))
+    if sorted(r["i"] for r in rows) != list(range(len(files))):
+        raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
+                        "files; nothing was swapped in (a bug: please report it)")
     _finish_shards(out, parts)
     tally = Tally(None, _profile(cfg))
     finish_beam_tally(tally, rows, image_dir)

@@ -214,7 +214,6 @@ def finish_beam_tally(tally: Tally, rows: list[dict], image_dir: Path) -> None:
             tally.hashed += 1
             tally.decoded += 1
             tally.source_bytes += r["size"]
-    shas = {r["i"]: r["sha"] for r in rows}
     files = [(image_dir / r["file"], r["label"]) for r in rows]
     _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None],
                          files, [r["sha"] for r in rows], image_dir)
@@ -223,7 +222,7 @@ def finish_beam_tally(tally: Tally, rows: list[dict], image_dir: Path) -> None:
         if r["reason"]:
             tally.bad.append({"file": r["file"], "label": r["label"], "reason": r["reason"]})
         else:
-            fold(tally, r["file"], shas[r["i"]], r["label"], r["split"], r["stored"],
+            fold(tally, r["file"], r["sha"], r["label"], r["split"], r["stored"],
                  r["stored_bytes"])
 
 
