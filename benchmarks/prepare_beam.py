@@ -69,6 +69,7 @@ def start_cluster(workers: int) -> tuple[list[subprocess.Popen], list[str]]:
 
 def configure(work: Path, images: Path, engine: str, options: list[str] | None) -> Path:
     data = {"image_dir": str(images), "image_size": SIZE, "channels": 3, "engine": engine}
+    work.mkdir(parents=True, exist_ok=True)
     _, work = scratch_config(work, data=data)
     params = yaml.safe_load((work / "params.yaml").read_text())
     if options:
@@ -85,10 +86,29 @@ def digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def cold(params: Path) -> dict:
+def cluster_cpu(procs: list[subprocess.Popen]) -> float:
+    """CPU seconds so far of the job service's and the worker pool's process trees (the
+    SDK workers the pool starts are its children): outside prepare's own tree."""
+    import psutil
+
+    total = 0.0
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                times = p.cpu_times()
+                total += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def cold(params: Path, procs: list[subprocess.Popen] | None = None) -> dict:
     for folder in ("prepared", "prepare_cache"):
         shutil.rmtree(params.parent / "data" / folder, ignore_errors=True)
+    before = cluster_cpu(procs or [])
     run = timed_prepare(params)
+    run["cpu_s"] = round(run["cpu_s"] + cluster_cpu(procs or []) - before, 2)
     run["digest"] = digest(params.parent / "data" / "prepared")
     return run
 
@@ -106,42 +126,50 @@ def main() -> None:
     images = subset(args.set, scratch / "photos", args.images)
     n = len(photo_files(images))
     procs, portable = start_cluster(args.workers)
+    try:
+        runs = measure(scratch, images, portable, procs, args)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+    report(runs, n, args)
+
+
+def measure(scratch: Path, images: Path, portable: list[str], procs, args) -> dict[str, list[dict]]:
     in_process = ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
                   f"--direct_num_workers={args.workers}"]
     engines = {"local pool": configure(scratch / "local", images, "local", None),
                "Beam in-process": configure(scratch / "direct", images, "beam", in_process),
                "Beam job service": configure(scratch / "portable", images, "beam", portable)}
     runs: dict[str, list[dict]] = {name: [] for name in engines}
-    try:
-        for i in range(args.repeats):
-            order = list(engines) if i % 2 == 0 else list(engines)[::-1]
-            for name in order:
-                run = cold(engines[name])
-                runs[name].append(run)
-                print(f"round {i + 1} {name}: {run['wall_s']} s, CPU {run['cpu_s']} s, peak "
-                      f"{run['peak_rss_mb']} MB", flush=True)
-    finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)
+    for i in range(args.repeats):
+        for name in list(engines) if i % 2 == 0 else list(engines)[::-1]:
+            run = cold(engines[name], procs if "job" in name else None)
+            runs[name].append(run)
+            print(f"round {i + 1} {name}: {run['wall_s']} s, CPU {run['cpu_s']} s, peak "
+                  f"{run['peak_rss_mb']} MB", flush=True)
+    return runs
+
+
+def report(runs: dict[str, list[dict]], n: int, args) -> None:
     digests = {name: {r["digest"] for r in rs} for name, rs in runs.items()}
     result = {"images": n, "image_size": SIZE, "workers": args.workers, "repeats": args.repeats,
               "machine": machine(), "identical_outputs": len(set().union(*digests.values())) == 1,
               "command": " ".join(["benchmarks/prepare_beam.py", *sys.argv[1:]]), "engines": {}}
     local_wall = statistics.median(r["wall_s"] for r in runs["local pool"])
+    med = lambda values: round(statistics.median(values), 2)  # noqa: E731
     for name, rs in runs.items():
-        wall = statistics.median(r["wall_s"] for r in rs)
+        wall = med(r["wall_s"] for r in rs)
         m = [r["metrics"] for r in rs]
         result["engines"][name] = {
             "wall_s": wall, "images_per_s": round(n / wall, 1),
             "ratio_to_local": round(local_wall / wall, 3),
-            "cpu_ms_per_image": round(1000 * statistics.median(r["cpu_s"] for r in rs) / n, 2),
+            "cpu_ms_per_image": round(1000 * med(r["cpu_s"] for r in rs) / n, 2),
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
-            "list_s": statistics.median(x["list_seconds"] for x in m),
-            "decode_or_pipeline_s": statistics.median(x["decode_seconds"] for x in m),
-            "rest_s": round(wall - statistics.median(x["decode_seconds"] + x["list_seconds"]
-                                                     for x in m), 2),
+            "list_s": med(x["list_seconds"] for x in m),
+            "decode_or_pipeline_s": med(x["decode_seconds"] for x in m),
+            "rest_s": round(wall - med(x["decode_seconds"] + x["list_seconds"] for x in m), 2),
             "walls": [r["wall_s"] for r in rs]}
-    path = save("prepare_beam", result)
+    path = save(f"prepare_beam_{n}", result)
     print(f"\n{n} photos, {args.workers} workers, medians of {args.repeats}; outputs identical: "
           f"{result['identical_outputs']}")
     print(f"{'engine':18} {'wall s':>7} {'img/s':>7} {'x local':>8} {'CPU ms/img':>10} "
