@@ -6,6 +6,7 @@ mid-run fails prepare in one line with nothing swapped in; a bad option exits 2.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -162,3 +163,54 @@ def test_a_bad_beam_option_exits_2_in_one_line(images, tmp_path, options, named)
     assert len(errors) == 1 and named in errors[0] and "data.beam.options" in errors[0], \
         result.stderr
     assert not Path(cfg.paths.prepared).exists()
+
+
+@pytest.fixture
+def s3_photos(tmp_path):
+    """A local S3-compatible server (moto's, on 127.0.0.1) holding a photo folder with a
+    corrupt file and a duplicate; yields (the folder's URL, Beam's S3 options, the same
+    folder on disk)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    root = tmp_path / "s3photos"
+    files = photo_folder(root, per_class=6, classes=3, seed=3)
+    (root / "c1" / "cut.jpg").write_bytes(files[7].read_bytes()[:150])
+    (root / "c0" / "nested").mkdir()
+    shutil.copy(files[2], root / "c0" / "nested" / "again.jpg")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    keys = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                          **keys)
+        s3.create_bucket(Bucket="tfmlops-photos")
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            s3.upload_file(str(path), "tfmlops-photos", f"team/{path.relative_to(root)}")
+        yield ("s3://tfmlops-photos/team", [
+            f"--s3_endpoint_url=http://127.0.0.1:{port}", "--s3_region_name=us-east-1",
+            f"--s3_access_key_id={keys['aws_access_key_id']}",
+            f"--s3_secret_access_key={keys['aws_secret_access_key']}"], root)
+    finally:
+        server.stop()
+
+
+def test_an_s3_folder_gives_the_bytes_of_the_same_folder_on_disk(tmp_path, s3_photos):
+    """data.image_dir as an s3:// URL, read through Beam's filesystems: the same
+    data/prepared as the local engine on the folder's copy on disk, but for the manifest's
+    image_dir, which records the URL."""
+    url, s3_options, on_disk = s3_photos
+    result, cfg = prepare(tmp_path / "local", on_disk, "local")
+    assert result.returncode == 0, result.stderr
+    local = prepared_bytes(cfg)
+    result, cfg = prepare(tmp_path / "s3", url, "beam", IN_PROCESS + s3_options)
+    assert result.returncode == 0, result.stderr
+    remote = prepared_bytes(cfg)
+    manifests = [json.loads(side.pop("manifest.json")) for side in (local, remote)]
+    assert manifests[1].pop("image_dir") == url
+    assert manifests[0].pop("image_dir") == str(on_disk)
+    assert manifests[0] == manifests[1] and local == remote
+    assert "quarantine/c1/cut.jpg" in remote
+    result, _ = prepare(tmp_path / "s3local", url, "local")
+    assert result.returncode == 2 and "only data.engine: beam reads URLs" in result.stderr

@@ -68,6 +68,36 @@ def pipeline_options(cfg):
     return options
 
 
+def is_url(image_dir: str | Path) -> bool:
+    """Whether `data.image_dir` names a folder of a filesystem Beam reads (gs://, s3://)."""
+    return "://" in str(image_dir)
+
+
+def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
+    """`images.list_files` for a folder URL, through Beam's filesystems (`data.beam.options`
+    carry their credentials and endpoints): classes, (file URL, class) in the order the
+    local listing has (by path components), nothing refused by what it is (no symlinks)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if cfg.data.engine != "beam":
+        raise DataError(f"data.image_dir {url} is a URL: only data.engine: beam reads URLs; "
+                        "set it, or copy the images to a local folder")
+    FileSystems.set_options(pipeline_options(cfg))
+    root = url.rstrip("/")
+    try:
+        found = FileSystems.match([root + "/**"])[0].metadata_list
+    except Exception as exc:  # noqa: BLE001 - the store's own error, in one line
+        raise DataError(f"data.image_dir {url} cannot be listed ({_first(exc)}); check the "
+                        "URL and the credentials in data.beam.options") from None
+    parts = sorted(tuple(m.path[len(root) + 1:].split("/")) for m in found)
+    parts = [p for p in parts if len(p) > 1 and not any(x.startswith(".") for x in p)]
+    classes = sorted({p[0] for p in parts})
+    if len(classes) < 2:
+        raise DataError(f"image folder {url} has {len(classes)} class folder(s) with files; it "
+                        "needs at least 2 (one sub-folder per class)")
+    return classes, [(f"{root}/{'/'.join(p)}", p[0]) for p in parts], []
+
+
 def prepare_beam(cfg, image_dir: Path, classes: list[str], files, out: Path):
     """`stream.prepare_stream` on Apache Beam: the same shards and quarantine in `out`,
     the same tally (folded here, in the local path's order, from each file's row)."""
@@ -159,20 +189,46 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
 
     from tfmlops import faults
     from tfmlops.data.images import unsupported
-    from tfmlops.data.store import Stored, hash_and_store
+    from tfmlops.data.store import Stored, hash_and_store, hash_and_store_bytes
     from tfmlops.data.stream import quarantine
 
     i, path, label = item
     faults.point("beam.decode")
     reason = unsupported(Path(path))
-    sha, stored = None, Stored(reason=reason)
-    if reason is None:
+    sha, stored, size = None, Stored(reason=reason), 0
+    if reason is not None:
+        pass
+    elif is_url(path):  # through Beam's filesystems: the bytes, then the same functions
+        data = _read_url(path)
+        sha, stored = hash_and_store_bytes(data, spec) if isinstance(data, bytes) else (None, data)
+    else:
         _, sha, stored = hash_and_store(path, spec, np.zeros(0, np.uint64))
+    rel = path[len(image_dir.rstrip("/")) + 1:] if is_url(path) else \
+        str(Path(path).relative_to(image_dir))
+    if sha:
+        size = len(data) if is_url(path) else Path(path).stat().st_size
     if not stored.ok:
-        quarantine(Path(out), Path(image_dir), Path(path))
-    size = Path(path).stat().st_size if sha else 0
-    return {"i": i, "file": str(Path(path).relative_to(image_dir)), "label": label, "sha": sha,
-            "reason": stored.reason, "size": size, "stored": stored}
+        if is_url(path):
+            target = Path(out) / "quarantine" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data if sha else _read_url(path))
+        else:
+            quarantine(Path(out), Path(image_dir), Path(path))
+    return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
+            "size": size, "stored": stored}
+
+
+def _read_url(path: str):
+    """The bytes of a file URL, or a refused `Stored` saying why they cannot be read."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from tfmlops.data.store import Stored
+
+    try:
+        with FileSystems.open(path) as fh:
+            return fh.read()
+    except Exception as exc:  # noqa: BLE001 - the store's error is this file's reason
+        return Stored(reason=f"unreadable: {_first(exc)}")
 
 
 def _split_class(group, classes: list[str], seed: int, val: float, test: float):

@@ -137,7 +137,7 @@ def check_empty_classes(root: Path, classes: list[str], good_labels: set[str]) -
     empty = [c for c in classes if c not in good_labels]
     if empty:
         raise DataError(
-            f"class folder {root / empty[0]} has no readable image; fix or remove its files"
+            f"class folder {root}/{empty[0]} has no readable image; fix or remove its files"
         )
 
 

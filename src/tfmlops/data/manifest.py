@@ -54,7 +54,7 @@ def check_class_splits(cfg: Config, image_dir: Path, classes: list[str], tally: 
     others = f" (and {len(short) - 1} more class(es))" if len(short) > 1 else ""
     message = (f"class {c!r}{others} is missing from a split ({counts}): each class needs at "
                f"least 3 readable images to reach train, val and test; add images to "
-               f"{image_dir / c}")
+               f"{image_dir}/{c}")
     if cfg.data.split.too_few == "error":
         raise DataError(f"{message}, or set data.split.too_few: warn to go on")
     log.warning(f"prepare: {message}; going on (data.split.too_few: warn)")

@@ -137,7 +137,14 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
     i = int(np.searchsorted(cached, prefix))
     if i < len(cached) and cached[i] == prefix:
         return path, sha, None
-    return path, sha, store_bytes(data, spec)
+    return path, *hash_and_store_bytes(data, spec, sha)
+
+
+def hash_and_store_bytes(data: bytes, spec: StoreSpec, sha: str | None = None
+                         ) -> tuple[str, Stored]:
+    """A file's content hash and its stored result, from its bytes (read from a URL by the
+    Beam engine, from a path by `hash_and_store`)."""
+    return sha or hashlib.sha256(data).hexdigest(), store_bytes(data, spec)
 
 
 def cached_prefixes(shas) -> np.ndarray:

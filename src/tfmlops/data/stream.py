@@ -214,9 +214,9 @@ def finish_beam_tally(tally: Tally, rows: list[dict], image_dir: Path) -> None:
             tally.hashed += 1
             tally.decoded += 1
             tally.source_bytes += r["size"]
-    files = [(image_dir / r["file"], r["label"]) for r in rows]
+    files = [(Path(image_dir) / r["file"], r["label"]) for r in rows]  # a URL too: for names
     _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None],
-                         files, [r["sha"] for r in rows], image_dir)
+                         files, [r["sha"] for r in rows], Path(image_dir))
     for i in write_order([r["sha"] for r in rows], [r["reason"] for r in rows]):
         r = rows[i]
         if r["reason"]:

@@ -45,7 +45,7 @@ from tfmlops.artifacts import (
 )
 from tfmlops.config import Config
 from tfmlops.config.machine import allow_open_files
-from tfmlops.data.beam import prepare_beam
+from tfmlops.data.beam import is_url, list_url, prepare_beam
 from tfmlops.data.contract import check_contract, log_profile
 from tfmlops.data.images import SPLITS, list_files
 from tfmlops.data.manifest import build_manifest, check_tally, prepare_metrics, prepare_params
@@ -58,11 +58,12 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config) -> dict[str, float]:
     allow_open_files(cfg.data.shards)  # every shard of the three splits stays open
-    image_dir = Path(cfg.data.image_dir)
+    url = is_url(cfg.data.image_dir)  # gs://, s3://: read through Beam's filesystems
+    image_dir = cfg.data.image_dir.rstrip("/") if url else Path(cfg.data.image_dir)
     with harness.stage(cfg, STAGE, output=cfg.paths.prepared, run_dir=run_dir(cfg, STAGE),
                        params=prepare_params(cfg), sidecar=True) as st:
         listing = time.perf_counter()
-        classes, files, refused = list_files(image_dir)
+        classes, files, refused = list_url(cfg, image_dir) if url else list_files(image_dir)
         list_seconds = time.perf_counter() - listing
         faults.point("prepare.listed")
         started = time.perf_counter()
@@ -85,7 +86,8 @@ def run(cfg: Config) -> dict[str, float]:
         version = st.run_facts[DATA_VERSION] = data_version(st.out)
         st.run.set_tags({TAG_DATA_VERSION: version})
         st.report(metrics)
-        st.run.log_dataset(image_dir.name or "images", str(image_dir.resolve()), version,
+        st.run.log_dataset(str(image_dir).rsplit("/", 1)[-1] or "images",
+                           image_dir if url else str(image_dir.resolve()), version,
                            context="training")
         final = st.swap()
         faults.point("swap.done")
