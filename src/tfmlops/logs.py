@@ -86,6 +86,28 @@ def native_stderr_silenced():
         os.close(null)
 
 
+@contextlib.contextmanager
+def children_stderr_to(path: str | os.PathLike):
+    """File descriptor 2, which child processes inherit, on `path` for the block, while
+    this process's `sys.stderr` (the tfmlops handler) stays where it was: processes a
+    library starts (Beam's SDK workers log their start, options and shutdown) write to the
+    file, the stage's own lines reach the user."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    before = sys.stderr
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, errors="backslashreplace")
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        sys.stderr.close()
+        sys.stderr = before
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class _QuietImport(importlib.abc.MetaPathFinder):
     """Imports the top-level `tensorflow` package with the native stderr silenced; an
     import error still raises (and prints) once stderr is back."""

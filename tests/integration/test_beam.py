@@ -78,6 +78,9 @@ def test_the_in_process_runner_writes_the_local_bytes(images, local_output, tmp_
     result, cfg = prepare(tmp_path, images, "beam", IN_PROCESS)
     assert result.returncode == 0, result.stderr
     assert prepared_bytes(cfg) == local_output
+    # the stage's own lines only: Beam's workers log their lives into reports/prepare/
+    assert [line for line in result.stderr.splitlines()
+            if not line.startswith("prepare: ")] == [], result.stderr
     names = set(local_output)
     assert {"manifest.json", "stats.json", "quarantine.json"} <= names
     assert any(n.startswith("quarantine/") for n in names)  # the corrupt files' copies

@@ -33,11 +33,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from tfmlops.artifacts import run_dir
 from tfmlops.errors import ConfigError, DataError, UserError
+from tfmlops.logs import children_stderr_to
 
 log = logging.getLogger(__name__)
 
 RUNNERS = ("DirectRunner", "PortableRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
+WORKERS_LOG = "beam_workers.log"  # in reports/prepare/: what Beam's worker processes print
 PARTS = ".beam"  # in the staging folder: shard parts and rows, gone before the swap
 
 
@@ -49,6 +52,8 @@ def pipeline_options(cfg):
     from apache_beam.runners.runner import create_runner
 
     flags = list(cfg.data.beam.options)
+    if not any(f.startswith("--default_sdk_harness_log_level") for f in flags):
+        flags.append("--default_sdk_harness_log_level=WARNING")  # each worker logs its life
     runner = None
     # it warns of options it does not know; this says so in the one line below
     logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
@@ -109,13 +114,18 @@ def prepare_beam(cfg, image_dir: Path, classes: list[str], files, out: Path):
     parts.mkdir(parents=True)
     log.info("prepare: %d files on Apache Beam (%s), no cache: every file is decoded",
              len(files), " ".join(cfg.data.beam.options))
+    workers_log = run_dir(cfg, "prepare") / WORKERS_LOG
+    workers_log.parent.mkdir(parents=True, exist_ok=True)
+    workers_log.write_bytes(b"")
     try:
-        _run(cfg, options, image_dir, classes, files, out, parts)
+        with children_stderr_to(workers_log):
+            _run(cfg, options, image_dir, classes, files, out, parts)
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - a worker died, the runner gave up: one line
         raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was swapped "
-                        "in; run it again, or set data.engine: local") from None
+                        f"in; its workers' log is {workers_log}; run it again, or set "
+                        "data.engine: local") from None
     rows = []
     for part in sorted(parts.glob("*.rows")):
         rows.extend(pickle.loads(part.read_bytes()))
@@ -308,6 +318,8 @@ def _quiet_beam() -> None:
     its warnings about this pipeline reach the user."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger("apache_beam.io.gcp").setLevel(logging.ERROR)
+    # the workers' own warnings, forwarded (they are in the workers' log already)
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
 
 
 def _first(exc: BaseException) -> str:
