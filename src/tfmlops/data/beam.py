@@ -103,7 +103,7 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
     return classes, [(f"{root}/{'/'.join(p)}", p[0]) for p in parts], []
 
 
-def prepare_beam(cfg, image_dir: Path, classes: list[str], files, out: Path):
+def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
     """`stream.prepare_stream` on Apache Beam: the same shards and quarantine in `out`,
     the same tally (folded here, in the local path's order, from each file's row)."""
     from tfmlops.data.stream import Tally, finish_beam_tally
@@ -194,38 +194,30 @@ def _profile(cfg):
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
 
 def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
-    """One file: hashed, decoded and stored (or refused and quarantined), as the pool does."""
-    import numpy as np
-
+    """One file: read once, hashed, decoded and stored (or refused and quarantined), by
+    the functions the local pool calls."""
     from tfmlops import faults
     from tfmlops.data.images import unsupported
-    from tfmlops.data.store import Stored, hash_and_store, hash_and_store_bytes
+    from tfmlops.data.store import Stored, hash_and_store_bytes, read_file
     from tfmlops.data.stream import quarantine
 
     i, path, label = item
     faults.point("beam.decode")
+    url = is_url(path)
+    rel = path[len(image_dir.rstrip("/")) + 1:] if url else str(Path(path).relative_to(image_dir))
     reason = unsupported(Path(path))
-    sha, stored, size = None, Stored(reason=reason), 0
-    if reason is not None:
-        pass
-    elif is_url(path):  # through Beam's filesystems: the bytes, then the same functions
-        data = _read_url(path)
-        sha, stored = hash_and_store_bytes(data, spec) if isinstance(data, bytes) else (None, data)
-    else:
-        _, sha, stored = hash_and_store(path, spec, np.zeros(0, np.uint64))
-    rel = path[len(image_dir.rstrip("/")) + 1:] if is_url(path) else \
-        str(Path(path).relative_to(image_dir))
-    if sha:
-        size = len(data) if is_url(path) else Path(path).stat().st_size
+    data = None if reason else (_read_url(path) if url else read_file(path))
+    sha, stored = (hash_and_store_bytes(data, spec) if isinstance(data, bytes) else
+                   (None, data or Stored(reason=reason)))
     if not stored.ok:
-        if is_url(path):
+        if not url:
+            quarantine(Path(out), Path(image_dir), Path(path))
+        elif isinstance(data := data or _read_url(path), bytes):  # an unreadable one: listed only
             target = Path(out) / "quarantine" / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data if sha else _read_url(path))
-        else:
-            quarantine(Path(out), Path(image_dir), Path(path))
+            target.write_bytes(data)
     return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
-            "size": size, "stored": stored}
+            "size": len(data) if sha else 0, "stored": stored}
 
 
 def _read_url(path: str):

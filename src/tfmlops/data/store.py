@@ -91,14 +91,14 @@ class Stored:
 
 def store_image(path: str, spec: StoreSpec) -> Stored:
     """Read, decode, resize, encode and measure one file."""
-    data = _read(path)
+    data = read_file(path)
     return data if isinstance(data, Stored) else store_bytes(data, spec)
 
 
 def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
     """`store_image` of a file whose content hash is known: bytes that no longer have
     that hash (the file changed while prepare ran) stop the run, never go under it."""
-    data = _read(path)
+    data = read_file(path)
     if isinstance(data, Stored):
         return data
     if hashlib.sha256(data).hexdigest() != sha256:
@@ -107,7 +107,7 @@ def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
     return store_bytes(data, spec)
 
 
-def _read(path: str) -> bytes | Stored:
+def read_file(path: str) -> bytes | Stored:
     """The file's bytes, or the reason it cannot be read."""
     try:
         return Path(path).read_bytes()
@@ -129,7 +129,7 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
     then, and the caller checks the whole hash). An unreadable file: (path, None,
     reason). The path comes back with the result: the caller checks it is the file
     it expects, so a result can never land on another file."""
-    data = _read(path)
+    data = read_file(path)
     if isinstance(data, Stored):
         return path, None, data
     sha = hashlib.sha256(data).hexdigest()
