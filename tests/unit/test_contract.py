@@ -56,6 +56,15 @@ def test_near_duplicate_search_finds_what_all_pairs_finds():
         assert found.leaked == (near.any(1) & (splits > 0)).sum()
         expected = set(zip(*np.nonzero(np.triu(near, 1)), strict=True))
         assert {(min(i, j), max(i, j)) for i, j, _ in found.listed} == expected
+        few = find_leakage(hashes, splits, distance, limit=2)  # closest first, all across splits
+        assert len(few.listed) == min(2, found.pairs)
+        assert [d for _, _, d in few.listed] == sorted(d for _, _, d in found.listed)[:2]
+
+
+def test_the_listed_pairs_skip_near_pairs_within_one_split():
+    """The closest near pair sits in one split: the one listed is the pair across splits."""
+    found = find_leakage(np.array([0, 1, 0xFF00, 0xFF03], np.uint64), [0, 0, 0, 1], 4, limit=1)
+    assert found.pairs == 1 and found.listed == [(2, 3, 2)]
 
 
 def test_many_identical_hashes_are_counted_without_listing_them_all():
@@ -68,8 +77,8 @@ def test_many_identical_hashes_are_counted_without_listing_them_all():
 def test_chunks_cover_the_64_bits_once():
     for distance in range(9):
         parts = chunks(distance)
-        assert len(parts) == distance + 1 and sum(n for _, n in parts) == 64
-        assert [s for s, _ in parts] == list(itertools.accumulate([0] + [n for _, n in parts[:-1]]))
+        bits = [b for start, n in parts for b in range(start, start + n)]
+        assert len(parts) == distance + 1 and sorted(bits) == list(range(64))  # each bit once
 
 
 def test_js_distance_is_zero_for_the_same_shape_and_one_for_disjoint():
@@ -77,3 +86,35 @@ def test_js_distance_is_zero_for_the_same_shape_and_one_for_disjoint():
     assert abs(js_distance([5, 0], [0, 5]) - 1) < 1e-12
     assert 0 < js_distance([5, 5], [6, 4]) < 0.1
     assert all(a < b for edges in EDGES.values() for a, b in itertools.pairwise(edges))
+
+
+def summary(classes, tiny_share=0.0, side=32, formats=None, brightness=None, stored=None):
+    """A data_profile.json's parts the anomalies read."""
+    share = {c: 1 / len(classes) for c in classes} if isinstance(classes, list) else classes
+    bins = len(EDGES["brightness"]) + 1
+    return {"classes": list(share), "class_share": share,
+            "tiny": {"side": side, "share": tiny_share}, "edges": EDGES,
+            "stored": stored or {"short_side": 32, "channels": 1},
+            "features": {"format": formats or {"PNG": 10},
+                         "brightness": brightness or [1] * bins}}
+
+
+def test_each_anomaly_is_raised_by_its_change_and_not_by_a_change_of_settings():
+    from types import SimpleNamespace
+
+    from tfmlops.data.drift import anomalies
+
+    contract = SimpleNamespace(max_class_share_change=0.05, max_feature_distance=0.15,
+                               tiny=SimpleNamespace(max_share_change=0.02))
+    ref = summary(["a", "b"])
+    kinds = lambda now: [a["kind"] for a in anomalies(now, ref, contract)]  # noqa: E731
+    assert kinds(summary(["a", "b"])) == []
+    assert kinds(summary({"a": 0.7, "b": 0.3})) == ["class_share", "class_share"]
+    assert kinds(summary(["a", "b"], formats={"PNG": 5, "JPEG": 5})) == ["new_format"]
+    assert kinds(summary(["a", "b"], tiny_share=0.1)) == ["tiny_images"]
+    dark = [10] + [0] * (len(EDGES["brightness"]))
+    assert kinds(summary(["a", "b"], brightness=dark)) == ["feature_drift"]
+    # the same changes under other settings are not the data's: nothing to compare
+    assert kinds(summary(["a", "b"], tiny_share=0.1, side=64)) == []
+    assert kinds(summary(["a", "b"], brightness=dark, stored={"short_side": 64,
+                                                              "channels": 1})) == []

@@ -22,9 +22,9 @@ from tfmlops.artifacts import (
 )
 from tfmlops.data.drift import anomalies, read_reference
 from tfmlops.data.leakage import find_leakage
-from tfmlops.data.profile import write_csvs
+from tfmlops.data.profile import CLASSES_COLUMNS, FEATURES_COLUMNS, write_csvs
 from tfmlops.errors import DataError
-from tfmlops.files import write_json
+from tfmlops.files import write_csv, write_json
 
 log = logging.getLogger(__name__)
 ACCEPT = "`tfmlops accept-reference`"
@@ -34,15 +34,17 @@ def check_contract(cfg, classes: list[str], tally) -> dict:
     """Write the profile (reports/), log or raise on what it finds; return the metrics
     prepare reports for it (none with data.contract.profile: false)."""
     reports = Path(cfg.paths.reports)
-    reports.mkdir(parents=True, exist_ok=True)
     files = (reports / DATA_PROFILE_CLASSES, reports / DATA_PROFILE_FEATURES)
     if tally.profile is None:  # declared outputs all the same: DVC expects them
         write_json(reports / DATA_PROFILE, {"profile": False})
-        for path in files:
-            path.write_text("bin\n")
+        for path, columns in zip(files, (CLASSES_COLUMNS, FEATURES_COLUMNS), strict=True):
+            write_csv(path, [], columns)
         return {}
     contract = cfg.data.contract
-    summary = tally.profile.summary(classes)
+    store = cfg.data.store
+    summary = tally.profile.summary(classes) | {"stored": {  # what the image facts were of
+        "short_side": store.short_side or cfg.data.image_size, "channels": cfg.data.channels,
+        "encoding": store.encoding, "jpeg_quality": store.jpeg_quality}}
     leakage = _leakage(contract.leakage, tally)
     reference = read_reference(contract.reference)
     found = []
@@ -72,7 +74,7 @@ def _leakage(params, tally) -> dict:
               "splits": [rows[i][3], rows[j][3]], "distance": d} for i, j, d in found.listed]
     return {"searched": True, "max_distance": params.max_distance, "pairs": found.pairs,
             "leaked_images": found.leaked, "held_out_images": found.held_out,
-            "share": round(found.share, 6), "max_share": params.max_share, "listed": pairs}
+            "share": found.share, "max_share": params.max_share, "listed": pairs}
 
 
 def _act(found: list[dict], leakage: dict, contract) -> None:
@@ -94,7 +96,7 @@ def _act(found: list[dict], leakage: dict, contract) -> None:
                 f"splits (pHash within data.contract.leakage.max_distance "
                 f"{leakage['max_distance']} bits{example}); {leakage['share']:.1%} of the val/"
                 f"test images have one")
-        over = leakage["share"] > contract.leakage.max_share
+        over = leakage["share"] > contract.leakage.max_share  # unrounded: max_share 0 is 0
         severity = contract.leakage.severity
         if over and severity == "error":
             errors.insert(0, f"{text}, above data.contract.leakage.max_share "

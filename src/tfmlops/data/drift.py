@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from pathlib import Path
 
 from tfmlops.errors import DataError
+from tfmlops.files import write_bytes
 
 log = logging.getLogger(__name__)
 NO_REFERENCE = {"reference": None}
+# of the stored image, not the source: comparable only under the same data.store
+STORED_FEATURES = ("brightness", "contrast", "saturation", "sharpness")
 
 
 def js_distance(p, q) -> float:
@@ -89,10 +91,14 @@ def anomalies(now: dict, ref: dict, contract) -> list[dict]:
                 f"{ref['class_share'][c]:.1%} in the reference (moved more than "
                 f"data.contract.max_class_share_change {contract.max_class_share_change})",
                 cls=c, change=round(moved, 4))
+    # brightness, contrast, saturation, sharpness are of the stored image: another
+    # data.store (short side, channels, encoding) moves them with the data unchanged
+    restored = now.get("stored") != ref.get("stored")
     for feature, hist in now["features"].items():
         if feature == "format" or feature not in ref["features"] \
-                or now["edges"].get(feature) != ref["edges"].get(feature):
-            continue  # bins of another version: not comparable, accept a new reference
+                or now["edges"].get(feature) != ref["edges"].get(feature) \
+                or (restored and feature in STORED_FEATURES):
+            continue  # bins or storage of another run: not comparable, accept a new one
         distance = js_distance(*_aligned(hist, ref["features"][feature]))
         if distance > contract.max_feature_distance:
             add("feature_drift", f"{feature}'s histogram moved: Jensen-Shannon distance "
@@ -102,7 +108,7 @@ def anomalies(now: dict, ref: dict, contract) -> list[dict]:
         add("new_format", f"{now['features']['format'][fmt]} image(s) of format {fmt}, "
             "not in the reference profile", format=fmt)
     grew = now["tiny"]["share"] - ref["tiny"]["share"]
-    if grew > contract.tiny.max_share_change:
+    if grew > contract.tiny.max_share_change and now["tiny"]["side"] == ref["tiny"]["side"]:
         add("tiny_images", f"{now['tiny']['share']:.1%} of the images have a short side below "
             f"{now['tiny']['side']} px (data.contract.tiny.side), {ref['tiny']['share']:.1%} "
             f"in the reference (grew more than data.contract.tiny.max_share_change "
@@ -115,14 +121,12 @@ def accept_reference(profile: str | Path, reference: str | Path) -> dict:
     profile, reference = Path(profile), Path(reference)
     if not profile.is_file():
         raise DataError(f"{profile} not found; run `dvc repro prepare` first")
-    data = json.loads(profile.read_text())
+    raw = profile.read_bytes()
+    data = json.loads(raw)
     if data.get("profile") is False:
         raise DataError(f"{profile} holds no profile (data.contract.profile: false); turn the "
                         "profile on and run `dvc repro prepare` first")
-    reference.parent.mkdir(parents=True, exist_ok=True)
-    tmp = reference.with_name(reference.name + ".tmp")
-    shutil.copyfile(profile, tmp)
-    tmp.replace(reference)
+    write_bytes(reference, raw)
     log.info(f"accept-reference: {profile} -> {reference}; commit it (git add {reference}) "
              "so every later prepare is checked against it")
     return {"reference": str(reference), "images": data.get("images")}

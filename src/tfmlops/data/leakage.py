@@ -83,6 +83,8 @@ def find_leakage(phashes, split_index, max_distance: int, limit: int = 100) -> L
     cross = counts[ua][:, :, None] * counts[ub][:, None, :]  # [pair, split a, split b]
     cross[:, np.arange(len(SPLITS)), np.arange(len(SPLITS))] = 0
     total = np.where(ua == ub, cross.sum((1, 2)) // 2, cross.sum((1, 2)))
+    # near pairs whose images all sit in one split are not leakage: not listed either
+    ua, ub, dist, total = (a[total > 0] for a in (ua, ub, dist, total))
     # A hash's neighbourhood: the splits of every hash within the distance, its own too.
     present = (counts > 0) @ (1 << np.arange(len(SPLITS)))
     near = present.copy()

@@ -10,13 +10,16 @@ perceptual hashes the leakage search needs take 8 bytes per image.
 
 from __future__ import annotations
 
-import csv
 from array import array
 from bisect import bisect_right
 from collections import Counter
 from pathlib import Path
 
 from tfmlops.data.images import SPLITS
+from tfmlops.files import write_csv
+
+CLASSES_COLUMNS = ("class", *SPLITS)  # data_profile_classes.csv
+FEATURES_COLUMNS = ("bin", *SPLITS)  # data_profile_features.csv
 
 
 def _steps(start: float, stop: float, step: float) -> list[float]:
@@ -134,20 +137,16 @@ def bin_labels(feature: str) -> list[str]:
 def write_csvs(summary: dict, classes_csv: Path, features_csv: Path) -> None:
     """The plots dvc shows: images per class and split; every feature's histogram per
     split, one row per (feature, bin), bins named `feature lo-hi`."""
-    with classes_csv.open("w", newline="") as fh:
-        out = csv.writer(fh)
-        out.writerow(["class", *SPLITS])
-        for c in summary["classes"]:
-            out.writerow([c, *(summary["counts"][s][c] for s in SPLITS)])
-    with features_csv.open("w", newline="") as fh:
-        out = csv.writer(fh)
-        out.writerow(["bin", *SPLITS])
-        for feature in [*EDGES, *CATEGORIES]:
-            hists = split_histograms(summary, feature)
-            if feature in CATEGORIES:
-                names = sorted({k for h in hists.values() for k in h})
-                rows = [[f"{feature} {n}", *(hists[s].get(n, 0) for s in SPLITS)] for n in names]
-            else:
-                rows = [[f"{feature} {label}", *(hists[s][i] for s in SPLITS)]
-                        for i, label in enumerate(bin_labels(feature))]
-            out.writerows(rows)
+    write_csv(classes_csv, ({"class": c, **{s: summary["counts"][s][c] for s in SPLITS}}
+                            for c in summary["classes"]), CLASSES_COLUMNS)
+    rows = []
+    for feature in [*EDGES, *CATEGORIES]:
+        hists = split_histograms(summary, feature)
+        if feature in CATEGORIES:
+            names = sorted({k for h in hists.values() for k in h})
+            rows += [{"bin": f"{feature} {n}", **{s: hists[s].get(n, 0) for s in SPLITS}}
+                     for n in names]
+        else:
+            rows += [{"bin": f"{feature} {label}", **{s: hists[s][i] for s in SPLITS}}
+                     for i, label in enumerate(bin_labels(feature))]
+    write_csv(features_csv, rows, FEATURES_COLUMNS)
