@@ -67,18 +67,19 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None,
     prepared = Path(cfg.paths.prepared)
     manifest = json.loads(require(prepared / MANIFEST, "prepare").read_text())
     classes = list(manifest["classes"])
+    versions = {"candidate": candidate} | ({"production": production} if production else {})
     with tempfile.TemporaryDirectory(prefix="tfmlops-promote-") as tmp:
-        excluded, exclusion = (set(), "no production version") if production is None else \
-            trained_hashes(registry, production, data_version(prepared), Path(tmp))
-        keep = (lambda sha: sha not in excluded) if excluded else (lambda sha: True)
-        runs = {"candidate": predict_split(registry, candidate, prepared, classes, keep,
-                                           Path(tmp) / "candidate")}
-        if production is not None:
-            runs["production"] = predict_split(registry, production, prepared, classes, keep,
-                                               Path(tmp) / "production")
+        # left out: what any of the two trained or validated on (an older candidate, named
+        # with --version, may have trained on today's test images as well)
+        found = [trained_hashes(registry, v, data_version(prepared), Path(tmp) / role)
+                 for role, v in versions.items()]
+        excluded = set().union(*(held for held, _ in found))
+        exclusion = "; ".join(how for _, how in found)
+        predictors = {role: served_predictor(registry, v, Path(tmp) / role)
+                      for role, v in versions.items()}
+        runs = predict_split(predictors, versions, prepared, classes,
+                             lambda sha: sha not in excluded)
     first = runs["candidate"]
-    if any(p.sha256 != first.sha256 for p in runs.values()):  # one reader, one order
-        raise AssertionError("the candidate and production were evaluated on different images")
     summary = {"images": len(first.sha256),
                "excluded": int(manifest["split_counts"]["test"]) - len(first.sha256),
                "exclusion": exclusion, "classes": classes}
@@ -96,8 +97,13 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None,
 
 def trained_hashes(registry, version: str, current_data: str, dest: Path
                    ) -> tuple[set[str], str]:
-    """(sha256 of the images `version` trained or validated on, how they were found)."""
+    """(sha256 of the images `version` trained or validated on, how they were found): none
+    when it was trained on this data version (its train/val are today's, apart from test);
+    else its prepare run's manifest (`lineage.run.prepare` -> `prepared/manifest.json`)."""
     tags = registry.tags(version)
+    if tags.get(TAG_LINEAGE_DATA) == current_data:
+        return set(), (f"version {version} was trained on this data version ({current_data}): "
+                       "its test images are this test split")
     run_id = tags.get(TAG_LINEAGE_RUN + "prepare")
     if run_id and run_id != "none":
         path = registry.run_artifact(run_id, PREPARED_MANIFEST, dest / "lineage")
@@ -105,36 +111,42 @@ def trained_hashes(registry, version: str, current_data: str, dest: Path
             files = json.loads(path.read_text()).get("files", [])
             held = {f["sha256"] for f in files if f.get("split") in TRAINED_SPLITS}
             return held, f"version {version}'s prepare run {run_id}: {len(held)} train/val images"
-    if tags.get(TAG_LINEAGE_DATA) == current_data:
-        return set(), (f"version {version} was trained on this data version ({current_data}): "
-                       "its test images are this test split")
-    log.warning("promote: production version %s names no prepare run whose manifest is in the "
-                "store: its training images cannot be left out of the test split", version)
+    log.warning("promote: version %s names no prepare run whose manifest is in the store: "
+                "its training images cannot be left out of the test split", version)
     return set(), f"unknown: version {version}'s training manifest is not in the store"
 
 
-def predict_split(registry, version: str, prepared: Path, classes: list[str], keep,
-                  dest: Path) -> Predictions:
-    """`version`'s served model over the kept test images (stored bytes, batch by batch)."""
+def predict_split(predictors: dict, versions: dict[str, str], prepared: Path,
+                  classes: list[str], keep) -> dict[str, Predictions]:
+    """Every version's served model (`predictors` by role) over the kept test images, in
+    one pass over the stored bytes, batch by batch: the same images for all, by
+    construction."""
     from tfmlops.data.stored_split import stored_records
 
-    predictor = served_predictor(registry, version, dest)
     index = {name: i for i, name in enumerate(classes)}
-    to_split = np.array([index.get(name, -1) for name in predictor.classes])
-    shas, labels, predicted, confidence = [], [], [], []
+    to_split = {role: np.array([index.get(name, -1) for name in p.classes])
+                for role, p in predictors.items()}
+    shas, labels = [], []
+    predicted: dict[str, list] = {role: [] for role in predictors}
+    confidence: dict[str, list] = {role: [] for role in predictors}
     for batch_shas, encoded, batch_labels in stored_records(prepared, "test"):
         chosen = [i for i, sha in enumerate(batch_shas) if keep(sha)]
         if not chosen:
             continue
-        probs = predictor.probabilities(np.stack([predictor.image_input(encoded[i])
-                                                  for i in chosen]))
         shas.extend(batch_shas[i] for i in chosen)
         labels.append(batch_labels[chosen])
-        predicted.append(to_split[probs.argmax(axis=1)])
-        confidence.append(probs.max(axis=1).astype(np.float32))
-    return Predictions(version, predictor.runtime, shas,
-                       *(np.concatenate(a) if a else np.zeros(0, dtype) for a, dtype in
-                         ((labels, np.int64), (predicted, np.int64), (confidence, np.float32))))
+        for role, p in predictors.items():
+            probs = p.probabilities(np.stack([p.image_input(encoded[i]) for i in chosen]))
+            predicted[role].append(to_split[role][probs.argmax(axis=1)])
+            confidence[role].append(probs.max(axis=1).astype(np.float32))
+
+    def joined(parts: list, dtype) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+    return {role: Predictions(versions[role], p.runtime, shas, joined(labels, np.int64),
+                              joined(predicted[role], np.int64),
+                              joined(confidence[role], np.float32))
+            for role, p in predictors.items()}
 
 
 def served_predictor(registry, version: str, dest: Path):
