@@ -15,7 +15,6 @@ from pathlib import Path
 
 from tfmlops import registry, tracking
 from tfmlops.artifacts import (
-    DATA_VERSION,
     EDGE,
     MODEL_CARD,
     MODEL_FILE,
@@ -129,10 +128,8 @@ def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
     tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
             TAG_LINEAGE_DATA: tracking.data_version(cfg)}
     for stage in ("prepare", "tune", "train", "prune", "quantize"):
-        up = tracking.read_run_file(run_dir(cfg, stage))
-        # prepare's last run may have made other data (a `dvc checkout` since): no link then
-        other_data = up.get(DATA_VERSION, tags[TAG_LINEAGE_DATA]) != tags[TAG_LINEAGE_DATA]
-        tags[TAG_LINEAGE_RUN + stage] = "none" if other_data else up.get("run_id") or "none"
+        tags[TAG_LINEAGE_RUN + stage] = tracking.linked_run_id(
+            run_dir(cfg, stage), tags[TAG_LINEAGE_DATA]) or "none"
     tags[TAG_LINEAGE_RUN + "export"] = export_run_id or "none"
     tags.update(tracking.dvc_data_hashes(cfg, root))
     return tags

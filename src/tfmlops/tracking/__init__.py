@@ -26,6 +26,7 @@ from tfmlops.tracking.lineage import (
     data_version,
     dvc_data_hashes,
     git_state,
+    linked_run_id,
     read_run_file,
 )
 from tfmlops.tracking.ops import REPLAYABLE
@@ -52,7 +53,7 @@ _import_mlflow = import_mlflow  # the old private name, still used by tests/infr
 __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
     "attach_run", "data_version", "dvc_data_hashes", "ensure_reachable", "git_state",
-    "import_mlflow", "is_chief",
+    "import_mlflow", "is_chief", "linked_run_id",
     "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
     "start_sidecar",
     "discard_sidecar",

@@ -85,13 +85,19 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
     if os.environ.get("DVC_EXP_NAME"):
         tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
     for name, folder in (upstream or {}).items():
-        up = read_run_file(folder)
-        if up.get(artifacts.DATA_VERSION, tags[artifacts.TAG_DATA_VERSION]) != \
-                tags[artifacts.TAG_DATA_VERSION]:
-            continue  # prepare's last run made other data (a `dvc checkout` since): no link
-        if up.get("run_id"):
-            tags[f"tfmlops.upstream.{name}"] = up["run_id"]
+        run_id = linked_run_id(folder, tags[artifacts.TAG_DATA_VERSION])
+        if run_id:
+            tags[f"tfmlops.upstream.{name}"] = run_id
     return tags
+
+
+def linked_run_id(folder: str | Path, data: str) -> str | None:
+    """The run id in `folder`'s `mlflow_run.json`, unless the run made another data
+    version than `data`, the one read now (prepare's last run, a `dvc checkout` since)."""
+    up = read_run_file(folder)
+    if up.get(artifacts.DATA_VERSION, data) != data:
+        return None
+    return up.get("run_id") or None
 
 
 def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
