@@ -22,6 +22,7 @@ Writes reports/benchmarks_prepare.json (and prints a summary).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -83,7 +84,10 @@ def pil_loop(files: list[Path]) -> tuple[float, float]:
 
 def timed_prepare(params: Path, env: dict | None = None) -> dict:
     """Run `tfmlops prepare` in its own process (`env`: its environment, e.g. another
-    checkout's PYTHONPATH): wall seconds, peak tree RSS, its metrics."""
+    checkout's PYTHONPATH): wall seconds until it exits (what `dvc repro` waits for
+    before the next stage), until its run is delivered (its output pipes close: the
+    tracking sidecar, which may deliver after prepare exits, holds stderr), peak RSS and
+    CPU seconds of the whole tree, that sidecar included, and its metrics."""
     import resource
 
     import psutil
@@ -93,27 +97,46 @@ def timed_prepare(params: Path, env: dict | None = None) -> dict:
     child = subprocess.Popen([sys.executable, "-m", "tfmlops", "--params", str(params), "prepare"],
                              cwd=params.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env)
-    peak, proc = 0, psutil.Process(child.pid)
-    output: dict = {}
+    seen: dict[int, psutil.Process] = {}  # every process of the tree, kept past its parent
+    cpu: dict[int, float] = {}
+    peak, wall, output, detached = 0, None, {}, set()
     reader = threading.Thread(target=lambda: output.update(zip(("out", "err"), child.communicate(),
                                                                 strict=True)))
     reader.start()
-    while child.poll() is None:
-        try:
-            peak = max(peak, tree_rss(proc))
-        except psutil.Error:
-            pass
+    while reader.is_alive():
+        if wall is None and child.poll() is not None:
+            wall = time.perf_counter() - started
+            # alive past prepare (its detached tracking sidecar): not in its rusage
+            detached = {pid for pid, p in seen.items() if pid != child.pid and p.is_running()}
+        with contextlib.suppress(psutil.Error):
+            root = seen.setdefault(child.pid, psutil.Process(child.pid))
+            for p in root.children(recursive=True):
+                seen.setdefault(p.pid, p)
+        rss = 0
+        for pid, p in list(seen.items()):
+            try:
+                with p.oneshot():
+                    rss += p.memory_info().rss
+                    times = p.cpu_times()
+                    cpu[pid] = times.user + times.system
+            except psutil.Error:
+                seen.pop(pid)
+        peak = max(peak, rss)
         time.sleep(0.05)
     reader.join()
-    wall = time.perf_counter() - started
-    # The tree's CPU time: prepare waits for its workers, this process for prepare.
-    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    delivered = time.perf_counter() - started
+    wall = wall if wall is not None else delivered
     if child.returncode:
         raise RuntimeError(f"tfmlops prepare failed:\n{output.get('err', '')[-3000:]}")
     metrics = json.loads(output["out"].strip().splitlines()[-1])
-    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cores_used": round(cpu / wall, 2),
-            "peak_rss_mb": round(peak / 2**20, 1), "metrics": metrics}
+    # prepare and what it waited for (its pool, a sidecar it waited for), exactly; a
+    # sidecar that delivered after prepare exited, by its last sample (it may miss 50 ms).
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - cpu_before.ru_utime) + (after.ru_stime - cpu_before.ru_stime)
+    cpu_s += sum(cpu.get(pid, 0.0) for pid in detached)
+    return {"wall_s": round(wall, 2), "delivered_s": round(delivered, 2), "cpu_s": round(cpu_s, 2),
+            "cores_used": round(cpu_s / delivered, 2), "peak_rss_mb": round(peak / 2**20, 1),
+            "metrics": metrics}
 
 
 def configure(workdir: Path, image_dir: Path) -> Path:

@@ -18,7 +18,9 @@
    `Stage.swap()` to log from the final folder or to register after it), the
    profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`;
    on failure or a signal: the run FAILED or KILLED, the staging folder removed, the
-   old output left in place, child processes of a pool stopped.
+   old output left in place, child processes of a pool stopped. A `detach` stage run
+   as a command (prepare, `tracking.wait: false`) hands its FINISHED run to its sidecar
+   and returns: the sidecar delivers it after the process exits (tracking/sidecar.py).
 Each step visits its fault point (faults.STAGE_POINTS, as `<stage>.<point>`).
 `run_command` turns what a command raised into one line and its exit code.
 """
@@ -26,9 +28,11 @@ Each step visits its fault point (faults.STAGE_POINTS, as `<stage>.<point>`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import sys
@@ -39,13 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import faults
-from tfmlops.artifacts import report_path
+from tfmlops.artifacts import DELIVERY_LOCK, report_path
 from tfmlops.errors import UserError
 from tfmlops.files import hold_lock, staging_dir, swap_in, write_json
 
 log = logging.getLogger(__name__)
 
 LOCKS = ".tfmlops/locks"  # beside paths.reports: the stages' output locks (lock_path)
+# Whether a `tfmlops` command's process runs the stage: it exits after it, so a stage
+# that may `detach` hands its run over instead of waiting (a library caller waits).
+_in_command: contextvars.ContextVar[bool] = contextvars.ContextVar("in_command", default=False)
 
 
 class Terminated(KeyboardInterrupt):
@@ -125,19 +132,23 @@ class Stage:
 def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Path | None = None,
           upstream: dict[str, str | Path] | None = None, params: dict | None = None,
           tracked: bool = True, sidecar: bool = False, async_batches: bool = True,
-          staged: bool = True) -> Iterator[Stage]:
+          staged: bool = True, detach: bool = False) -> Iterator[Stage]:
     """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
     instead of the output folder (artifacts.run_dir); `staged=False` writes into `output`
-    directly (a non-chief worker's scratch output)."""
+    directly (a non-chief worker's scratch output). `detach` (with `sidecar` and a
+    `run_dir`): run as a `tfmlops` command with `tracking.wait: false`, the stage hands
+    its finished run to the sidecar and returns without waiting for the store."""
     final = Path(output) if output is not None else None
-    with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar), \
+    hold = Path(run_dir) / DELIVERY_LOCK if _detaches(cfg, detach and sidecar and tracked,
+                                                    run_dir) else None
+    with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar, hold), \
             _output_lock(cfg, name, final if staged else None):
         out = staging_dir(final) if final is not None and staged else final
         runs = contextlib.ExitStack()  # the run, once opened: it ends as the block does
 
         def open_run():
             run = runs.enter_context(_run(cfg, name, run_dir or out, upstream, params, tracked,
-                                          sidecar, async_batches, current.run_facts))
+                                          sidecar, async_batches, current.run_facts, hold))
             faults.stage_point(name, "running")
             return run
 
@@ -161,6 +172,15 @@ def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Pa
         if current.metrics is not None:  # the run has ended; still under the lock
             write_json(report_path(cfg.paths.reports, name), current.metrics)
         faults.stage_point(name, "reported")
+
+
+def _detaches(cfg, may: bool, run_dir) -> bool:
+    """Whether the stage hands its finished run over instead of waiting for the store:
+    one that may, as a `tfmlops` command, `tracking.wait: false`, not in a `dvc exp run`
+    (DVC_EXP_NAME: its workspace may be a copy DVC removes as it ends, and its runs
+    are compared right after)."""
+    return (may and run_dir is not None and cfg.tracking.enabled and not cfg.tracking.wait
+            and _in_command.get() and not os.environ.get("DVC_EXP_NAME"))
 
 
 def lock_path(cfg, name: str) -> Path:
@@ -190,6 +210,7 @@ def run_command(command: str, work: Callable[[], Any], *, sigterm: bool = True) 
     """Run one `tfmlops` command: its result as JSON on stdout, exit 0; a UserError as
     one line and its exit code (2); an interrupt or SIGTERM (`sigterm`) as one line and
     128 + signal. A None result prints nothing."""
+    in_command = _in_command.set(True)
     try:
         with terminated_on_sigterm() if sigterm else contextlib.nullcontext():
             result = work()
@@ -202,6 +223,8 @@ def run_command(command: str, work: Callable[[], Any], *, sigterm: bool = True) 
                   "run (if tracking is on) ended KILLED; run it again to redo it", command,
                   "SIGTERM" if term else "an interrupt (Ctrl-C)")
         return 128 + (signal.SIGTERM if term else signal.SIGINT)
+    finally:
+        _in_command.reset(in_command)
     if isinstance(result, dict) and result.get("exit_code"):
         return int(result["exit_code"])
     # The result is the command's output, not a log record: on stdout whatever -q/-v
@@ -216,10 +239,11 @@ def _terminate(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def _tracking_ready(cfg, tracked: bool, sidecar: bool) -> Iterator[None]:
+def _tracking_ready(cfg, tracked: bool, sidecar: bool, hold: Path | None) -> Iterator[None]:
     """Check the store now: a dead server fails in seconds, before the stage's work (its
     run opens later). With `sidecar`, spawn the run's process now (it imports MLflow
-    meanwhile) and close it if the stage fails before its run took it over."""
+    meanwhile; it holds `hold`, the delivery lock, if set) and close it if the stage
+    fails before its run took it over."""
     if not tracked:
         yield
         return
@@ -229,7 +253,7 @@ def _tracking_ready(cfg, tracked: bool, sidecar: bool) -> Iterator[None]:
     if not sidecar:
         yield
         return
-    tracking.start_sidecar(cfg)
+    tracking.start_sidecar(cfg, hold)
     try:
         yield
     except BaseException:
@@ -253,14 +277,14 @@ def _output_lock(cfg, name: str, final: Path | None) -> Iterator[None]:
         yield
 
 
-def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches, facts):
+def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches, facts, hold):
     from tfmlops import tracking
 
     if not tracked:
         return contextlib.nullcontext(NullRun())
     if sidecar:
         return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params,
-                                    facts=facts)
+                                    facts=facts, hold=hold)
     return tracking.stage_run(cfg, name, folder, upstream=upstream, params=params,
                               async_batches=async_batches, facts=facts)
 

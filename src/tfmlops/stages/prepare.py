@@ -61,7 +61,7 @@ def run(cfg: Config) -> dict[str, float]:
     url = is_url(cfg.data.image_dir)  # gs://, s3://: read through Beam's filesystems
     image_dir = cfg.data.image_dir.rstrip("/") if url else Path(cfg.data.image_dir)
     with harness.stage(cfg, STAGE, output=cfg.paths.prepared, run_dir=run_dir(cfg, STAGE),
-                       params=prepare_params(cfg), sidecar=True) as st:
+                       params=prepare_params(cfg), sidecar=True, detach=True) as st:
         listing = time.perf_counter()
         classes, files, refused = list_url(cfg, image_dir) if url else list_files(image_dir)
         list_seconds = time.perf_counter() - listing

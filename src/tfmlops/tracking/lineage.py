@@ -8,9 +8,12 @@ naming its run. No MLflow here: only files and git.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,10 @@ from tfmlops.tracking.stale import owner_tags
 from tfmlops.tracking.uri import redact, repo_root
 
 RUN_FILE = artifacts.RUN_FILE
+# How long a reader waits for a detached run's delivery (a sidecar ends its run within
+# seconds; one that hangs is killed by nobody, so the reader goes on without it).
+DELIVERY_WAIT_S = 300.0
+log = logging.getLogger(__name__)
 
 
 def git_state(root: Path) -> tuple[str, bool]:
@@ -46,7 +53,9 @@ def data_version(cfg: Config) -> str:
 
 
 def read_run_file(folder: str | Path) -> dict[str, Any]:
-    """The `mlflow_run.json` in `folder`, or {} if it is missing or unreadable."""
+    """The `mlflow_run.json` in `folder`, or {} if it is missing or unreadable; once the
+    run a stage handed over to be delivered is in the store (wait_delivered)."""
+    wait_delivered(folder)
     path = Path(folder) / RUN_FILE
     if not path.is_file():
         return {}
@@ -54,6 +63,35 @@ def read_run_file(folder: str | Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bool:
+    """Wait while a detached sidecar delivers the run of `folder`'s stage (it holds the
+    delivery lock until it exits; tracking/sidecar.py). False if it still did after
+    `timeout_s`."""
+    lock = Path(folder) / artifacts.DELIVERY_LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # never detached here
+        return True
+    try:
+        give_up, said = time.monotonic() + timeout_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > give_up:
+                    log.warning("tfmlops: the MLflow run in %s is still being delivered after "
+                                "%.0f s; going on without waiting (its log: %s)", folder,
+                                timeout_s, lock.with_name(artifacts.DETACHED_LOG))
+                    return False
+                if not said:
+                    log.info("tfmlops: waiting for the MLflow run in %s to reach the store", folder)
+                    said = True
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
 
 
 def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None,

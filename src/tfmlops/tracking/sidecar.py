@@ -21,6 +21,15 @@ priority (NICENESS).
   back and logged by the stage's `tfmlops` loggers. If the stage dies, the pipe
   closes and the run ends KILLED instead of staying RUNNING.
 
+A stage may also hand its run over and exit before it is in the store (`detach`:
+prepare from the command line, `tracking.wait: false`; its work can take less time
+than MLflow's import). The sidecar then holds the stage's delivery lock
+(artifacts.DELIVERY_LOCK in the run file's folder) from its spawn until its exit,
+logs to that folder's `tracking.log` (warnings to its stderr too), and a later
+stage reading the run file waits for the lock first (lineage.read_run_file). The
+files the run logs are hard-linked when logged, so a later run of the stage that
+replaces them cannot change what this one uploads.
+
 The stage never waits on a sidecar that cannot answer: a reply is awaited with its
 liveness checked (`_Process.reply`), and a sidecar that exited or a reader thread
 that failed ends the stage with one line (SidecarGone) within seconds.
@@ -29,6 +38,7 @@ that failed ends the stage with one line (SidecarGone) within seconds.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import pickle
@@ -45,6 +55,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from tfmlops import faults
+from tfmlops.artifacts import DETACHED_LOG
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.run import StageRun, ending, stage_run, warn_queued
@@ -91,12 +103,13 @@ def _messages(conn: Connection) -> Iterator[tuple[str, Any]]:
 _early: dict[str, Any] = {"process": None}
 
 
-def start_early(cfg) -> None:
+def start_early(cfg, hold: Path | None = None) -> None:
     """Spawn the sidecar now, at a stage's start: it imports MLflow and opens the
     store while the stage imports TensorFlow (one core is idle then). `sidecar_run`
-    takes it over; a stage that fails before that closes the pipe and it exits."""
+    takes it over; a stage that fails before that closes the pipe and it exits.
+    `hold`: the delivery lock it holds until it exits (a stage that may detach)."""
     if cfg.tracking.enabled and is_chief() and _early["process"] is None:
-        _early["process"] = _Process(cfg)
+        _early["process"] = _Process(cfg, hold)
 
 
 def discard_early() -> None:
@@ -111,10 +124,11 @@ def discard_early() -> None:
 
 @contextlib.contextmanager
 def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = None,
-                params: dict[str, Any] | None = None,
-                facts: dict[str, Any] | None = None) -> Iterator[StageRun]:
+                params: dict[str, Any] | None = None, facts: dict[str, Any] | None = None,
+                hold: Path | None = None) -> Iterator[StageRun]:
     """`stage_run`, with the run kept by a sidecar process. The store is checked
-    here first, so a stage still fails within seconds when it is away."""
+    here first, so a stage still fails within seconds when it is away. With `hold`
+    (the delivery lock) a run that ends FINISHED is handed over, not waited for."""
     if not cfg.tracking.enabled or not is_chief():
         with stage_run(cfg, stage, out_dir, upstream, params, facts=facts) as run:
             yield run
@@ -124,12 +138,13 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
     early, _early["process"] = _early["process"], None
     # One spawned for an earlier stage that failed before its run (a library caller
     # running stages in one process) may have exited: a fresh one then.
-    process = early if early is not None and early.proc.poll() is None else _Process(cfg)
+    process = early if early is not None and early.proc.poll() is None else _Process(cfg, hold)
     process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir), "facts": facts,
                            "upstream": upstream,
                            "params": params if params is not None else cfg.to_dict(),
                            "level": logging.getLogger("tfmlops").getEffectiveLevel()})
-    run = SidecarRun(cfg, stage, process)
+    run = SidecarRun(cfg, stage, process, detach_log=None if hold is None
+                     else Path(hold).with_name(DETACHED_LOG))
     with ending(run):
         yield run
 
@@ -137,11 +152,14 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
 class _Process:
     """The sidecar process and its two pipes; log records it sends are logged here."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, hold: Path | None = None):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
+        if hold is not None:
+            Path(hold).parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w)],
+            [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w),
+             *([] if hold is None else [str(hold)])],
             # The stage's stdout is its JSON result: nothing else may write there.
             pass_fds=(to_child_r, from_child_w), stdout=subprocess.DEVNULL)
         os.close(to_child_r)
@@ -175,9 +193,13 @@ class _Process:
         except BaseException as exc:  # noqa: BLE001 - handed to the stage, which raises it
             self._replies.put(("reader failed", f"{type(exc).__name__}: {first_line(exc)}"))
 
-    def reply(self, expected: str) -> Any:
-        """The sidecar's reply `expected`; SidecarGone within seconds if none can come."""
+    def reply(self, expected: str, skip: dict | None = None) -> Any:
+        """The sidecar's reply `expected`; SidecarGone within seconds if none can come.
+        Replies of a kind in `skip` that come first are put there by kind."""
         kind, body = self._next_reply()
+        while skip is not None and kind in skip:
+            skip[kind] = body
+            kind, body = self._next_reply()
         if kind == expected:
             return body
         if kind == "unavailable":
@@ -227,10 +249,11 @@ class _Process:
 class SidecarRun(StageRun):
     """The stage's side of a run opened and recorded by the sidecar process."""
 
-    def __init__(self, cfg, stage: str, process: _Process):
+    def __init__(self, cfg, stage: str, process: _Process, detach_log: Path | None = None):
         super().__init__(cfg, stage, None, None)
         self._process = process
         self._model_dir = Path(tempfile.mkdtemp(prefix="tfmlops-model-"))
+        self._detach_log = detach_log  # set: a FINISHED end hands the run over (module doc)
 
     @property
     def active(self) -> bool:
@@ -241,6 +264,19 @@ class SidecarRun(StageRun):
 
     def flush(self) -> None:
         """Nothing to wait for here: the sidecar flushes before the model and the end."""
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Log the file or folder as it is now: hard links (copies across filesystems) the
+        sidecar reads later, whatever replaces `path` meanwhile (a stage's next run)."""
+        source = Path(path)
+        if not source.exists():
+            return
+        kept = Path(tempfile.mkdtemp(dir=self._model_dir)) / source.name
+        if source.is_dir():
+            shutil.copytree(source, kept, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(source, kept)
+        super().log_artifact(kept, artifact_path)
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
         raise NotImplementedError(f"{op}: not available in a run kept by the tracking sidecar")
@@ -256,15 +292,16 @@ class SidecarRun(StageRun):
                              "input example only")
         self.wait_open()  # the run file is in the stage's output folder before it moves
         link = self._model_dir / Path(saved_path).name
-        try:
-            os.link(saved_path, link)
-        except OSError:  # another filesystem
-            shutil.copyfile(saved_path, link)
+        _link_or_copy(saved_path, link)
         self._process.send("model", keras_file.describe(model, input_example, link))
         return SidecarModel(self)
 
     def end(self, status: str = "FINISHED") -> None:
-        """End the run with `status` and wait for the sidecar to finish."""
+        """End the run with `status` and wait for the sidecar to finish (a FINISHED run
+        of a detaching stage: hand it over, see `_detach`)."""
+        if status == "FINISHED" and self._detach_log is not None:
+            self._detach()
+            return
         started = time.perf_counter()
         try:
             self._process.send("end", status)
@@ -292,8 +329,30 @@ class SidecarRun(StageRun):
             shutil.rmtree(self._model_dir, ignore_errors=True)
 
     def wait_open(self) -> None:
-        if self.run_id is None:
+        """Wait until the run is open (its run file written); a detaching stage does not."""
+        if self.run_id is None and self._detach_log is None:
             self.run_id = self._process.reply("opened")
+
+    def _detach(self) -> None:
+        """Hand the run over: the sidecar confirms it holds the delivery lock and logs to
+        `tracking.log` from now on, then gets the end; this process does not wait for it."""
+        skipped: dict[str, Any] = {"opened": None}
+        self._process.send("detach", {"log": str(self._detach_log),
+                                      "scratch": str(self._model_dir)})
+        self._process.reply("detached", skip=skipped)
+        self.run_id = self.run_id or skipped["opened"]
+        self._process.send("end", "FINISHED")
+        self._process.close()
+        log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
+                 "log %s); later stages wait for it", self.stage, self._process.proc.pid,
+                 self._detach_log)
+
+
+def _link_or_copy(source, target) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem
+        shutil.copy2(source, target)
 
 
 class SidecarModel:
@@ -318,6 +377,10 @@ class SidecarModel:
 
 # ------------------------------------------------------------------ the sidecar's side
 
+class _StageGone(KeyboardInterrupt):
+    """A reply could not be sent: the stage died. Its run ends KILLED, as on the pipe's EOF."""
+
+
 class _Replies(logging.Handler):
     """Log records of the sidecar, sent to the stage's process to be logged there."""
 
@@ -325,30 +388,65 @@ class _Replies(logging.Handler):
         super().__init__()
         self.out = out
         self.lock_out = threading.Lock()
+        self.detached = False  # the stage has gone on without us: nothing to send
 
     def send(self, kind: str, body: Any) -> None:
         with self.lock_out:  # log records come from MLflow's threads too
-            _send(self.out, kind, body)
+            if self.detached:
+                return
+            try:
+                _send(self.out, kind, body)
+            except OSError:  # its pipe is closed: the stage died (its run ends KILLED)
+                raise _StageGone() from None
 
     def emit(self, record: logging.LogRecord) -> None:
         record.msg, record.args = record.getMessage(), None
         record.exc_info = record.exc_text = None
         try:
             self.send("log", record)
-        except Exception:  # noqa: BLE001 - the stage is gone; nothing to tell
+        except (Exception, _StageGone):  # noqa: BLE001 - the stage is gone; nothing to tell
             pass
 
 
-def _inbox(conn: Connection) -> queue.Queue:
-    """Read the stage's calls as they come, so its writes never wait on the pipe."""
+def _inbox(conn: Connection, replies: _Replies, held: threading.Event) -> queue.Queue:
+    """Read the stage's calls as they come, so its writes never wait on the pipe. A
+    `detach` is answered here, at once (the main thread may be importing MLflow), once
+    the delivery lock is `held`."""
     calls: queue.Queue = queue.Queue()
 
     def read() -> None:
-        for message in _messages(conn):
-            calls.put(message)
+        for kind, body in _messages(conn):
+            if kind == "detach":
+                held.wait()
+                replies.send("detached", None)
+                _log_detached(replies, Path(body["log"]))
+                _scratch.append(body["scratch"])
+            else:
+                calls.put((kind, body))
 
     threading.Thread(target=read, name="tfmlops-sidecar-inbox", daemon=True).start()
     return calls
+
+
+_scratch: list[str] = []  # a detached stage's hard links: removed once the run has ended
+
+
+def _log_detached(replies: _Replies, path: Path) -> None:
+    """From now on the run's log records go to `path`, warnings to stderr too: the stage
+    that logged them has gone on."""
+    replies.detached = True
+    # Out of the stage's process group and terminal: a Ctrl-C or a group SIGTERM meant for
+    # the next stage must not end this finished stage's run KILLED.
+    with contextlib.suppress(OSError):
+        os.setsid()
+    logger = logging.getLogger("tfmlops")
+    to_file = logging.FileHandler(path, mode="w")
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    to_stderr = logging.StreamHandler()
+    to_stderr.setLevel(logging.WARNING)
+    for handler in (to_file, to_stderr):
+        logger.addHandler(handler)
+    logger.removeHandler(replies)
 
 
 def serve(calls: queue.Queue, replies: _Replies) -> None:
@@ -369,13 +467,14 @@ def serve(calls: queue.Queue, replies: _Replies) -> None:
         with stage_run(start["cfg"], start["stage"], start["out_dir"], start["upstream"],
                        start["params"], async_batches=False, facts=start["facts"]) as run:
             replies.send("opened", run.run_id)
-            with contextlib.suppress(OSError):
-                os.nice(NICENESS)
+            _yield_cpu()
             status = _replay(run, calls, replies)
             _end(run, status, replies)  # does not return
     except KeyboardInterrupt:  # the stage is gone: stage_run ended its run KILLED
         pass
     except TrackingUnavailable as exc:
+        if replies.detached:
+            log.error("tfmlops: %s: its MLflow run was not delivered: %s", start["stage"], exc)
         replies.send("unavailable", str(exc))
 
 
@@ -386,8 +485,18 @@ def _end(run: StageRun, status: str, replies: _Replies) -> None:
     run.end(status)
     warn_queued(run, tracking_uri(run.cfg))
     replies.send("ended", {"queued": run.queued, "errors": run.errors})
+    for folder in _scratch:
+        shutil.rmtree(folder, ignore_errors=True)
+    logging.shutdown()  # a detached run's tracking.log
     sys.stderr.flush()
     os._exit(0)
+
+
+def _yield_cpu() -> None:
+    """Run at NICENESS from now on (once: nice values add up)."""
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) < NICENESS:
+            os.nice(NICENESS)
 
 
 def _warm(uri: str, experiment: str) -> None:
@@ -415,6 +524,7 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
                 replies.send("failed", f"logging the model failed: {exc}")
             job = None
         elif kind == "end":
+            faults.point("sidecar.end")  # a test holds a detached delivery here (SIGSTOP)
             return body
         else:  # the stage is gone without ending its run
             raise KeyboardInterrupt
@@ -425,13 +535,24 @@ def main(argv: list[str]) -> int:
     # process before its stage: the stage ends the run KILLED through it, and this
     # process ends the run KILLED itself when the stage is gone (its pipe closes).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    calls = _inbox(Connection(int(argv[0]), writable=False))
     replies = _Replies(Connection(int(argv[1]), readable=False))
+    held = threading.Event()
+    calls = _inbox(Connection(int(argv[0]), writable=False), replies, held)
+    if len(argv) > 2:  # the delivery lock: held until this process exits (the kernel frees it)
+        fd = os.open(argv[2], os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a previous run's sidecar may still deliver
+        _yield_cpu()  # a stage that hands its run over shows no live metrics: from the start
+    held.set()
     try:
         serve(calls, replies)
-    except OSError:  # the stage is gone: its run already ended KILLED
+    except (OSError, _StageGone):  # the stage is gone: its run already ended KILLED
         return 1
     except Exception as exc:  # noqa: BLE001 - reported to the stage, which raises it
+        if replies.detached:
+            log.exception("tfmlops: the tracking sidecar failed after its stage had gone on")
         replies.send("failed", f"the tracking sidecar failed: {type(exc).__name__}: {exc}")
         return 1
+    finally:  # a run that ended went through `_end`, which removed them
+        for folder in _scratch:
+            shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -16,6 +16,10 @@ class TrackingConfig:
     uri: Text = "sqlite:///mlflow.db"
     connect_timeout_s: Float = Field(5.0, ge=0.1, le=600.0)
     retries: Int = Field(3, ge=0, le=20)
+    # false: `tfmlops prepare` exits once its sidecar process holds its run; the sidecar
+    # delivers it to the store afterwards (later stages wait for it). true, and under
+    # `dvc exp run`: it waits.
+    wait: Bool = False
 
 
 @section
