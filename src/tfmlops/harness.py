@@ -131,7 +131,7 @@ class Stage:
 @contextlib.contextmanager
 def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Path | None = None,
           upstream: dict[str, str | Path] | None = None, params: dict | None = None,
-          tracked: bool = True, sidecar: bool = False, async_batches: bool = True,
+          tracked: bool = True, sidecar: bool = False, async_batches: bool = False,
           staged: bool = True, detach: bool = False) -> Iterator[Stage]:
     """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
     instead of the output folder (artifacts.run_dir); `staged=False` writes into `output`

@@ -418,9 +418,13 @@ def _inbox(conn: Connection, replies: _Replies, held: threading.Event) -> queue.
         for kind, body in _messages(conn):
             if kind == "detach":
                 held.wait()
-                replies.send("detached", None)
-                _log_detached(replies, Path(body["log"]))
+                try:
+                    replies.send("detached", None)
+                except _StageGone:  # it died before it read the answer: as on EOF
+                    calls.put(_EOF)
+                    return
                 _scratch.append(body["scratch"])
+                _log_detached(replies, Path(body["log"]))
             else:
                 calls.put((kind, body))
 
@@ -440,12 +444,15 @@ def _log_detached(replies: _Replies, path: Path) -> None:
     with contextlib.suppress(OSError):
         os.setsid()
     logger = logging.getLogger("tfmlops")
-    to_file = logging.FileHandler(path, mode="w")
-    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     to_stderr = logging.StreamHandler()
     to_stderr.setLevel(logging.WARNING)
-    for handler in (to_file, to_stderr):
-        logger.addHandler(handler)
+    logger.addHandler(to_stderr)
+    try:
+        to_file = logging.FileHandler(path, mode="w")
+        to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(to_file)
+    except OSError as exc:  # its folder is gone: the warnings still reach the terminal
+        log.warning("tfmlops: cannot write %s (%s); delivering without it", path, exc)
     logger.removeHandler(replies)
 
 
