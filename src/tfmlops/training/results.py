@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tfmlops import evaluation as ev
 from tfmlops import profiling, tracking
 from tfmlops.artifacts import PRECISION, RESOLVED_PARAMS, TUNE_MERGE
 from tfmlops.config import Config
@@ -127,21 +128,18 @@ def finish(cfg: Config, final: Path, evaluation, fitted, resumed: Resume, run_se
 
 
 def classification_report(y_true, y_pred, classes: list[str]) -> dict:
-    """Confusion matrix (rows: true class) and per-class precision, recall and F1.
+    """Confusion matrix (rows: true class) and per-class precision, recall and F1, computed
+    as promote's evaluation computes them (`evaluation.per_class`).
 
     A class never predicted (or never present) scores 0, not a warning.
     """
     import numpy as np
-    from sklearn import metrics
 
-    labels = list(range(len(classes)))
-    matrix = metrics.confusion_matrix(y_true, y_pred, labels=labels)
-    scores = metrics.classification_report(y_true, y_pred, labels=labels, target_names=classes,
-                                           output_dict=True, zero_division=0)
-    per_class = {name: {"precision": round(float(scores[name]["precision"]), 6),
-                        "recall": round(float(scores[name]["recall"]), 6),
-                        "f1": round(float(scores[name]["f1-score"]), 6),
-                        "support": int(scores[name]["support"])} for name in classes}
+    n = len(classes)
+    # The model predicts only the split's classes: no column for an unknown one.
+    matrix = ev.confusion(np.asarray(y_true), np.asarray(y_pred), n)[:, :n]
+    per_class = {name: {**scores, "recall": scores["recall"] or 0.0}
+                 for name, scores in ev.per_class(matrix, classes).items()}
     # the mean of the rounded per-class values, as the report has always shown it
     macro = {k: round(float(np.mean([c[k] for c in per_class.values()])), 6)
              for k in ("precision", "recall", "f1")}
