@@ -329,16 +329,26 @@ def rows_at(cfg: Config, prepared: Prepared, split: str, indices, normalize: boo
     return np.concatenate(kept)
 
 
+def predictions(model, batches, batch_size: int):
+    """(batch, the model's outputs as numpy) for each batch of `batches`, whose last two
+    items are the model inputs and the labels: the one prediction loop over a split."""
+    import numpy as np
+
+    for batch in batches:
+        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
+        # every replica's copy of the outputs.
+        yield batch, np.asarray(model.predict(batch[-2], batch_size=batch_size, verbose=0))
+
+
 def predicted(model, cfg: Config, prepared: Prepared, split: str, batch_size: int):
     """(labels, model outputs) over a split, in file order, predicted batch by batch from
     the TFRecords: memory for the outputs (N x classes), not the images."""
     import numpy as np
 
     ys, outs = [], []
-    for x, y in dataset(cfg, prepared, split, batch_size=batch_size, cache="off"):
-        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
-        # every replica's copy of the outputs.
-        outs.append(np.asarray(model.predict(x, batch_size=batch_size, verbose=0)))
+    batches = dataset(cfg, prepared, split, batch_size=batch_size, cache="off")
+    for (_, y), out in predictions(model, batches, batch_size):
+        outs.append(out)
         ys.append(y.numpy())
     return np.concatenate(ys), np.concatenate(outs)
 

@@ -95,11 +95,12 @@ class Worst:
 
 def scan(model, split, name: str, batch_size: int, worst: Worst):
     """(labels, predicted classes) of a `StoredSplit`, its images added to `worst`."""
+    from tfmlops.data.pipeline import predictions
+
     labels, predicted = [], []
-    for hashes, encoded, x, y in split.hashed_batches(batch_size):
-        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
-        # every replica's copy of the outputs.
-        probs = np.asarray(model.predict(x, batch_size=batch_size, verbose=0), np.float64)
+    for (hashes, encoded, _, y), out in predictions(model, split.hashed_batches(batch_size),
+                                                    batch_size):
+        probs = out.astype(np.float64)
         if worst.n:
             worst.add(name, hashes, encoded, probs, y)
         labels.append(y)
