@@ -28,7 +28,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tfmlops.artifacts import MANIFEST, STATS, require
+from tfmlops.artifacts import MANIFEST, STATS, read_manifest, require
 from tfmlops.config import Config
 from tfmlops.data.tfrecords import shard_files  # noqa: F401 - callers import it from here
 from tfmlops.errors import DataError
@@ -71,10 +71,8 @@ def load_prepared(cfg: Config) -> Prepared:
     """Read the manifest and stats; fail clearly if they are missing or stale."""
     folder = Path(cfg.paths.prepared)
     what = f"prepared data in {folder}"
-    manifest_path = require(folder / MANIFEST, "prepare", f"{what} ({MANIFEST})")
-    stats_path = require(folder / STATS, "prepare", f"{what} ({STATS})")
-    manifest = json.loads(manifest_path.read_text())
-    stats = json.loads(stats_path.read_text())
+    manifest = read_manifest(folder, f"{what} ({MANIFEST})")
+    stats = json.loads(require(folder / STATS, "prepare", f"{what} ({STATS})").read_text())
     if manifest["image_size"] != cfg.data.image_size or manifest["channels"] != cfg.data.channels:
         raise DataError(
             f"prepared data in {folder} is stale: it has {manifest['image_size']}px x "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import io
-import json
 import logging
 import math
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, MANIFEST
+from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, read_manifest
 from tfmlops.files import temp_name, write_csv
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ def rows(suspects: list[Suspect], classes: list[str], prepared_folder: Path) -> 
     label in one split are joined with '; ')."""
     wanted = {s.sha256 for s in suspects}
     files: dict[tuple[str, str, str], list[str]] = {}
-    for f in json.loads((Path(prepared_folder) / MANIFEST).read_text())["files"]:
+    for f in read_manifest(prepared_folder)["files"]:
         if f["sha256"] in wanted:
             files.setdefault((f["sha256"], f["label"], f["split"]), []).append(f["file"])
     return [{"rank": r, "split": s.split, "sha256": s.sha256,
