@@ -136,8 +136,6 @@ def dataset(
     e.g. off for a single pass.
     """
     files = shard_files(prepared.folder, split)
-    if not files:
-        raise DataError(f"no {split} TFRecords in {prepared.folder}; run `dvc repro prepare`")
     if prepared.counts[split] < 1:
         raise DataError(f"the {split} split is empty; add images or change data.split")
     p = cfg.pipeline
