@@ -78,6 +78,26 @@ def write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: Sequenc
     return write_text(path, buf.getvalue())
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: figures here are files, never a window (no
+    display on CI machines or servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_png(path: str | Path, fig, **savefig) -> Path:
+    """A pyplot figure as a PNG, written as every file here is (atomic, synced); the figure
+    is closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig)
+    pyplot().close(fig)
+    return write_bytes(path, buf.getvalue())
+
+
 def temp_name(path: Path, suffix: str = "") -> Path:
     """The temp file this process writes `path` through (cleaned if it dies mid-write);
     `suffix` for a library that picks the format by it (matplotlib: `.png`)."""

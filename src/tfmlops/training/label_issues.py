@@ -15,14 +15,13 @@ import heapq
 import io
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, read_manifest
-from tfmlops.files import temp_name, write_csv
+from tfmlops.files import pyplot, write_csv, write_png
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +124,9 @@ def rows(suspects: list[Suspect], classes: list[str], prepared_folder: Path) -> 
 def contact_sheet(suspects: list[Suspect], classes: list[str], path: Path) -> None:
     """A grid of thumbnails, each titled with its given and predicted label, written
     atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from PIL import Image
 
+    plt = pyplot()
     cols = max(min(SHEET_COLUMNS, len(suspects)), 1)
     lines = max(math.ceil(len(suspects) / cols), 1)
     fig, axes = plt.subplots(lines, cols, figsize=(1.9 * cols, 2.4 * lines), squeeze=False)
@@ -144,10 +140,7 @@ def contact_sheet(suspects: list[Suspect], classes: list[str], path: Path) -> No
         ax.set_title(f"{r}. given {classes[s.given]} /\npredicted {classes[s.predicted]} "
                      f"({s.p_predicted:.2f})", fontsize=7)
     fig.tight_layout(h_pad=1.5)
-    tmp = temp_name(path, ".png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    write_png(path, fig, dpi=100)
 
 
 def write(worst: Worst, classes: list[str], prepared_folder: Path, reports: Path, run) -> Path:
