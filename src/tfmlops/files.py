@@ -152,7 +152,8 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
 
 
 def sync_dir(folder: str | Path) -> None:
-    """fsync a folder: makes the renames and creations inside it durable."""
+    """fsync a folder: makes the renames and creations inside it durable (a file's path
+    works too: its data)."""
     with contextlib.suppress(OSError):  # not every filesystem lets a folder be opened
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -249,12 +250,7 @@ def _sync_tree(folder: Path) -> None:
     """fsync every file and folder under `folder` (written by TensorFlow, tf2onnx...)."""
     for root, _dirs, names in os.walk(folder):
         for name in names:
-            with contextlib.suppress(OSError):
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            sync_dir(os.path.join(root, name))
         sync_dir(root)
 
 
