@@ -9,6 +9,7 @@ with one line naming the file and the `dvc repro` that makes it.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from tfmlops.errors import DataError
@@ -91,6 +92,12 @@ def data_version(prepared: str | Path) -> str:
     if not manifest.is_file():
         return "none"
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+
+
+def read_manifest(prepared: str | Path, what: str | None = None) -> dict:
+    """prepare's manifest (label map, counts, files) in the folder `prepared`, parsed;
+    `require`'s one-line DataError, naming `what`, when prepare has not made it."""
+    return json.loads(require(Path(prepared) / MANIFEST, "prepare", what).read_text())
 
 
 def require(path: str | Path, stage: str, what: str | None = None, *, hint: str = "") -> Path:

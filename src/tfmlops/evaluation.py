@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tfmlops.files import pyplot, write_png
+
 ECE_BINS = 15  # equal-width confidence bins
 UNKNOWN = "unknown"  # a slice key the manifest does not give (an older prepare)
 # Source-size buckets, by the longer side in pixels: (upper bound, name).
@@ -41,8 +43,9 @@ def per_class(matrix: np.ndarray, classes: Sequence[str]) -> dict[str, dict]:
         hit, support, predicted = int(matrix[j, j]), int(matrix[j].sum()), int(matrix[:, j].sum())
         precision = hit / predicted if predicted else 0.0
         recall = hit / support if support else None
-        f1 = (2 * precision * recall / (precision + recall)
-              if recall is not None and precision + recall > 0 else 0.0)
+        # 2pr / (p + r) from the counts, as scikit-learn computes it: one division, so a
+        # tie at the 7th decimal rounds as the exact ratio does.
+        f1 = 2 * hit / (support + predicted) if hit else 0.0
         out[name] = {"precision": round(precision, 6),
                      "recall": None if recall is None else round(recall, 6),
                      "f1": round(f1, 6), "support": support}
@@ -132,7 +135,7 @@ def slices(keys: Mapping[str, Sequence[str]], correct: Mapping[str, np.ndarray])
 def reliability_png(bins_by_version: Mapping[str, dict], path: Path) -> Path:
     """Accuracy against confidence per bin, one line per version, the diagonal for
     reference: where a model's line runs below it, it is overconfident."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="calibrated")
     for version, cal in bins_by_version.items():
@@ -143,13 +146,11 @@ def reliability_png(bins_by_version: Mapping[str, dict], path: Path) -> Path:
            title="reliability on the current test split")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return write_png(path, fig, dpi=100)
 
 
 def confusion_png(summary: dict, title: str, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     conf = summary["confusion"]
     counts = np.asarray(conf["counts"])
     size = 3 + 0.35 * len(conf["columns"])
@@ -162,15 +163,4 @@ def confusion_png(summary: dict, title: str, path: Path) -> Path:
             ax.text(j, i, str(n), ha="center", va="center", fontsize=7)
     ax.set(xlabel="predicted", ylabel="true", title=title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return write_png(path, fig, dpi=100)

@@ -78,6 +78,26 @@ def write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: Sequenc
     return write_text(path, buf.getvalue())
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: figures here are files, never a window (no
+    display on CI machines or servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_png(path: str | Path, fig, **savefig) -> Path:
+    """A pyplot figure as a PNG, written as every file here is (atomic, synced); the figure
+    is closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig)
+    pyplot().close(fig)
+    return write_bytes(path, buf.getvalue())
+
+
 def temp_name(path: Path, suffix: str = "") -> Path:
     """The temp file this process writes `path` through (cleaned if it dies mid-write);
     `suffix` for a library that picks the format by it (matplotlib: `.png`)."""
@@ -132,7 +152,8 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
 
 
 def sync_dir(folder: str | Path) -> None:
-    """fsync a folder: makes the renames and creations inside it durable."""
+    """fsync a folder: makes the renames and creations inside it durable (a file's path
+    works too: its data)."""
     with contextlib.suppress(OSError):  # not every filesystem lets a folder be opened
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -229,12 +250,7 @@ def _sync_tree(folder: Path) -> None:
     """fsync every file and folder under `folder` (written by TensorFlow, tf2onnx...)."""
     for root, _dirs, names in os.walk(folder):
         for name in names:
-            with contextlib.suppress(OSError):
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            sync_dir(os.path.join(root, name))
         sync_dir(root)
 
 

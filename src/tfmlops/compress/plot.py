@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tfmlops.files import pyplot, write_png
+
 MARKERS = {"pruned": "o", "trained": "s"}  # the source model; QAT gets a diamond
 
 
 def frontier_png(rows: list[dict], edge: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on CI machines
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10.5, 5.5))
     latencies = [r["p50_ms"] for r in rows]
     norm = plt.Normalize(min(latencies), max(latencies) if len(rows) > 1 else min(latencies) + 1)
@@ -44,7 +42,4 @@ def frontier_png(rows: list[dict], edge: dict, path: Path) -> Path:
     ax.legend(loc="lower right", fontsize=8)
     fig.text(0.665, 0.5, "\n".join(lines), family="monospace", fontsize=8, va="center")
     fig.subplots_adjust(left=0.085, right=0.6)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return write_png(path, fig, dpi=110)

@@ -9,10 +9,9 @@ weights (PITFALLS: get_config/from_config across the worlds fails).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tfmlops.artifacts import MANIFEST, require
+from tfmlops.artifacts import MANIFEST, read_manifest, require
 from tfmlops.config import Config
 from tfmlops.model.artifacts import MODEL_FILE, trained_config, trained_model_path
 
@@ -29,9 +28,8 @@ def pruned_path(cfg: Config) -> Path:
 
 def train_split_size(cfg: Config) -> int:
     """Train examples, from prepare's manifest (no TensorFlow needed)."""
-    manifest = require(Path(cfg.paths.prepared) / MANIFEST, "prepare",
-                       f"prepared data ({MANIFEST}) in {cfg.paths.prepared}")
-    return int(json.loads(manifest.read_text())["split_counts"]["train"])
+    manifest = read_manifest(cfg.paths.prepared, f"prepared data ({MANIFEST}) in {cfg.paths.prepared}")
+    return int(manifest["split_counts"]["train"])
 
 
 def tf_keras_module():

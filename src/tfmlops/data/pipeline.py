@@ -28,7 +28,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tfmlops.artifacts import MANIFEST, STATS, require
+from tfmlops.artifacts import MANIFEST, STATS, read_manifest, require
 from tfmlops.config import Config
 from tfmlops.data.tfrecords import shard_files  # noqa: F401 - callers import it from here
 from tfmlops.errors import DataError
@@ -71,10 +71,8 @@ def load_prepared(cfg: Config) -> Prepared:
     """Read the manifest and stats; fail clearly if they are missing or stale."""
     folder = Path(cfg.paths.prepared)
     what = f"prepared data in {folder}"
-    manifest_path = require(folder / MANIFEST, "prepare", f"{what} ({MANIFEST})")
-    stats_path = require(folder / STATS, "prepare", f"{what} ({STATS})")
-    manifest = json.loads(manifest_path.read_text())
-    stats = json.loads(stats_path.read_text())
+    manifest = read_manifest(folder, f"{what} ({MANIFEST})")
+    stats = json.loads(require(folder / STATS, "prepare", f"{what} ({STATS})").read_text())
     if manifest["image_size"] != cfg.data.image_size or manifest["channels"] != cfg.data.channels:
         raise DataError(
             f"prepared data in {folder} is stale: it has {manifest['image_size']}px x "
@@ -138,8 +136,6 @@ def dataset(
     e.g. off for a single pass.
     """
     files = shard_files(prepared.folder, split)
-    if not files:
-        raise DataError(f"no {split} TFRecords in {prepared.folder}; run `dvc repro prepare`")
     if prepared.counts[split] < 1:
         raise DataError(f"the {split} split is empty; add images or change data.split")
     p = cfg.pipeline
@@ -329,16 +325,26 @@ def rows_at(cfg: Config, prepared: Prepared, split: str, indices, normalize: boo
     return np.concatenate(kept)
 
 
+def predictions(model, batches, batch_size: int):
+    """(batch, the model's outputs as numpy) for each batch of `batches`, whose last two
+    items are the model inputs and the labels: the one prediction loop over a split."""
+    import numpy as np
+
+    for batch in batches:
+        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
+        # every replica's copy of the outputs.
+        yield batch, np.asarray(model.predict(batch[-2], batch_size=batch_size, verbose=0))
+
+
 def predicted(model, cfg: Config, prepared: Prepared, split: str, batch_size: int):
     """(labels, model outputs) over a split, in file order, predicted batch by batch from
     the TFRecords: memory for the outputs (N x classes), not the images."""
     import numpy as np
 
     ys, outs = [], []
-    for x, y in dataset(cfg, prepared, split, batch_size=batch_size, cache="off"):
-        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
-        # every replica's copy of the outputs.
-        outs.append(np.asarray(model.predict(x, batch_size=batch_size, verbose=0)))
+    batches = dataset(cfg, prepared, split, batch_size=batch_size, cache="off")
+    for (_, y), out in predictions(model, batches, batch_size):
+        outs.append(out)
         ys.append(y.numpy())
     return np.concatenate(ys), np.concatenate(outs)
 

@@ -18,8 +18,6 @@ from functools import cached_property
 
 import numpy as np
 
-from tfmlops.errors import DataError
-
 BATCH = 256  # images per batch: a few MB of float inputs at 96 px, 150 MB at 224 px x 3
 
 
@@ -36,11 +34,8 @@ class StoredSplit:
     def of(cls, prepared, split: str = "test", batch_size: int = BATCH) -> StoredSplit:
         from tfmlops.data.tfrecords import shard_files
 
-        files = shard_files(prepared.folder, split)
-        if not files:
-            raise DataError(f"no {split} TFRecords in {prepared.folder}; run `dvc repro prepare`")
-        return cls(tuple(files), prepared.channels, prepared.image_size, tuple(prepared.mean),
-                   tuple(prepared.std), batch_size)
+        return cls(tuple(shard_files(prepared.folder, split)), prepared.channels,
+                   prepared.image_size, tuple(prepared.mean), tuple(prepared.std), batch_size)
 
     # A fresh process (the SavedModel's reload check) reads the same split from this.
     def to_dict(self) -> dict:
@@ -125,11 +120,8 @@ def stored_records(folder, split: str = "test", batch_size: int = BATCH
     in the shards' file order, read record by record (no TensorFlow)."""
     from tfmlops.data.tfrecords import decode_example, read_records, shard_files
 
-    files = shard_files(folder, split)
-    if not files:
-        raise DataError(f"no {split} TFRecords in {folder}; run `dvc repro prepare`")
     batch: list[dict] = []
-    for path in files:
+    for path in shard_files(folder, split):
         for record in read_records(path):
             batch.append(decode_example(record))
             if len(batch) == batch_size:

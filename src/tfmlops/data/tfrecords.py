@@ -18,6 +18,8 @@ from pathlib import Path
 
 import google_crc32c
 
+from tfmlops.errors import DataError
+
 # prepare writes three fields per image: the one-byte varints and the key fields are
 # looked up, not rebuilt, per record.
 _ONE_BYTE = [bytes((i,)) for i in range(0x80)]
@@ -115,8 +117,12 @@ def shard_names(folder: Path, split: str, used: list[int]) -> dict[int, Path]:
 
 
 def shard_files(folder: str | Path, split: str) -> list[str]:
-    """The shards of `split` in `folder`, in file order (the order every reader keeps)."""
-    return sorted(str(p) for p in Path(folder).glob(f"{split}-*.tfrecord"))
+    """The shards of `split` in `folder`, in file order (the order every reader keeps);
+    DataError when there are none (prepare has not run)."""
+    files = sorted(str(p) for p in Path(folder).glob(f"{split}-*.tfrecord"))
+    if not files:
+        raise DataError(f"no {split} TFRecords in {folder}; run `dvc repro prepare`")
+    return files
 
 
 def read_records(path: str | Path):

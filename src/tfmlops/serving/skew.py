@@ -28,14 +28,13 @@ fails `export` with one line naming the pair.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tfmlops.artifacts import MANIFEST
+from tfmlops.artifacts import read_manifest
 from tfmlops.errors import DataError
 from tfmlops.serving.parity import Parity, compare
 
@@ -136,7 +135,7 @@ def source_pairs(prepared, keras_model, served, limits, rows: int) -> tuple[list
       prepare's, in grey levels (EXIF-rotated files left out: the graph does not read
       EXIF; bound: `limits.source_max_grey_levels`).
     """
-    manifest = json.loads((Path(prepared.folder) / MANIFEST).read_text())
+    manifest = read_manifest(prepared.folder)
     files, rotated = sample_sources(manifest, limits.source_images)
     facts = {"images": len(files), "exif_rotated": len(rotated), "image_dir": manifest["image_dir"]}
     if not files:

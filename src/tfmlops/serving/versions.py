@@ -29,13 +29,12 @@ from tfmlops import evaluation as ev
 from tfmlops.artifacts import (
     CONFUSION_PNG,
     EVALUATED_CSV,
-    MANIFEST,
     PREPARED_MANIFEST,
     RELIABILITY_PNG,
     TAG_LINEAGE_DATA,
     TAG_LINEAGE_RUN,
     data_version,
-    require,
+    read_manifest,
 )
 from tfmlops.files import write_csv
 
@@ -65,7 +64,7 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None,
     """Both versions on the same images: the summary promote's gate reads (also written
     with its plots and the per-image table to `out_dir`; "files" lists them)."""
     prepared = Path(cfg.paths.prepared)
-    manifest = json.loads(require(prepared / MANIFEST, "prepare").read_text())
+    manifest = read_manifest(prepared)
     classes = list(manifest["classes"])
     versions = {"candidate": candidate} | ({"production": production} if production else {})
     with tempfile.TemporaryDirectory(prefix="tfmlops-promote-") as tmp:

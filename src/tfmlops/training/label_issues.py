@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import heapq
 import io
-import json
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, MANIFEST
-from tfmlops.files import temp_name, write_csv
+from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, read_manifest
+from tfmlops.files import pyplot, write_csv, write_png
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +93,12 @@ class Worst:
 
 def scan(model, split, name: str, batch_size: int, worst: Worst):
     """(labels, predicted classes) of a `StoredSplit`, its images added to `worst`."""
+    from tfmlops.data.pipeline import predictions
+
     labels, predicted = [], []
-    for hashes, encoded, x, y in split.hashed_batches(batch_size):
-        # predict, not predict_on_batch: under a MirroredStrategy the latter returns
-        # every replica's copy of the outputs.
-        probs = np.asarray(model.predict(x, batch_size=batch_size, verbose=0), np.float64)
+    for (hashes, encoded, _, y), out in predictions(model, split.hashed_batches(batch_size),
+                                                    batch_size):
+        probs = out.astype(np.float64)
         if worst.n:
             worst.add(name, hashes, encoded, probs, y)
         labels.append(y)
@@ -112,7 +111,7 @@ def rows(suspects: list[Suspect], classes: list[str], prepared_folder: Path) -> 
     label in one split are joined with '; ')."""
     wanted = {s.sha256 for s in suspects}
     files: dict[tuple[str, str, str], list[str]] = {}
-    for f in json.loads((Path(prepared_folder) / MANIFEST).read_text())["files"]:
+    for f in read_manifest(prepared_folder)["files"]:
         if f["sha256"] in wanted:
             files.setdefault((f["sha256"], f["label"], f["split"]), []).append(f["file"])
     return [{"rank": r, "split": s.split, "sha256": s.sha256,
@@ -125,12 +124,9 @@ def rows(suspects: list[Suspect], classes: list[str], prepared_folder: Path) -> 
 def contact_sheet(suspects: list[Suspect], classes: list[str], path: Path) -> None:
     """A grid of thumbnails, each titled with its given and predicted label, written
     atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from PIL import Image
 
+    plt = pyplot()
     cols = max(min(SHEET_COLUMNS, len(suspects)), 1)
     lines = max(math.ceil(len(suspects) / cols), 1)
     fig, axes = plt.subplots(lines, cols, figsize=(1.9 * cols, 2.4 * lines), squeeze=False)
@@ -144,10 +140,7 @@ def contact_sheet(suspects: list[Suspect], classes: list[str], path: Path) -> No
         ax.set_title(f"{r}. given {classes[s.given]} /\npredicted {classes[s.predicted]} "
                      f"({s.p_predicted:.2f})", fontsize=7)
     fig.tight_layout(h_pad=1.5)
-    tmp = temp_name(path, ".png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    write_png(path, fig, dpi=100)
 
 
 def write(worst: Worst, classes: list[str], prepared_folder: Path, reports: Path, run) -> Path:

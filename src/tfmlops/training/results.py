@@ -6,17 +6,17 @@ the classification report, plots, the history CSV, the suspected label errors
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tfmlops import evaluation as ev
 from tfmlops import profiling, tracking
 from tfmlops.artifacts import PRECISION, RESOLVED_PARAMS, TUNE_MERGE
 from tfmlops.config import Config
 from tfmlops.data import pipeline
-from tfmlops.files import temp_name, write_csv, write_json
+from tfmlops.files import pyplot, write_csv, write_json, write_png
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 from tfmlops.training import label_issues
 from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, metrics_of
@@ -127,21 +127,18 @@ def finish(cfg: Config, final: Path, evaluation, fitted, resumed: Resume, run_se
 
 
 def classification_report(y_true, y_pred, classes: list[str]) -> dict:
-    """Confusion matrix (rows: true class) and per-class precision, recall and F1.
+    """Confusion matrix (rows: true class) and per-class precision, recall and F1, computed
+    as promote's evaluation computes them (`evaluation.per_class`).
 
     A class never predicted (or never present) scores 0, not a warning.
     """
     import numpy as np
-    from sklearn import metrics
 
-    labels = list(range(len(classes)))
-    matrix = metrics.confusion_matrix(y_true, y_pred, labels=labels)
-    scores = metrics.classification_report(y_true, y_pred, labels=labels, target_names=classes,
-                                           output_dict=True, zero_division=0)
-    per_class = {name: {"precision": round(float(scores[name]["precision"]), 6),
-                        "recall": round(float(scores[name]["recall"]), 6),
-                        "f1": round(float(scores[name]["f1-score"]), 6),
-                        "support": int(scores[name]["support"])} for name in classes}
+    n = len(classes)
+    # The model predicts only the split's classes: no column for an unknown one.
+    matrix = ev.confusion(np.asarray(y_true), np.asarray(y_pred), n)[:, :n]
+    per_class = {name: {**scores, "recall": scores["recall"] or 0.0}
+                 for name, scores in ev.per_class(matrix, classes).items()}
     # the mean of the rounded per-class values, as the report has always shown it
     macro = {k: round(float(np.mean([c[k] for c in per_class.values()])), 6)
              for k in ("precision", "recall", "f1")}
@@ -176,11 +173,7 @@ def summary(rows, test, report, done: int, run_setup: Setup, *, fit_seconds: flo
 
 def plot(folder: Path, rows: list[dict], report: dict, classes: list[str]) -> None:
     """confusion_matrix.png and training_curves.png, each written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 5))
     matrix = report["confusion_matrix"]
     ax.imshow(matrix, cmap="Blues")
@@ -191,7 +184,7 @@ def plot(folder: Path, rows: list[dict], report: dict, classes: list[str]) -> No
         for j, count in enumerate(line):
             if count:
                 ax.text(j, i, str(count), ha="center", va="center", fontsize=7)
-    _save_figure(fig, folder / "confusion_matrix.png")
+    write_png(folder / "confusion_matrix.png", fig, dpi=100, bbox_inches="tight")
 
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
     epochs = [r["epoch"] for r in rows]
@@ -200,11 +193,4 @@ def plot(folder: Path, rows: list[dict], report: dict, classes: list[str]) -> No
         ax.plot(epochs, [r[f"val_{key}"] for r in rows], label=f"val {key}")
         ax.set(xlabel="epoch", title=key)
         ax.legend()
-    _save_figure(fig, folder / "training_curves.png")
-    plt.close("all")
-
-
-def _save_figure(fig, path: Path) -> None:
-    tmp = temp_name(path, ".png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    os.replace(tmp, path)
+    write_png(folder / "training_curves.png", fig, dpi=100, bbox_inches="tight")
