@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,8 @@ def measure(stages: tuple[str, ...], rounds: int, defaults: bool = False) -> dic
         for stage in stages:
             sides = ("off", "on") if n % 2 == 0 or stage == "export" else ("on", "off")
             for side in ("on",) if stage in ONLY_ON else sides:
+                if stage == "tune":  # a fresh search each time: a finished one would resume
+                    shutil.rmtree(workdir / "data" / "tuner", ignore_errors=True)
                 seconds[stage][side].append(timed(stage, files[side], workdir, env))
     rows = []
     for stage in stages:

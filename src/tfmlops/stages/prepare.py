@@ -21,10 +21,11 @@ across splits, anomalies against the accepted reference profile).
 The checks, the manifest and the metrics are data.manifest's; the lock, the
 staging folder, the swap-in, the run and reports/prepare.json the harness's. This
 process imports neither TensorFlow (the TFRecords are written directly,
-`data.tfrecords`) nor MLflow (the tracking sidecar keeps the run, spawned at the
-start so it imports MLflow while this one lists, hashes and decodes), so an
-incremental run costs little more than its new files; the input pipeline is
-profiled by `train`, which runs it. Bad data fails before the run opens: no run.
+`data.tfrecords`) nor MLflow (the tracking sidecar keeps the run; as a command,
+prepare hands it the finished run and exits, and the sidecar imports MLflow and
+delivers it then: harness `detach`), so an incremental run costs little more than its
+new files; the input pipeline is profiled by `train`, which runs it. Bad data fails
+before the run opens: no run.
 """
 
 from __future__ import annotations

@@ -23,10 +23,14 @@ priority (NICENESS).
 
 A stage may also hand its run over and exit before it is in the store (`detach`:
 prepare from the command line, `tracking.wait: false`; its work can take less time
-than MLflow's import). The sidecar then holds the stage's delivery lock
-(artifacts.DELIVERY_LOCK in the run file's folder) from its spawn until its exit,
-logs to that folder's `tracking.log` (warnings to its stderr too), and a later
-stage reading the run file waits for the lock first (lineage.read_run_file). The
+than MLflow's import). The stage takes its delivery lock (artifacts.DELIVERY_LOCK in
+the run file's folder; a previous run's sidecar may still hold it) and spawns the
+sidecar with it, which keeps it until it exits: the stage never waits for it. That
+sidecar logs to the folder's `tracking.log` from its start (warnings to its stderr
+too), runs niced, imports MLflow only when the run opens (after the stage's work:
+they neither share the cores nor add up in memory), and leaves the stage's process
+group once handed the run. A later stage reading the run file waits for the lock
+first (lineage.read_run_file). The
 files the run logs are hard-linked when logged, so a later run of the stage that
 replaces them cannot change what this one uploads.
 
@@ -155,15 +159,17 @@ class _Process:
     def __init__(self, cfg, hold: Path | None = None):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        if hold is not None:
-            Path(hold).parent.mkdir(parents=True, exist_ok=True)
+        lock = _take_delivery_lock(hold) if hold is not None else None
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w),
-             *([] if hold is None else [str(hold)])],
+             *([] if lock is None else [str(lock), str(hold.with_name(DETACHED_LOG))])],
             # The stage's stdout is its JSON result: nothing else may write there.
-            pass_fds=(to_child_r, from_child_w), stdout=subprocess.DEVNULL)
+            pass_fds=(to_child_r, from_child_w, *([] if lock is None else [lock])),
+            stdout=subprocess.DEVNULL)
         os.close(to_child_r)
         os.close(from_child_w)
+        if lock is not None:  # the sidecar's copy keeps the lock until it exits
+            os.close(lock)
         self._out = Connection(to_child_w, readable=False)
         self._in = Connection(from_child_r, writable=False)
         self._replies: queue.Queue = queue.Queue()
@@ -193,13 +199,9 @@ class _Process:
         except BaseException as exc:  # noqa: BLE001 - handed to the stage, which raises it
             self._replies.put(("reader failed", f"{type(exc).__name__}: {first_line(exc)}"))
 
-    def reply(self, expected: str, skip: dict | None = None) -> Any:
-        """The sidecar's reply `expected`; SidecarGone within seconds if none can come.
-        Replies of a kind in `skip` that come first are put there by kind."""
+    def reply(self, expected: str) -> Any:
+        """The sidecar's reply `expected`; SidecarGone within seconds if none can come."""
         kind, body = self._next_reply()
-        while skip is not None and kind in skip:
-            skip[kind] = body
-            kind, body = self._next_reply()
         if kind == expected:
             return body
         if kind == "unavailable":
@@ -334,18 +336,29 @@ class SidecarRun(StageRun):
             self.run_id = self._process.reply("opened")
 
     def _detach(self) -> None:
-        """Hand the run over: the sidecar confirms it holds the delivery lock and logs to
-        `tracking.log` from now on, then gets the end; this process does not wait for it."""
-        skipped: dict[str, Any] = {"opened": None}
-        self._process.send("detach", {"log": str(self._detach_log),
-                                      "scratch": str(self._model_dir)})
-        self._process.reply("detached", skip=skipped)
-        self.run_id = self.run_id or skipped["opened"]
+        """Hand the run over and its end; this process does not wait for the sidecar,
+        which holds the delivery lock and removes the hard links once the run ends."""
+        self._process.send("detach", {"scratch": str(self._model_dir)})
         self._process.send("end", "FINISHED")
         self._process.close()
         log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
                  "log %s); later stages wait for it", self.stage, self._process.proc.pid,
                  self._detach_log)
+
+
+def _take_delivery_lock(path: Path) -> int:
+    """An open descriptor holding the exclusive delivery lock at `path`, for the sidecar
+    to inherit (the lock lives while any copy is open). Waits, saying so, while a
+    previous run's sidecar still delivers (seconds)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("tfmlops: waiting for the previous run's tracking sidecar to deliver it (%s)",
+                 path.with_name(DETACHED_LOG))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
 def _link_or_copy(source, target) -> None:
@@ -389,6 +402,7 @@ class _Replies(logging.Handler):
         self.out = out
         self.lock_out = threading.Lock()
         self.detached = False  # the stage has gone on without us: nothing to send
+        self.inbox_done = threading.Event()  # the stage's pipe is read to its end
 
     def send(self, kind: str, body: Any) -> None:
         with self.lock_out:  # log records come from MLflow's threads too
@@ -396,8 +410,13 @@ class _Replies(logging.Handler):
                 return
             try:
                 _send(self.out, kind, body)
-            except OSError:  # its pipe is closed: the stage died (its run ends KILLED)
-                raise _StageGone() from None
+                return
+            except OSError:  # its pipe is closed: handed over, or the stage died
+                pass
+        # A stage that handed its run over wrote `detach` before its pipe's end.
+        self.inbox_done.wait(EXIT_GRACE_S)
+        if not self.detached:
+            raise _StageGone()  # died: its run ends KILLED
 
     def emit(self, record: logging.LogRecord) -> None:
         record.msg, record.args = record.getMessage(), None
@@ -408,25 +427,23 @@ class _Replies(logging.Handler):
             pass
 
 
-def _inbox(conn: Connection, replies: _Replies, held: threading.Event) -> queue.Queue:
+def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
     """Read the stage's calls as they come, so its writes never wait on the pipe. A
-    `detach` is answered here, at once (the main thread may be importing MLflow), once
-    the delivery lock is `held`."""
+    `detach` takes effect here, at once (the main thread may be importing MLflow)."""
     calls: queue.Queue = queue.Queue()
 
     def read() -> None:
         for kind, body in _messages(conn):
             if kind == "detach":
-                held.wait()
-                try:
-                    replies.send("detached", None)
-                except _StageGone:  # it died before it read the answer: as on EOF
-                    calls.put(_EOF)
-                    return
                 _scratch.append(body["scratch"])
-                _log_detached(replies, Path(body["log"]))
+                replies.detached = True
+                # Out of the stage's process group and terminal: a Ctrl-C or a group
+                # SIGTERM meant for the next stage must not end this finished run KILLED.
+                with contextlib.suppress(OSError):
+                    os.setsid()
             else:
                 calls.put((kind, body))
+        replies.inbox_done.set()
 
     threading.Thread(target=read, name="tfmlops-sidecar-inbox", daemon=True).start()
     return calls
@@ -435,15 +452,12 @@ def _inbox(conn: Connection, replies: _Replies, held: threading.Event) -> queue.
 _scratch: list[str] = []  # a detached stage's hard links: removed once the run has ended
 
 
-def _log_detached(replies: _Replies, path: Path) -> None:
-    """From now on the run's log records go to `path`, warnings to stderr too: the stage
-    that logged them has gone on."""
-    replies.detached = True
-    # Out of the stage's process group and terminal: a Ctrl-C or a group SIGTERM meant for
-    # the next stage must not end this finished stage's run KILLED.
-    with contextlib.suppress(OSError):
-        os.setsid()
+def _log_to_file(path: Path) -> None:
+    """The run's log records go to `path`, warnings to stderr too: its stage may have
+    gone on before they are written."""
     logger = logging.getLogger("tfmlops")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     to_stderr = logging.StreamHandler()
     to_stderr.setLevel(logging.WARNING)
     logger.addHandler(to_stderr)
@@ -453,21 +467,24 @@ def _log_detached(replies: _Replies, path: Path) -> None:
         logger.addHandler(to_file)
     except OSError as exc:  # its folder is gone: the warnings still reach the terminal
         log.warning("tfmlops: cannot write %s (%s); delivering without it", path, exc)
-    logger.removeHandler(replies)
 
 
-def serve(calls: queue.Queue, replies: _Replies) -> None:
-    """Open the stage's run and replay its calls into it until it ends."""
+def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> None:
+    """Open the stage's run and replay its calls into it until it ends. `hands_over`:
+    its records go to tracking.log (`_log_to_file`), and MLflow is imported only as the
+    run opens; otherwise they go to the stage, and MLflow is imported at once."""
     kind, start = calls.get()
     if kind == "warm":
-        _warm(**start)
+        if not hands_over:
+            _warm(**start)
         kind, start = calls.get()
     if kind != "start":  # the stage ended before it opened its run
         return
     logger = logging.getLogger("tfmlops")
-    logger.addHandler(replies)
-    logger.setLevel(start["level"])
-    logger.propagate = False
+    if not hands_over:
+        logger.addHandler(replies)
+        logger.setLevel(start["level"])
+        logger.propagate = False
     try:
         # Synchronous batches: MLflow's async queue would make the run's end wait up to
         # 1 s (its logging thread polls its queue every second before it can stop).
@@ -543,15 +560,15 @@ def main(argv: list[str]) -> int:
     # process ends the run KILLED itself when the stage is gone (its pipe closes).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     replies = _Replies(Connection(int(argv[1]), readable=False))
-    held = threading.Event()
-    calls = _inbox(Connection(int(argv[0]), writable=False), replies, held)
-    if len(argv) > 2:  # the delivery lock: held until this process exits (the kernel frees it)
-        fd = os.open(argv[2], os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a previous run's sidecar may still deliver
+    calls = _inbox(Connection(int(argv[0]), writable=False), replies)
+    # argv[2]: the delivery lock's descriptor, held (open) until this process exits, the
+    # kernel freeing it however it exits; argv[3]: tracking.log
+    hands_over = len(argv) > 2
+    if hands_over:
+        _log_to_file(Path(argv[3]))
         _yield_cpu()  # a stage that hands its run over shows no live metrics: from the start
-    held.set()
     try:
-        serve(calls, replies)
+        serve(calls, replies, hands_over)
     except (OSError, _StageGone):  # the stage is gone: its run already ended KILLED
         return 1
     except Exception as exc:  # noqa: BLE001 - reported to the stage, which raises it
