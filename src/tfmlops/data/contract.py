@@ -118,11 +118,9 @@ def log_profile(cfg, run) -> None:
     dvc plots draws the CSVs)."""
     if not (cfg.data.contract.profile and cfg.tracking.enabled):
         return
-    import json
-
-    from tfmlops.data.profile_plot import plot_profile
+    from tfmlops.data.profile_plot import draw_profile
 
     reports = Path(cfg.paths.reports)
-    summary = json.loads((reports / DATA_PROFILE).read_text())
     run.log_artifact(reports / DATA_PROFILE, "data_profile")
-    run.log_artifact(plot_profile(summary, reports / DATA_PROFILE_PNG), "data_profile")
+    run.log_drawn(draw_profile, (reports / DATA_PROFILE, reports / DATA_PROFILE_PNG),
+                  "data_profile")

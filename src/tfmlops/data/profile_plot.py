@@ -41,6 +41,13 @@ def _shares(values: list[int]) -> list[float]:
     return [v / total for v in values]
 
 
+def draw_profile(profile_json: Path, path: Path) -> Path:
+    """`plot_profile` of the profile file `profile_json` (what a tracking sidecar calls)."""
+    import json
+
+    return plot_profile(json.loads(Path(profile_json).read_text()), path)
+
+
 def plot_profile(summary: dict, path: Path) -> Path:
     from PIL import Image, ImageDraw
 

@@ -123,6 +123,12 @@ class StageRun:
         if Path(path).exists():
             self._do("artifact", {"path": str(Path(path).resolve()), "artifact_path": artifact_path})
 
+    def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
+        """Log the file `draw(*args)` writes and returns: a figure only the run shows, drawn
+        when the run records (by the sidecar, when one keeps it: after the stage's work)."""
+        if self.active:
+            self.log_artifact(draw(*args), artifact_path)
+
     def log_dict(self, data: Any, name: str) -> None:
         self._do("dict", {"data": data, "name": name})
 

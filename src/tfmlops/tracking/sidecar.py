@@ -267,6 +267,10 @@ class SidecarRun(StageRun):
     def flush(self) -> None:
         """Nothing to wait for here: the sidecar flushes before the model and the end."""
 
+    def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
+        """Drawn by the sidecar (`draw` importable there): not in the stage's time."""
+        self._process.send("draw", (draw, args, artifact_path))
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Log the file or folder as it is now: hard links (copies across filesystems) the
         sidecar reads later, whatever replaces `path` meanwhile (a stage's next run)."""
@@ -539,6 +543,8 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
         kind, body = calls.get()
         if kind == "do":
             run._do(*body)
+        elif kind == "draw":
+            run.log_drawn(*body)
         elif kind == "model":
             job = run.start_saved_keras_model(body)
         elif kind == "model_wait":
