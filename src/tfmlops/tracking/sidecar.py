@@ -24,12 +24,12 @@ priority (NICENESS).
 A stage may also hand its run over and exit before it is in the store (`detach`:
 prepare from the command line, `tracking.wait: false`; its work can take less time
 than MLflow's import). The stage takes its delivery lock (artifacts.DELIVERY_LOCK in
-the run file's folder; a previous run's sidecar may still hold it) and spawns the
-sidecar with it, which keeps it until it exits: the stage never waits for it. That
-sidecar logs to the folder's `tracking.log` from its start (warnings to its stderr
-too), runs niced, imports MLflow only when the run opens (after the stage's work:
-they neither share the cores nor add up in memory), and leaves the stage's process
-group once handed the run. A later stage reading the run file waits for the lock
+the run file's folder; a previous run's sidecar may still hold it) at its start, keeps
+its calls, and starts the sidecar only at its end, handing it the calls and the lock,
+which the sidecar keeps until it exits: the stage never waits for it, and the two
+never share the cores or add up in memory. That sidecar logs to the folder's
+`tracking.log` (warnings to its stderr too), runs niced, and leaves the stage's
+process group once handed the run. A later stage reading the run file waits for the lock
 first (lineage.read_run_file). The
 files the run logs are hard-linked when logged, so a later run of the stage that
 replaces them cannot change what this one uploads.
@@ -82,6 +82,7 @@ EXIT_GRACE_S = 5.0
 # At the run's end the sidecar exits once it ended the run (a model may still upload):
 # past this, the stage kills it; the run is then closed as stale (stale.py).
 END_WAIT_S = 120.0
+PIPE_BYTES = 1 << 20  # a hand-over sidecar's pipe: every call queued before it started
 
 
 class SidecarGone(TrackingUnavailable):
@@ -121,9 +122,7 @@ def discard_early() -> None:
     first): it exits as its pipe closes. A library caller's process keeps none."""
     process, _early["process"] = _early["process"], None
     if process is not None:
-        process.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.proc.wait(10)
+        process.discard()
 
 
 @contextlib.contextmanager
@@ -142,7 +141,7 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
     early, _early["process"] = _early["process"], None
     # One spawned for an earlier stage that failed before its run (a library caller
     # running stages in one process) may have exited: a fresh one then.
-    process = early if early is not None and early.proc.poll() is None else _Process(cfg, hold)
+    process = early if early is not None and early.alive() else _Process(cfg, hold)
     process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir), "facts": facts,
                            "upstream": upstream,
                            "params": params if params is not None else cfg.to_dict(),
@@ -154,15 +153,33 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
 
 
 class _Process:
-    """The sidecar process and its two pipes; log records it sends are logged here."""
+    """The sidecar process and its two pipes; log records it sends are logged here.
+
+    With `hold` (a stage that hands its run over) the process starts only when it is
+    first needed, at the stage's end: the calls wait here until then, so its start-up
+    never shares the cores with the stage's work (`_launch`)."""
 
     def __init__(self, cfg, hold: Path | None = None):
+        self.proc: subprocess.Popen | None = None
+        self._hold = hold
+        self._lock = _take_delivery_lock(hold) if hold is not None else None
+        self._pending: list[tuple[str, Any]] = []
+        self._replies: queue.Queue = queue.Queue()
+        self._gone: str | None = None  # why no reply can come any more, once known
+        if hold is None:
+            self._launch()
+        self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
+
+    def _launch(self) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        lock = _take_delivery_lock(hold) if hold is not None else None
+        if self._pending:  # written at once: a pipe this size never blocks the stage on them
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(to_child_w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        lock = self._lock
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w),
-             *([] if lock is None else [str(lock), str(hold.with_name(DETACHED_LOG))])],
+             *([] if lock is None else [str(lock), str(self._hold.with_name(DETACHED_LOG))])],
             # The stage's stdout is its JSON result: nothing else may write there.
             pass_fds=(to_child_r, from_child_w, *([] if lock is None else [lock])),
             stdout=subprocess.DEVNULL)
@@ -170,22 +187,46 @@ class _Process:
         os.close(from_child_w)
         if lock is not None:  # the sidecar's copy keeps the lock until it exits
             os.close(lock)
+            self._lock = None
         self._out = Connection(to_child_w, readable=False)
         self._in = Connection(from_child_r, writable=False)
-        self._replies: queue.Queue = queue.Queue()
-        self._gone: str | None = None  # why no reply can come any more, once known
         self._reader = threading.Thread(target=self._read, name="tfmlops-sidecar", daemon=True)
         self._reader.start()
-        self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
+        pending, self._pending = self._pending, []
+        for kind, body in pending:
+            self.send(kind, body)
+
+    def launched(self) -> "_Process":
+        if self.proc is None:
+            self._launch()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is None or self.proc.poll() is None
 
     def send(self, kind: str, body: Any) -> None:
+        if self.proc is None:
+            self._pending.append((kind, body))
+            return
         try:
             _send(self._out, kind, body)
         except OSError:  # the sidecar is gone: its reason comes with the next reply
             pass
 
     def close(self) -> None:
+        self.launched()._out.close()
+
+    def discard(self) -> None:
+        """Close a sidecar no run took over: it exits as its pipe closes (one never
+        started just lets its lock go)."""
+        if self.proc is None:
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
+            return
         self._out.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
 
     def _read(self) -> None:
         """Log records as they come; every other reply to the waiting stage. If this
@@ -201,6 +242,7 @@ class _Process:
 
     def reply(self, expected: str) -> Any:
         """The sidecar's reply `expected`; SidecarGone within seconds if none can come."""
+        self.launched()
         kind, body = self._next_reply()
         if kind == expected:
             return body
