@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, machine, scratch_config, tree_rss  # noqa: E402
+from common import ROOT, machine, scratch_config  # noqa: E402
 from photo_set import make_photo_set  # noqa: E402
 
 OUT = ROOT / "reports" / "benchmarks_prepare.json"

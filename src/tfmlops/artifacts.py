@@ -49,7 +49,7 @@ PREPARED_MANIFEST = "prepared/" + MANIFEST  # artifact path of the manifest in p
 DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
 DATA_PROFILE_CLASSES = "data_profile_classes.csv"  # dvc plots: images per class and split
 DATA_PROFILE_FEATURES = "data_profile_features.csv"  # dvc plots: each feature's histogram
-DATA_PROFILE_PNG = "data_profile.png"  # the prepare run's figure (tracking on)
+DATA_PROFILE_PNG = "data_profile.png"  # the prepare run's figure (in the run only)
 
 # -- MLflow tags other stages or the registry read
 TAG_STAGE = "tfmlops.stage"

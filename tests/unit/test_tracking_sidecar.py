@@ -19,6 +19,7 @@ import pytest
 from conftest import child_env, mlflow_client, stage_runs
 from tfmlops import tracking
 from tfmlops.artifacts import MODEL_FILE
+from tfmlops.tuning.report import draw_plots
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -143,6 +144,43 @@ def test_a_stage_that_fails_ends_its_run_failed(tmp_path, make_cfg):
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]
 
 
+@pytest.mark.slow
+def test_nested_runs_kept_by_the_sidecar_are_the_parents_children(tmp_path, make_cfg):
+    """tune's trials: nested runs the sidecar opens, their calls interleaved with the
+    parent's, a later child's id read before an earlier one's, a figure drawn there."""
+    cfg = make_cfg()
+    with tracking.sidecar_run(cfg, "tune", tmp_path / "out", params={"a": 1}) as run:
+        first = run.start_child("trial-1", tags={"tfmlops.tune.trial": "1"})
+        first.log_params({"lr": 0.1})
+        second = run.start_child("trial-2")
+        for step in (0, 1):
+            first.log_metrics({"loss": 1.0 - step / 10}, step=step)
+            second.log_metrics({"loss": 2.0 - step / 10}, step=step)
+            run.log_metrics({"trials": step})
+        second_id = second.run_id  # its reply comes after the first's
+        second.end("FAILED")
+        first.end("FINISHED")
+        rows = [{"trial": 1, "score": 0.5, "status": "COMPLETED", "schedule": "constant",
+                 "learning_rate": 0.01}, {"trial": 2, "score": None, "status": "FAILED"}]
+        run.log_drawn(draw_plots, ("val_accuracy", "random", rows), "plots")
+        first_id = first.run_id
+    client = mlflow_client(cfg)
+    parent = stage_runs(cfg, "tune")
+    (parent,) = [r for r in parent if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_id: r for r in client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    assert set(children) == {first_id, second_id}
+    assert children[first_id].info.run_name == "trial-1"
+    assert children[first_id].info.status == "FINISHED"
+    assert children[second_id].info.status == "FAILED"
+    assert children[first_id].data.params == {"lr": "0.1"}
+    assert children[first_id].data.tags["tfmlops.tune.trial"] == "1"
+    assert [m.value for m in client.get_metric_history(second_id, "loss")] == [2.0, 1.9]
+    assert parent.info.status == "FINISHED"
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "plots")] == [
+        "plots/tune_score_per_trial.png", "plots/tune_score_vs_learning_rate.png"]
+
+
 def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make_cfg):
     cfg = make_cfg()
     script = textwrap.dedent(f"""
@@ -152,25 +190,30 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
         cfg = load_config({str(tmp_path / "params.yaml")!r})
         with tracking.sidecar_run(cfg, "train", {str(tmp_path / "out")!r}, params={{"a": 1}}) as run:
             run.log_metrics({{"loss": 0.5}}, step=1)
-            print("training", flush=True)
+            trial = run.start_child("trial-1")  # tune's trial, open when the stage dies
+            print("training", trial.run_id, flush=True)
             time.sleep(600)
     """)
     stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path,
                              stdout=subprocess.PIPE, text=True)
-    assert stage.stdout.readline().strip() == "training"
+    said, child_id = stage.stdout.readline().split()
+    assert said == "training"
     deadline = time.monotonic() + 120
     while not stage_runs(cfg, "train") and time.monotonic() < deadline:
         time.sleep(0.5)  # the sidecar opens the run
     os.kill(stage.pid, signal.SIGKILL)
     stage.wait()
     while time.monotonic() < deadline:
-        (run,) = stage_runs(cfg, "train")
+        (run,) = [r for r in stage_runs(cfg, "train") if "mlflow.parentRunId" not in r.data.tags]
         if run.info.status != "RUNNING":
             break
         time.sleep(0.5)
     assert run.info.status == "KILLED"
     history = mlflow_client(cfg).get_metric_history(run.info.run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+    trial = mlflow_client(cfg).get_run(child_id)
+    assert trial.info.status == "KILLED"
+    assert trial.data.tags["mlflow.parentRunId"] == run.info.run_id
 
 
 def test_a_sidecar_run_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):

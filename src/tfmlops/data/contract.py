@@ -18,7 +18,6 @@ from tfmlops.artifacts import (
     DATA_PROFILE,
     DATA_PROFILE_CLASSES,
     DATA_PROFILE_FEATURES,
-    DATA_PROFILE_PNG,
 )
 from tfmlops.data.drift import anomalies, read_reference
 from tfmlops.data.leakage import find_leakage
@@ -122,5 +121,4 @@ def log_profile(cfg, run) -> None:
 
     reports = Path(cfg.paths.reports)
     run.log_artifact(reports / DATA_PROFILE, "data_profile")
-    run.log_drawn(draw_profile, (reports / DATA_PROFILE, reports / DATA_PROFILE_PNG),
-                  "data_profile")
+    run.log_drawn(draw_profile, (reports / DATA_PROFILE,), "data_profile")

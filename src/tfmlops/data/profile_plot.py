@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tfmlops.artifacts import DATA_PROFILE_PNG
 from tfmlops.data.images import SPLITS
 from tfmlops.data.profile import CATEGORIES, EDGES, bin_labels, split_histograms
 
@@ -41,11 +42,11 @@ def _shares(values: list[int]) -> list[float]:
     return [v / total for v in values]
 
 
-def draw_profile(profile_json: Path, path: Path) -> Path:
-    """`plot_profile` of the profile file `profile_json` (what a tracking sidecar calls)."""
+def draw_profile(profile_json: Path, folder: Path) -> Path:
+    """`plot_profile` of the profile file `profile_json` into `folder` (run.log_drawn)."""
     import json
 
-    return plot_profile(json.loads(Path(profile_json).read_text()), path)
+    return plot_profile(json.loads(Path(profile_json).read_text()), folder / DATA_PROFILE_PNG)
 
 
 def plot_profile(summary: dict, path: Path) -> Path:

@@ -45,11 +45,13 @@ def run(cfg: Config) -> dict[str, Any]:
     if role == "worker":
         return _run_worker(cfg)
 
-    from tfmlops.tuning import tuner  # keras-tuner, Keras, TensorFlow
-
     key = search_key(cfg)
+    # The run and its trials' nested runs are kept by the sidecar, which imports MLflow
+    # while this process imports TensorFlow (in the block).
     with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": run_dir(cfg, "prepare")},
-                       params=_params(cfg)) as st:
+                       params=_params(cfg), sidecar=True) as st:
+        from tfmlops.tuning import tuner  # keras-tuner, Keras, TensorFlow
+
         out, parent = st.out, st.run
         parent.set_tags({TAG_TUNE_SEARCH: key, "tfmlops.tune.role": role,
                          "tfmlops.tune.tuner": cfg.tune.tuner})

@@ -7,8 +7,9 @@ and `attach_run` (a tuner worker records into the run its chief opened).
 
 What keeps tracking cheap (issue 16): the model is logged in a thread
 (`start_keras_model`) while the stage works on, with its signature given so MLflow
-does not reload the model to validate the input example. `train` and `prepare`
-keep their runs in a separate process (sidecar.py), so theirs never import MLflow. Metrics,
+does not reload the model to validate the input example. `prepare`, `tune`,
+`train`, `prune` and `quantize` keep their runs in a separate process (sidecar.py),
+so theirs never import MLflow. Metrics,
 params and tags can be sent asynchronously (MLflow's async logging, flushed before
 the run ends, a failed batch going through the retry/outbox path like any call),
 but `stage_run` sends them synchronously by default: MLflow's async queue made
@@ -25,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -124,10 +126,13 @@ class StageRun:
             self._do("artifact", {"path": str(Path(path).resolve()), "artifact_path": artifact_path})
 
     def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
-        """Log the file `draw(*args)` writes and returns: a figure only the run shows, drawn
-        when the run records (by the sidecar, when one keeps it: after the stage's work)."""
+        """Log what `draw(*args, folder)` writes into a scratch `folder` and returns (a
+        file or a folder): figures only the run shows, drawn when the run records (by
+        the sidecar, when one keeps it: out of the stage's time). Sent or queued (the
+        outbox keeps a copy) before the folder goes."""
         if self.active:
-            self.log_artifact(draw(*args), artifact_path)
+            with tempfile.TemporaryDirectory(prefix="tfmlops-drawn-") as folder:
+                self.log_artifact(draw(*args, Path(folder)), artifact_path)
 
     def log_dict(self, data: Any, name: str) -> None:
         self._do("dict", {"data": data, "name": name})

@@ -8,7 +8,9 @@ while it imports: a second process does the same work there, and the training
 process never imports MLflow. Once the run is open, the sidecar runs at a lower
 priority (NICENESS).
 
-- `SidecarRun` (the stage's side): the `StageRun` interface train uses. Calls are
+- `SidecarRun` (the stage's side): the `StageRun` interface the stages use, with
+  nested runs (`SidecarChild`, tune's trials: the sidecar opens them; a child's
+  `run_id` waits for its reply, which may come among others). Calls are
   sent over a pipe and return at once; the model goes as its saved file plus what
   `keras_file.describe` took from it. The run's opening, the model's logging and
   the end are waited for, so the run file is written before the outputs move, a
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import pickle
@@ -83,6 +86,8 @@ EXIT_GRACE_S = 5.0
 # past this, the stage kills it; the run is then closed as stale (stale.py).
 END_WAIT_S = 120.0
 PIPE_BYTES = 1 << 20  # a hand-over sidecar's pipe: every call queued before it started
+# Replies after which no other comes: the stage raises (`_Process.reply`).
+_ENDS_REPLIES = {"unavailable", "failed", "reader failed", _EOF[0]}
 
 
 class SidecarGone(TrackingUnavailable):
@@ -166,6 +171,7 @@ class _Process:
         self._pending: list[tuple[str, Any]] = []
         self._replies: queue.Queue = queue.Queue()
         self._gone: str | None = None  # why no reply can come any more, once known
+        self._early: dict[Any, Any] = {}  # replies read while waiting for another one
         if hold is None:
             self._launch()
         self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
@@ -196,7 +202,7 @@ class _Process:
         for kind, body in pending:
             self.send(kind, body)
 
-    def launched(self) -> "_Process":
+    def launched(self) -> _Process:
         if self.proc is None:
             self._launch()
         return self
@@ -240,12 +246,20 @@ class _Process:
         except BaseException as exc:  # noqa: BLE001 - handed to the stage, which raises it
             self._replies.put(("reader failed", f"{type(exc).__name__}: {first_line(exc)}"))
 
-    def reply(self, expected: str) -> Any:
-        """The sidecar's reply `expected`; SidecarGone within seconds if none can come."""
+    def reply(self, expected: str, child: int | None = None) -> Any:
+        """The sidecar's reply `expected` (`child`: the run id of that nested run, whose
+        reply may have come among others); SidecarGone within seconds if none can come."""
         self.launched()
-        kind, body = self._next_reply()
-        if kind == expected:
-            return body
+        wanted = (expected, child) if child is not None else expected
+        while wanted not in self._early:
+            kind, body = self._next_reply()
+            if kind in _ENDS_REPLIES:
+                break
+            # in order for their own waits (a nested run's id is read whenever it is)
+            self._early[(kind, body[0]) if kind == "child" else kind] = body
+        else:
+            body = self._early.pop(wanted)
+            return body[1] if child is not None else body
         if kind == "unavailable":
             raise TrackingUnavailable(body)
         if kind == "failed":
@@ -298,6 +312,7 @@ class SidecarRun(StageRun):
         self._process = process
         self._model_dir = Path(tempfile.mkdtemp(prefix="tfmlops-model-"))
         self._detach_log = detach_log  # set: a FINISHED end hands the run over (module doc)
+        self._children = itertools.count(1)
 
     @property
     def active(self) -> bool:
@@ -316,15 +331,25 @@ class SidecarRun(StageRun):
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Log the file or folder as it is now: hard links (copies across filesystems) the
         sidecar reads later, whatever replaces `path` meanwhile (a stage's next run)."""
+        if Path(path).exists():
+            super().log_artifact(self.keep(path), artifact_path)
+
+    def keep(self, path: str | Path) -> Path:
+        """A hard-linked (or copied) twin of `path` that lives until the run has ended."""
         source = Path(path)
-        if not source.exists():
-            return
         kept = Path(tempfile.mkdtemp(dir=self._model_dir)) / source.name
         if source.is_dir():
             shutil.copytree(source, kept, copy_function=_link_or_copy)
         else:
             _link_or_copy(source, kept)
-        super().log_artifact(kept, artifact_path)
+        return kept
+
+    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> SidecarChild:
+        """A nested run (a tuner's trial), opened by the sidecar: its calls follow the
+        parent's on the same pipe, so they reach the store in the order they were made."""
+        key = next(self._children)
+        self._process.send("child", {"key": key, "name": name, "tags": tags})
+        return SidecarChild(self, key)
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
         raise NotImplementedError(f"{op}: not available in a run kept by the tracking sidecar")
@@ -390,6 +415,50 @@ class SidecarRun(StageRun):
         log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
                  "log %s); later stages wait for it", self.stage, self._process.proc.pid,
                  self._detach_log)
+
+
+class SidecarChild(StageRun):
+    """The stage's side of a nested run the sidecar opened (`SidecarRun.start_child`).
+    Its `run_id` is the store's, read from the sidecar's reply when first asked for."""
+
+    def __init__(self, parent: SidecarRun, key: int):
+        self._parent, self._key, self._id = parent, key, None
+        super().__init__(parent.cfg, parent.stage, None, None)
+
+    @property
+    def run_id(self) -> str | None:
+        if self._id is None:
+            self._id = self._parent._process.reply("child", self._key)
+        return self._id
+
+    @run_id.setter
+    def run_id(self, value: str | None) -> None:
+        self._id = value
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def _do(self, op: str, payload: dict[str, Any]) -> None:
+        self._parent._process.send("do", (op, payload, self._key))
+
+    def flush(self) -> None:
+        """The sidecar sends each call in order; nothing waits here."""
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            super().log_artifact(self._parent.keep(path), artifact_path)
+
+    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        raise NotImplementedError(f"{op}: not available in a nested run of the tracking sidecar")
+
+    def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
+        raise NotImplementedError("a nested run of the tracking sidecar has no nested runs")
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.ended is None:
+            self.ended = status
+            self._parent._process.send("child_end", (self._key, status))
 
 
 def _take_delivery_lock(path: Path) -> int:
@@ -579,27 +648,40 @@ def _warm(uri: str, experiment: str) -> None:
 
 
 def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
-    """Apply the stage's calls until it ends the run; the status it ended with."""
+    """Apply the stage's calls until it ends the run; the status it ended with. Nested
+    runs the stage left open (it died, or failed between a trial's start and end) end
+    KILLED with it."""
     job = None
-    while True:
-        kind, body = calls.get()
-        if kind == "do":
-            run._do(*body)
-        elif kind == "draw":
-            run.log_drawn(*body)
-        elif kind == "model":
-            job = run.start_saved_keras_model(body)
-        elif kind == "model_wait":
-            try:
-                replies.send("model", job.wait(body))
-            except Exception as exc:  # noqa: BLE001 - raised in the stage, not here
-                replies.send("failed", f"logging the model failed: {exc}")
-            job = None
-        elif kind == "end":
-            faults.point("sidecar.end")  # a test holds a detached delivery here (SIGSTOP)
-            return body
-        else:  # the stage is gone without ending its run
-            raise KeyboardInterrupt
+    children: dict[int, StageRun] = {}
+    try:
+        while True:
+            kind, body = calls.get()
+            if kind == "do":
+                op, payload, *child = body
+                (children[child[0]] if child else run)._do(op, payload)
+            elif kind == "child":
+                nested = children[body["key"]] = run.start_child(body["name"], body["tags"])
+                replies.send("child", (body["key"], nested.run_id))
+            elif kind == "child_end":
+                children.pop(body[0]).end(body[1])
+            elif kind == "draw":
+                run.log_drawn(*body)
+            elif kind == "model":
+                job = run.start_saved_keras_model(body)
+            elif kind == "model_wait":
+                try:
+                    replies.send("model", job.wait(body))
+                except Exception as exc:  # noqa: BLE001 - raised in the stage, not here
+                    replies.send("failed", f"logging the model failed: {exc}")
+                job = None
+            elif kind == "end":
+                faults.point("sidecar.end")  # a test holds a detached delivery here (SIGSTOP)
+                return body
+            else:  # the stage is gone without ending its run
+                raise KeyboardInterrupt
+    finally:
+        for nested in children.values():
+            nested.end("KILLED")
 
 
 def main(argv: list[str]) -> int:

@@ -34,6 +34,9 @@ MLflow: the stage's run is the parent; each trial is a nested child run with
 its hyperparameters as params, per-epoch metrics, and status FAILED when the
 trial failed (the search goes on). The parent logs the best values and score,
 the trials CSV, plots, and a TensorFlow Profiler trace of the first trial run.
+On the chief the run and its nested runs are kept by the tracking sidecar
+(tracking/sidecar.py): tune's process never imports MLflow or matplotlib (the
+plots are drawn there).
 
 Distributed search (keras-tuner's own mode, KERASTUNER_TUNER_ID /
 KERASTUNER_ORACLE_IP / KERASTUNER_ORACLE_PORT): the chief ("chief" in the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from tfmlops import tracking
@@ -58,14 +59,18 @@ def trial_rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
 
 
 def log_plots(parent: tracking.StageRun, cfg: Config, rows: list[dict[str, Any]]) -> None:
-    """Score per trial (with the best so far) and score against learning rate."""
-    if not parent.active:
-        return
+    """Score per trial (with the best so far) and score against learning rate, as
+    `plots/` of the run: drawn by its tracking sidecar (matplotlib is not imported here)."""
+    parent.log_drawn(draw_plots, (cfg.tune.objective, cfg.tune.tuner, rows), "plots")
+
+
+def draw_plots(objective: str, tuner: str, rows: list[dict[str, Any]], folder: Path) -> Path:
+    """The two figures of `log_plots` as PNGs in `folder`."""
     from matplotlib.figure import Figure
 
     done = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
     failed = [r for r in rows if r["status"] != "COMPLETED"]
-    better = max if "accuracy" in cfg.tune.objective else min
+    better = max if "accuracy" in objective else min
     best_so_far, running = [], None
     for r in done:
         running = r["score"] if running is None else better(running, r["score"])
@@ -78,10 +83,10 @@ def log_plots(parent: tracking.StageRun, cfg: Config, rows: list[dict[str, Any]]
             label="best so far")
     for r in failed:
         ax.axvline(r["trial"], color="C3", alpha=0.3, linestyle=":")
-    ax.set(xlabel="trial", ylabel=cfg.tune.objective,
-           title=f"{cfg.tune.tuner}: score per trial" + (" (dotted: failed)" if failed else ""))
+    ax.set(xlabel="trial", ylabel=objective,
+           title=f"{tuner}: score per trial" + (" (dotted: failed)" if failed else ""))
     ax.legend()
-    parent.log_figure(fig, "plots/tune_score_per_trial.png")
+    fig.savefig(folder / "tune_score_per_trial.png")
 
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
@@ -90,7 +95,8 @@ def log_plots(parent: tracking.StageRun, cfg: Config, rows: list[dict[str, Any]]
         ax.scatter([r["learning_rate"] for r in pts], [r["score"] for r in pts],
                    color=f"C{i}", label=schedule)
     ax.set_xscale("log")
-    ax.set(xlabel="peak learning rate", ylabel=cfg.tune.objective,
+    ax.set(xlabel="peak learning rate", ylabel=objective,
            title="score against learning rate, by schedule")
     ax.legend()
-    parent.log_figure(fig, "plots/tune_score_vs_learning_rate.png")
+    fig.savefig(folder / "tune_score_vs_learning_rate.png")
+    return folder
