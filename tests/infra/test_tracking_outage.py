@@ -16,6 +16,7 @@ from conftest import VENV_BIN, child_env, free_port, mlflow_client, run_cli
 from tfmlops import tracking
 from tfmlops.artifacts import MODEL_FILE
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tuning.report import draw_plots
 
 
 def test_unreachable_server_stops_the_stage_before_any_work(tmp_path, make_cfg):
@@ -236,6 +237,10 @@ def test_child_runs_opened_while_the_store_is_away_are_queued_and_synced(tmp_pat
                 trial.log_metrics({"val_accuracy": 0.75}, step=1)
                 with trial.child("finalist") as nested:  # a child of a queued child
                     nested.log_metrics({"score": 0.5})
+            # drawn into a scratch folder that is gone once queued: the outbox keeps a copy
+            rows = [{"trial": 0, "score": 0.75, "status": "COMPLETED", "schedule": "constant",
+                     "learning_rate": 0.01}]
+            parent.log_drawn(draw_plots, ("val_accuracy", "random", rows), "plots")
         assert trial.run_id.startswith("pending-") and trial.queued >= 3
         (queue,) = (Path(cfg.paths.reports) / "outbox").glob("*.jsonl")
         entries = [json.loads(line) for line in queue.read_text().splitlines()]
@@ -257,5 +262,7 @@ def test_child_runs_opened_while_the_store_is_away_are_queued_and_synced(tmp_pat
             [exp], f"tags.`mlflow.parentRunId` = '{child.info.run_id}'")
         assert grandchild.data.metrics["score"] == 0.5
         assert grandchild.info.status == "FINISHED"
+        assert [a.path for a in client.list_artifacts(parent.run_id, "plots")] == [
+            "plots/tune_score_per_trial.png", "plots/tune_score_vs_learning_rate.png"]
     finally:
         server.kill()

@@ -10,11 +10,15 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import child_env, mlflow_client, stage_runs
 from tfmlops import tracking
@@ -179,6 +183,34 @@ def test_nested_runs_kept_by_the_sidecar_are_the_parents_children(tmp_path, make
     assert parent.info.status == "FINISHED"
     assert [a.path for a in client.list_artifacts(parent.info.run_id, "plots")] == [
         "plots/tune_score_per_trial.png", "plots/tune_score_vs_learning_rate.png"]
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_each_nested_run_gets_its_own_id_whatever_order_the_ids_are_read(tmp_path, make_cfg,
+                                                                         data):
+    """The stage reads replies in whatever order it asks for them (the run's opening, the
+    children's ids): each wait gets its own reply, none is lost or swapped."""
+    n = data.draw(st.integers(1, 4))
+    order = data.draw(st.permutations([*range(n), "opened"]))
+    cfg = make_cfg(workdir=Path(tempfile.mkdtemp(dir=tmp_path)))
+    with tracking.sidecar_run(cfg, "tune", tmp_path / "out") as run:
+        children = [run.start_child(f"trial-{i}") for i in range(n)]
+        ids = {}
+        for which in order:
+            if which == "opened":
+                run.wait_open()
+            else:
+                ids[which] = children[which].run_id
+        for child in children:
+            child.end("FINISHED")
+    client = mlflow_client(cfg)
+    assert {i: client.get_run(ids[i]).info.run_name for i in range(n)} == {
+        i: f"trial-{i}" for i in range(n)}
+    assert {client.get_run(ids[i]).data.tags["mlflow.parentRunId"] for i in range(n)} == {
+        run.run_id}
 
 
 def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make_cfg):

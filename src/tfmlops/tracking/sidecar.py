@@ -171,7 +171,8 @@ class _Process:
         self._pending: list[tuple[str, Any]] = []
         self._replies: queue.Queue = queue.Queue()
         self._gone: str | None = None  # why no reply can come any more, once known
-        self._early: dict[Any, Any] = {}  # replies read while waiting for another one
+        # replies read while waiting for another one: {(kind, nested run's key): body}
+        self._early: dict[tuple[str, int | None], Any] = {}
         if hold is None:
             self._launch()
         self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
@@ -250,16 +251,16 @@ class _Process:
         """The sidecar's reply `expected` (`child`: the run id of that nested run, whose
         reply may have come among others); SidecarGone within seconds if none can come."""
         self.launched()
-        wanted = (expected, child) if child is not None else expected
+        wanted = (expected, child)
         while wanted not in self._early:
             kind, body = self._next_reply()
             if kind in _ENDS_REPLIES:
                 break
-            # in order for their own waits (a nested run's id is read whenever it is)
-            self._early[(kind, body[0]) if kind == "child" else kind] = body
+            # kept for their own waits (a nested run's id is read whenever it is)
+            key, body = ((kind, body[0]), body[1]) if kind == "child" else ((kind, None), body)
+            self._early[key] = body
         else:
-            body = self._early.pop(wanted)
-            return body[1] if child is not None else body
+            return self._early.pop(wanted)
         if kind == "unavailable":
             raise TrackingUnavailable(body)
         if kind == "failed":
@@ -304,45 +305,53 @@ class _Process:
                 self._in.close()
 
 
-class SidecarRun(StageRun):
-    """The stage's side of a run opened and recorded by the sidecar process."""
+class _PipedRun(StageRun):
+    """A run whose calls go down the sidecar's pipe, in order: the stage's run, or one
+    of its nested runs (`child`: the key the sidecar knows it by)."""
 
-    def __init__(self, cfg, stage: str, process: _Process, detach_log: Path | None = None):
+    def __init__(self, cfg, stage: str, process: _Process, model_dir: Path,
+                 child: int | None = None):
         super().__init__(cfg, stage, None, None)
-        self._process = process
-        self._model_dir = Path(tempfile.mkdtemp(prefix="tfmlops-model-"))
-        self._detach_log = detach_log  # set: a FINISHED end hands the run over (module doc)
-        self._children = itertools.count(1)
+        self._process, self._model_dir, self._child = process, model_dir, child
 
     @property
     def active(self) -> bool:
         return True
 
     def _do(self, op: str, payload: dict[str, Any]) -> None:
-        self._process.send("do", (op, payload))
+        self._process.send("do", (op, payload, self._child))
 
     def flush(self) -> None:
         """Nothing to wait for here: the sidecar flushes before the model and the end."""
 
-    def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
-        """Drawn by the sidecar (`draw` importable there): not in the stage's time."""
-        self._process.send("draw", (draw, args, artifact_path))
-
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Log the file or folder as it is now: hard links (copies across filesystems) the
         sidecar reads later, whatever replaces `path` meanwhile (a stage's next run)."""
-        if Path(path).exists():
-            super().log_artifact(self.keep(path), artifact_path)
-
-    def keep(self, path: str | Path) -> Path:
-        """A hard-linked (or copied) twin of `path` that lives until the run has ended."""
         source = Path(path)
+        if not source.exists():
+            return
         kept = Path(tempfile.mkdtemp(dir=self._model_dir)) / source.name
         if source.is_dir():
             shutil.copytree(source, kept, copy_function=_link_or_copy)
         else:
             _link_or_copy(source, kept)
-        return kept
+        super().log_artifact(kept, artifact_path)
+
+    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
+        raise NotImplementedError(f"{op}: not available in a run kept by the tracking sidecar")
+
+
+class SidecarRun(_PipedRun):
+    """The stage's side of a run opened and recorded by the sidecar process."""
+
+    def __init__(self, cfg, stage: str, process: _Process, detach_log: Path | None = None):
+        super().__init__(cfg, stage, process, Path(tempfile.mkdtemp(prefix="tfmlops-model-")))
+        self._detach_log = detach_log  # set: a FINISHED end hands the run over (module doc)
+        self._children = itertools.count(1)
+
+    def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
+        """Drawn by the sidecar (`draw` importable there): not in the stage's time."""
+        self._process.send("draw", (draw, args, artifact_path))
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> SidecarChild:
         """A nested run (a tuner's trial), opened by the sidecar: its calls follow the
@@ -350,9 +359,6 @@ class SidecarRun(StageRun):
         key = next(self._children)
         self._process.send("child", {"key": key, "name": name, "tags": tags})
         return SidecarChild(self, key)
-
-    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
-        raise NotImplementedError(f"{op}: not available in a run kept by the tracking sidecar")
 
     def start_keras_model(self, model, saved_path: str | Path | None = None,
                           input_example=None, **kwargs) -> SidecarModel:
@@ -417,40 +423,23 @@ class SidecarRun(StageRun):
                  self._detach_log)
 
 
-class SidecarChild(StageRun):
+class SidecarChild(_PipedRun):
     """The stage's side of a nested run the sidecar opened (`SidecarRun.start_child`).
     Its `run_id` is the store's, read from the sidecar's reply when first asked for."""
 
     def __init__(self, parent: SidecarRun, key: int):
-        self._parent, self._key, self._id = parent, key, None
-        super().__init__(parent.cfg, parent.stage, None, None)
+        self._id = None
+        super().__init__(parent.cfg, parent.stage, parent._process, parent._model_dir, key)
 
     @property
     def run_id(self) -> str | None:
         if self._id is None:
-            self._id = self._parent._process.reply("child", self._key)
+            self._id = self._process.reply("child", self._child)
         return self._id
 
     @run_id.setter
     def run_id(self, value: str | None) -> None:
         self._id = value
-
-    @property
-    def active(self) -> bool:
-        return True
-
-    def _do(self, op: str, payload: dict[str, Any]) -> None:
-        self._parent._process.send("do", (op, payload, self._key))
-
-    def flush(self) -> None:
-        """The sidecar sends each call in order; nothing waits here."""
-
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        if Path(path).exists():
-            super().log_artifact(self._parent.keep(path), artifact_path)
-
-    def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
-        raise NotImplementedError(f"{op}: not available in a nested run of the tracking sidecar")
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
         raise NotImplementedError("a nested run of the tracking sidecar has no nested runs")
@@ -458,7 +447,7 @@ class SidecarChild(StageRun):
     def end(self, status: str = "FINISHED") -> None:
         if self.ended is None:
             self.ended = status
-            self._parent._process.send("child_end", (self._key, status))
+            self._process.send("child_end", (self._child, status))
 
 
 def _take_delivery_lock(path: Path) -> int:
@@ -657,8 +646,8 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
         while True:
             kind, body = calls.get()
             if kind == "do":
-                op, payload, *child = body
-                (children[child[0]] if child else run)._do(op, payload)
+                op, payload, child = body
+                (run if child is None else children[child])._do(op, payload)
             elif kind == "child":
                 nested = children[body["key"]] = run.start_child(body["name"], body["tags"])
                 replies.send("child", (body["key"], nested.run_id))
