@@ -160,9 +160,11 @@ def free_port() -> int:
 
 
 def child_env() -> dict[str, str]:
-    """This process's environment for a subprocess, minus the tracking URI that
-    mlflow.set_tracking_uri exported here (a child must pick its own store)."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    """This process's environment for a subprocess, minus what MLflow exported here: the
+    tracking URI (mlflow.set_tracking_uri) and the experiment id (mlflow.set_experiment,
+    which `mlflow run --experiment-name` refuses beside its option). A child picks its own."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
     return env
 
