@@ -156,7 +156,9 @@ def test_stored_split_evaluation_does_not_grow_with_the_split(splits):
     peaks = {}
     for name, prepared in (("1x", one), ("4x", four)):
         split = StoredSplit.of(prepared, batch_size=64)
-        peaks[name] = {"evaluate": _peak(lambda s=split: evaluate(s)),
+        # the smaller of two runs: one-off allocations (a pipeline's first build, a
+        # thread of TensorFlow's) land in whichever split runs first, not in the split's size
+        peaks[name] = {"evaluate": min(_peak(lambda s=split: evaluate(s)) for _ in range(2)),
                        "whole": _peak(lambda s=split: s.arrays())}
     print(peaks)
     assert peaks["4x"]["whole"] > 3 * peaks["1x"]["whole"]
