@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,9 +86,9 @@ def pil_loop(files: list[Path]) -> tuple[float, float]:
 def timed_prepare(params: Path, env: dict | None = None) -> dict:
     """Run `tfmlops prepare` in its own process (`env`: its environment, e.g. another
     checkout's PYTHONPATH): wall seconds until it exits (what `dvc repro` waits for
-    before the next stage), until its run is delivered (its output pipes close: the
-    tracking sidecar, which may deliver after prepare exits, holds stderr), peak RSS and
-    CPU seconds of the whole tree, that sidecar included, and its metrics."""
+    before the next stage), until its run is delivered (the tracking sidecar it handed
+    the run to, named in its hand-over line, has exited), peak RSS and CPU seconds of
+    the whole tree, that sidecar included, and its metrics."""
     import resource
 
     import psutil
@@ -99,15 +100,17 @@ def timed_prepare(params: Path, env: dict | None = None) -> dict:
                              text=True, env=env)
     seen: dict[int, psutil.Process] = {}  # every process of the tree, kept past its parent
     cpu: dict[int, float] = {}
-    peak, wall, output, detached = 0, None, {}, set()
+    peak, output, exited = 0, {}, {}
     reader = threading.Thread(target=lambda: output.update(zip(("out", "err"), child.communicate(),
                                                                 strict=True)))
+    # The exit, timed where it happens (the sampling loop below sees it up to 50 ms late).
+    waiter = threading.Thread(target=lambda: (child.wait(),
+                                              exited.setdefault("s", time.perf_counter() - started)))
     reader.start()
-    while reader.is_alive():
-        if wall is None and child.poll() is not None:
-            wall = time.perf_counter() - started
-            # alive past prepare (its detached tracking sidecar): not in its rusage
-            detached = {pid for pid, p in seen.items() if pid != child.pid and p.is_running()}
+    waiter.start()
+
+    def sample() -> None:
+        nonlocal peak
         with contextlib.suppress(psutil.Error):
             root = seen.setdefault(child.pid, psutil.Process(child.pid))
             for p in root.children(recursive=True):
@@ -122,21 +125,43 @@ def timed_prepare(params: Path, env: dict | None = None) -> dict:
             except psutil.Error:
                 seen.pop(pid)
         peak = max(peak, rss)
+
+    while reader.is_alive():  # the stage's pipes close as it exits
+        sample()
         time.sleep(0.05)
-    reader.join()
-    delivered = time.perf_counter() - started
-    wall = wall if wall is not None else delivered
+    waiter.join()
+    wall = exited["s"]
     if child.returncode:
         raise RuntimeError(f"tfmlops prepare failed:\n{output.get('err', '')[-3000:]}")
+    # The sidecar that delivers the run after prepare exited (tracking.wait: false): its
+    # memory and CPU count, until it exits (a sample may miss its last 50 ms).
+    handed = re.search(r"background process \(pid (\d+)", output["err"])
+    detached = {int(handed.group(1))} if handed else set()
+    for pid in detached:
+        with contextlib.suppress(psutil.Error):
+            seen.setdefault(pid, psutil.Process(pid))
+    while any(_alive(seen.get(pid)) for pid in detached):
+        sample()
+        time.sleep(0.05)
+    delivered = time.perf_counter() - started
     metrics = json.loads(output["out"].strip().splitlines()[-1])
     # prepare and what it waited for (its pool, a sidecar it waited for), exactly; a
-    # sidecar that delivered after prepare exited, by its last sample (it may miss 50 ms).
+    # sidecar that delivered after prepare exited, by its last sample.
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - cpu_before.ru_utime) + (after.ru_stime - cpu_before.ru_stime)
     cpu_s += sum(cpu.get(pid, 0.0) for pid in detached)
     return {"wall_s": round(wall, 2), "delivered_s": round(delivered, 2), "cpu_s": round(cpu_s, 2),
             "cores_used": round(cpu_s / delivered, 2), "peak_rss_mb": round(peak / 2**20, 1),
             "metrics": metrics}
+
+
+def _alive(process) -> bool:
+    import psutil
+
+    try:
+        return process is not None and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def configure(workdir: Path, image_dir: Path) -> Path:

@@ -72,17 +72,23 @@ def timed(stage: str, params: Path, workdir: Path, env: dict[str, str]) -> float
     """Seconds until `tfmlops <stage>` exits: what `dvc repro` waits for before the next
     stage. prepare's tracking sidecar may deliver its run after that (tracking.wait:
     false); its delivery is waited for before the next run, and printed."""
+    from tfmlops.artifacts import run_dir
+    from tfmlops.config import load_config
+    from tfmlops.tracking.lineage import wait_delivered
+
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "tfmlops", "-q", "--params", str(params), stage],
                             cwd=workdir, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    # stderr read in a thread: the sidecar that delivers after the exit holds it open
+    # stderr read in a thread: the stage must never block on a full pipe
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))
     reader.start()
     proc.wait()
     seconds = time.perf_counter() - start
     reader.join()
+    # as a later stage does: the sidecar that delivers after the exit holds the lock
+    wait_delivered(run_dir(load_config(params), stage))
     delivered = time.perf_counter() - start
     if delivered - seconds > 0.05:
         print(f"  {stage} ({params.name}): exited at {seconds:.2f} s, its run delivered at "

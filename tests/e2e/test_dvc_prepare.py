@@ -8,13 +8,17 @@ import pytest
 import yaml
 
 from conftest import dvc, git, relative_tiny_params, scratch_repo
+from tfmlops.tracking.lineage import wait_delivered
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def prepare_runs(repo: Path):
+    """prepare's runs, once the last one is delivered (its sidecar delivers after
+    `dvc repro` returns; a later stage waits for it the same way)."""
     import mlflow
 
+    assert wait_delivered(repo / "reports" / "prepare", timeout_s=120)
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tfmlops")
     return client.search_runs([exp.experiment_id], "tags.`tfmlops.stage` = 'prepare'")

@@ -15,6 +15,7 @@ from live_services import libpq_uri, mlflow_server, postgres_cluster
 
 from conftest import run_cli
 from tfmlops.artifacts import DATA_VERSION, MANIFEST, RUN_FILE, TAG_DATA_VERSION, run_dir
+from tfmlops.tracking.lineage import wait_delivered
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(900)]
 
@@ -38,6 +39,7 @@ def test_stage_runs_unchanged_against_postgres_server(tmp_path, make_cfg, shared
     env = {"MLFLOW_TRACKING_URI": shared_server.url}
     run_cli("materialize", cwd=work, env=env)
     run_cli("prepare", cwd=work, env=env)
+    assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=120)  # it exits before that
 
     client = mlflow.MlflowClient(shared_server.url)
     exp = client.get_experiment_by_name(experiment)

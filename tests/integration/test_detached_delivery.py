@@ -3,7 +3,8 @@ tracking that does not wait; tracking.wait: false). Real processes, real MLflow 
 temp SQLite store: the stage's process has exited while its sidecar, held by SIGSTOP
 just before it ends the run, still delivers; a reader of the run file (a later stage's
 lineage) waits for it; once it goes on, the run is FINISHED with everything prepare
-logged, its log is in reports/prepare/tracking.log and its hard links are gone. A
+logged, its log is in reports/prepare/tracking.log and its hard links are gone; its
+sidecar never holds the stage's output pipes (a `| tee` or a CI runner would wait). A
 sidecar killed in the middle leaves a run the next prepare closes KILLED."""
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ def _held_prepare(tmp_path: Path, make_cfg):
     temp.mkdir()
     env = {**child_env(), "TFMLOPS_FAULT": "sidecar.end", "TFMLOPS_FAULT_SIGNAL": "SIGSTOP",
            "TMPDIR": str(temp)}
-    log = tmp_path / "prepare.log"  # a file, not a pipe: the sidecar outlives the stage
-    with log.open("w") as out:
-        proc = subprocess.run([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=env,
-                              stdout=out, stderr=out, timeout=240)
-    text = log.read_text()
+    # Pipes, as `tfmlops prepare 2>&1 | tee` or a CI runner reads it: the sidecar, stopped
+    # before it delivers, must not keep them open (it writes to tracking.log instead).
+    proc = subprocess.run([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     pid = int(re.search(r"background process \(pid (\d+)", text).group(1))
     sidecar = psutil.Process(pid)
@@ -81,8 +82,9 @@ def test_a_sidecar_killed_mid_delivery_leaves_a_run_the_next_prepare_closes(tmp_
     sidecar.wait(10)
     assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=5)  # the kernel freed its lock
     proc = subprocess.run([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=child_env(),
-                          capture_output=True, text=True, timeout=240)  # pipes: waits for it
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=120)
     runs = stage_runs(cfg, "prepare")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"], runs
     assert read_run_file(run_dir(cfg, "prepare"))["run_id"] == next(

@@ -30,7 +30,8 @@ the run file's folder; a previous run's sidecar may still hold it) at its start,
 its calls, and starts the sidecar only at its end, handing it the calls and the lock,
 which the sidecar keeps until it exits: the stage never waits for it, and the two
 never share the cores or add up in memory. That sidecar logs to the folder's
-`tracking.log` (warnings to its stderr too), runs niced, and leaves the stage's
+`tracking.log` (warnings to its stderr too, unless that is a pipe, which would keep its
+reader waiting), runs niced, and leaves the stage's
 process group once handed the run. A later stage reading the run file waits for the lock
 first (lineage.read_run_file). The
 files the run logs are hard-linked when logged, so a later run of the stage that
@@ -52,6 +53,7 @@ import pickle
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -545,6 +547,7 @@ def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
                 # SIGTERM meant for the next stage must not end this finished run KILLED.
                 with contextlib.suppress(OSError):
                     os.setsid()
+                _let_go_of_a_piped_stderr()
             else:
                 calls.put((kind, body))
         replies.inbox_done.set()
@@ -554,6 +557,9 @@ def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
 
 
 _scratch: list[str] = []  # a detached stage's hard links: removed once the run has ended
+
+
+_to_file: dict[str, Any] = {}  # a detached sidecar's log: {"path": ..., "stderr": its handler}
 
 
 def _log_to_file(path: Path) -> None:
@@ -566,11 +572,33 @@ def _log_to_file(path: Path) -> None:
     to_stderr.setLevel(logging.WARNING)
     logger.addHandler(to_stderr)
     try:
-        to_file = logging.FileHandler(path, mode="w")
+        path.write_bytes(b"")
+        # Appending: stderr may be pointed at the same file (_let_go_of_a_piped_stderr).
+        to_file = logging.FileHandler(path, mode="a")
         to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(to_file)
+        _to_file.update(path=path, stderr=to_stderr)
     except OSError as exc:  # its folder is gone: the warnings still reach the terminal
         log.warning("tfmlops: cannot write %s (%s); delivering without it", path, exc)
+
+
+def _let_go_of_a_piped_stderr() -> None:
+    """Once handed the run, a sidecar whose stderr is a pipe (`tfmlops prepare 2>&1 | tee
+    log`, a CI runner, `subprocess.run(capture_output=True)`) would keep its reader
+    waiting until the run is delivered, minutes during an outage: the stage promised not
+    to wait for the store. Its stderr goes to tracking.log instead, which its stage's
+    hand-over line names. A terminal or a file keeps it: nobody waits for their end."""
+    if "path" not in _to_file:
+        return
+    with contextlib.suppress(OSError):
+        mode = os.fstat(sys.stderr.fileno()).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return
+        logging.getLogger("tfmlops").removeHandler(_to_file["stderr"])  # the file has them
+        fd = os.open(_to_file["path"], os.O_WRONLY | os.O_APPEND)
+        sys.stderr.flush()
+        os.dup2(fd, sys.stderr.fileno())
+        os.close(fd)
 
 
 def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> None:
@@ -679,13 +707,13 @@ def main(argv: list[str]) -> int:
     # process ends the run KILLED itself when the stage is gone (its pipe closes).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     replies = _Replies(Connection(int(argv[1]), readable=False))
-    calls = _inbox(Connection(int(argv[0]), writable=False), replies)
     # argv[2]: the delivery lock's descriptor, held (open) until this process exits, the
     # kernel freeing it however it exits; argv[3]: tracking.log
     hands_over = len(argv) > 2
-    if hands_over:
+    if hands_over:  # before the inbox reads `detach`, which may point stderr at that log
         _log_to_file(Path(argv[3]))
         _yield_cpu()  # a stage that hands its run over shows no live metrics: from the start
+    calls = _inbox(Connection(int(argv[0]), writable=False), replies)
     try:
         serve(calls, replies, hands_over)
     except (OSError, _StageGone):  # the stage is gone: its run already ended KILLED
