@@ -96,17 +96,12 @@ def decoded_bytes(img: Image.Image) -> int:
     return img.width * img.height * MODE_BYTES.get(img.mode, 4)
 
 
-def load_image(data: bytes, channels: int, short_side: int | None = None,
-               max_pixels: int | None = None) -> Image.Image:
-    """Encoded bytes -> a decoded 8-bit image in `channels`, upright, its short side
-    reduced to `short_side` when larger (None keeps the full size)."""
-    return Image.fromarray(load_pixels(data, channels, short_side, max_pixels)[0])
-
-
 def load_pixels(data: bytes, channels: int, short_side: int | None = None,
                 max_pixels: int | None = None) -> tuple[np.ndarray, str, tuple[int, int], str]:
-    """`load_image` as uint8 [H, W] (channels 1) or [H, W, 3], plus the source's format,
-    its upright full size (width, height) and its PIL mode as stored (`RGB`, `P`...)."""
+    """Encoded bytes -> a decoded 8-bit image as uint8 [H, W] (channels 1) or [H, W, 3],
+    upright, its short side reduced to `short_side` when larger (None keeps the full
+    size); plus the source's format, its upright full size (width, height) and its PIL
+    mode as stored (`RGB`, `P`...)."""
     img, fmt, source, mode = _decode_upright(data, channels, short_side, max_pixels)
     pixels = np.asarray(img)
     if short_side is not None and min(img.size) > short_side:

@@ -89,15 +89,10 @@ class Stored:
         return self.reason is None
 
 
-def store_image(path: str, spec: StoreSpec) -> Stored:
-    """Read, decode, resize, encode and measure one file."""
-    data = read_file(path)
-    return data if isinstance(data, Stored) else store_bytes(data, spec)
-
-
 def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
-    """`store_image` of a file whose content hash is known: bytes that no longer have
-    that hash (the file changed while prepare ran) stop the run, never go under it."""
+    """Read, decode, resize, encode and measure a file whose content hash is known:
+    bytes that no longer have that hash (the file changed while prepare ran) stop the
+    run, never go under it."""
     data = read_file(path)
     if isinstance(data, Stored):
         return data
