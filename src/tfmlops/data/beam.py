@@ -26,6 +26,7 @@ pool on this machine).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pickle
 import shutil
@@ -198,7 +199,7 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
     the functions the local pool calls."""
     from tfmlops import faults
     from tfmlops.data.images import unsupported
-    from tfmlops.data.store import Stored, hash_and_store_bytes, read_file
+    from tfmlops.data.store import Stored, read_file, store_bytes
     from tfmlops.data.stream import quarantine
 
     i, path, label = item
@@ -207,8 +208,8 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
     rel = path[len(image_dir.rstrip("/")) + 1:] if url else str(Path(path).relative_to(image_dir))
     reason = unsupported(Path(path))
     data = None if reason else (_read_url(path) if url else read_file(path))
-    sha, stored = (hash_and_store_bytes(data, spec) if isinstance(data, bytes) else
-                   (None, data or Stored(reason=reason)))
+    sha, stored = ((hashlib.sha256(data).hexdigest(), store_bytes(data, spec))
+                   if isinstance(data, bytes) else (None, data or Stored(reason=reason)))
     if not stored.ok:
         if not url:
             quarantine(Path(out), Path(image_dir), Path(path))
