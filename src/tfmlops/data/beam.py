@@ -107,7 +107,7 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
 def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
     """`stream.prepare_stream` on Apache Beam: the same shards and quarantine in `out`,
     the same tally (folded here, in the local path's order, from each file's row)."""
-    from tfmlops.data.stream import Tally, finish_beam_tally
+    from tfmlops.data.stream import finish_beam_tally, new_tally
 
     started = time.perf_counter()
     options = pipeline_options(cfg)
@@ -134,7 +134,7 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
         raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
                         "files; nothing was swapped in (a bug: please report it)")
     _finish_shards(out, parts)
-    tally = Tally(None, _profile(cfg))
+    tally = new_tally(cfg, None)
     finish_beam_tally(tally, rows, image_dir)
     tally.decode_seconds = time.perf_counter() - started
     return tally
@@ -183,13 +183,6 @@ def _finish_shards(out: Path, parts: Path) -> None:
         for shard, final in shard_names(out, split, list(found)).items():
             found[shard].replace(final)
     shutil.rmtree(parts)
-
-
-def _profile(cfg):
-    from tfmlops.data.profile import Profile
-
-    contract = cfg.data.contract
-    return Profile(contract.tiny.side) if contract.profile else None
 
 
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
@@ -283,8 +276,10 @@ def _write_rows(rows: list[dict], path: str) -> None:
 def _import_beam() -> None:
     """Import Beam without its import-time warning that optional GCP libraries are
     missing (logged on the root logger, which it would also configure)."""
+    def quiet(record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
     root = logging.getLogger()
-    quiet = _Drop("apitools not found")
     root.addFilter(quiet)
     added = None if root.handlers else logging.NullHandler()
     if added:
@@ -295,15 +290,6 @@ def _import_beam() -> None:
         root.removeFilter(quiet)
         if added:
             root.removeHandler(added)
-
-
-class _Drop(logging.Filter):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
 
 
 def _quiet_beam() -> None:

@@ -123,6 +123,12 @@ def store_spec(cfg: Config) -> StoreSpec:
                      d.store.jpeg_quality, d.image_size)
 
 
+def new_tally(cfg: Config, cache: ImageCache | None) -> Tally:
+    """An empty tally for either engine, with a profile when data.contract.profile."""
+    contract = cfg.data.contract
+    return Tally(cache, Profile(contract.tiny.side) if contract.profile else None)
+
+
 def worker_count(cfg: Config) -> int:
     if cfg.data.workers:
         return cfg.data.workers
@@ -146,9 +152,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     """Write every good image of `files` [(path, class)] to `out`'s shards; copy bad
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
-    contract = cfg.data.contract
-    tally = Tally(ImageCache(cfg.paths.prepare_cache, spec),
-                  Profile(contract.tiny.side) if contract.profile else None)
+    tally = new_tally(cfg, ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     started = time.perf_counter()
     try:
