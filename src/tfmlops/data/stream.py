@@ -129,15 +129,6 @@ def new_tally(cfg: Config, cache: ImageCache | None) -> Tally:
     return Tally(cache, Profile(contract.tiny.side) if contract.profile else None)
 
 
-def worker_count(cfg: Config) -> int:
-    if cfg.data.workers:
-        return cfg.data.workers
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
     """Processes for decoding files of `miss_bytes` sizes: data.workers when set, else
     every core when the files are worth a pool, else 1 (this process)."""
@@ -145,7 +136,11 @@ def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
         return max(1, min(cfg.data.workers, len(miss_bytes)))
     if sum(miss_bytes) < POOL_MIN_BYTES:
         return 1
-    return min(worker_count(cfg), max(1, len(miss_bytes) // POOL_MIN_JOBS))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return min(cores, max(1, len(miss_bytes) // POOL_MIN_JOBS))
 
 
 def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out: Path) -> Tally:
