@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tfmlops.artifacts import DATA_PROFILE_PNG
 from tfmlops.data.images import SPLITS
-from tfmlops.data.profile import CATEGORIES, EDGES, bin_labels, split_histograms
+from tfmlops.data.profile import CATEGORIES, EDGES, split_histograms
 
 PANEL = (320, 180)  # width, height of one panel, in pixels
 COLUMNS = 4
@@ -27,13 +27,8 @@ def panels(summary: dict) -> list[tuple[str, list[str], dict[str, list[float]]]]
     out = [("images per class (share of split)", classes,
             {s: _shares([summary["counts"][s][c] for c in classes]) for s in SPLITS})]
     for feature in [*EDGES, *CATEGORIES]:
-        hists = split_histograms(summary, feature)
-        if feature in CATEGORIES:
-            labels = sorted({n for h in hists.values() for n in h})
-            series = {s: _shares([hists[s].get(n, 0) for n in labels]) for s in SPLITS}
-        else:
-            labels, series = bin_labels(feature), {s: _shares(hists[s]) for s in SPLITS}
-        out.append((f"{feature} (share of split)", labels, series))
+        labels, hists = split_histograms(summary, feature)
+        out.append((f"{feature} (share of split)", labels, {s: _shares(hists[s]) for s in SPLITS}))
     return out
 
 
