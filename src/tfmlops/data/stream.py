@@ -196,8 +196,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     finally:
         for w in writers.values():
             w.close()
-        if tally.cache is not None:
-            tally.cache.close()
+        tally.cache.close()
     faults.point("write.closed")
     progress.close()
     return tally
