@@ -38,16 +38,12 @@ def _shares(values: list[int]) -> list[float]:
 
 
 def draw_profile(profile_json: Path, folder: Path) -> Path:
-    """`plot_profile` of the profile file `profile_json` into `folder` (run.log_drawn)."""
+    """The profile file `profile_json` drawn into `folder` (run.log_drawn)."""
     import json
 
-    return plot_profile(json.loads(Path(profile_json).read_text()), folder / DATA_PROFILE_PNG)
-
-
-def plot_profile(summary: dict, path: Path) -> Path:
     from PIL import Image, ImageDraw
 
-    items = panels(summary)
+    items = panels(json.loads(Path(profile_json).read_text()))
     rows = -(-len(items) // COLUMNS)
     img = Image.new("RGB", (PANEL[0] * COLUMNS, PANEL[1] * rows), "white")
     draw = ImageDraw.Draw(img)
@@ -57,6 +53,7 @@ def plot_profile(summary: dict, path: Path) -> Path:
     for split, colour in COLOURS.items():  # the legend, bottom right
         draw.text((x, img.height - 16), split, fill=colour)
         x += 45
+    path = folder / DATA_PROFILE_PNG
     img.save(path)
     return path
 
