@@ -2,8 +2,8 @@
 of Dataflow, Flink and Spark, for folders one machine's pool is too slow for.
 
 The per-image work is the local pool's own functions, called in Beam's workers:
-`store.hash_and_store` reads, hashes, decodes, validates, reduces, encodes and
-measures each file; `stream.quarantine` copies a refused one; `images.assign_splits`
+`store.read_file` and `store.store_bytes` read, decode, validate, reduce, encode and
+measure each file; `stream.quarantine` copies a refused one; `images.assign_splits`
 splits each class; `stream.shard_of` picks a record's shard; `tfrecords` frames
 the records. What Beam adds is where they run and how results meet:
 
