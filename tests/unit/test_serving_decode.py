@@ -18,7 +18,7 @@ from PIL import Image
 
 from images import png_header
 from tfmlops.artifacts import SERVING
-from tfmlops.data.decode import load_image
+from tfmlops.data.decode import load_pixels
 from tfmlops.serving.preprocess import RequestError, decode_image, image_input
 
 MEAN, STD = [0.45, 0.5, 0.55], [0.22, 0.25, 0.2]
@@ -45,14 +45,14 @@ def jpeg(img: Image.Image, orientation: int | None = None) -> bytes:
 
 
 def train_input(data: bytes, channels: int, size: int, stored_size: int | None):
-    """prepare's decoding (load_image, stored as PNG) + the tf.data pipeline's record
+    """prepare's decoding (load_pixels, stored as PNG) + the tf.data pipeline's record
     decoding and preprocessing: what training feeds the model."""
     import tensorflow as tf
 
     from tfmlops.data import pipeline
 
     buf = io.BytesIO()
-    load_image(data, channels, short_side=stored_size).save(buf, "PNG")
+    Image.fromarray(load_pixels(data, channels, short_side=stored_size)[0]).save(buf, "PNG")
     record = tf.train.Example(features=tf.train.Features(feature={
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[buf.getvalue()])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[0])),

@@ -9,7 +9,7 @@ import pytest
 
 from images import exif_rotated_jpeg, photo
 from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
-from tfmlops.data.store import ImageCache, Stored, StoreSpec, channel_sums, store_image
+from tfmlops.data.store import ImageCache, Stored, StoreSpec, channel_sums, store_bytes
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
 
@@ -81,12 +81,13 @@ def test_statistics_are_those_of_the_image_tensorflow_resizes():
 def test_stored_image_is_upright_reduced_and_encoded_by_source(tmp_path):
     exif_rotated_jpeg(tmp_path / "r.jpg", 80, 40)
     photo(np.random.default_rng(0), 50, 30, 0.5).save(tmp_path / "p.png")
-    jpeg, png = store_image(str(tmp_path / "r.jpg"), SPEC), store_image(str(tmp_path / "p.png"), SPEC)
+    jpeg = store_bytes((tmp_path / "r.jpg").read_bytes(), SPEC)
+    png = store_bytes((tmp_path / "p.png").read_bytes(), SPEC)
     assert jpeg.ok and jpeg.encoding == "jpeg" and jpeg.data[:3] == b"\xff\xd8\xff"
     assert jpeg.source_size == (40, 80) and jpeg.stored_size == (16, 32)
     assert png.encoding == "png" and png.stored_size == (27, 16) and png.pixels == 256
     (tmp_path / "e.png").write_bytes(b"")
-    assert store_image(str(tmp_path / "e.png"), SPEC).reason == "zero-byte file"
+    assert store_bytes((tmp_path / "e.png").read_bytes(), SPEC).reason == "zero-byte file"
 
 
 def test_cache_ignores_entries_cut_short_or_damaged(tmp_path):

@@ -2,8 +2,8 @@
 of Dataflow, Flink and Spark, for folders one machine's pool is too slow for.
 
 The per-image work is the local pool's own functions, called in Beam's workers:
-`store.hash_and_store` reads, hashes, decodes, validates, reduces, encodes and
-measures each file; `stream.quarantine` copies a refused one; `images.assign_splits`
+`store.read_file` and `store.store_bytes` read, decode, validate, reduce, encode and
+measure each file; `stream.quarantine` copies a refused one; `images.assign_splits`
 splits each class; `stream.shard_of` picks a record's shard; `tfrecords` frames
 the records. What Beam adds is where they run and how results meet:
 
@@ -26,6 +26,7 @@ pool on this machine).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pickle
 import shutil
@@ -106,7 +107,7 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
 def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
     """`stream.prepare_stream` on Apache Beam: the same shards and quarantine in `out`,
     the same tally (folded here, in the local path's order, from each file's row)."""
-    from tfmlops.data.stream import Tally, finish_beam_tally
+    from tfmlops.data.stream import finish_beam_tally, new_tally
 
     started = time.perf_counter()
     options = pipeline_options(cfg)
@@ -133,7 +134,7 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
         raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
                         "files; nothing was swapped in (a bug: please report it)")
     _finish_shards(out, parts)
-    tally = Tally(None, _profile(cfg))
+    tally = new_tally(cfg, None)
     finish_beam_tally(tally, rows, image_dir)
     tally.decode_seconds = time.perf_counter() - started
     return tally
@@ -184,13 +185,6 @@ def _finish_shards(out: Path, parts: Path) -> None:
     shutil.rmtree(parts)
 
 
-def _profile(cfg):
-    from tfmlops.data.profile import Profile
-
-    contract = cfg.data.contract
-    return Profile(contract.tiny.side) if contract.profile else None
-
-
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
 
 def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
@@ -198,7 +192,7 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
     the functions the local pool calls."""
     from tfmlops import faults
     from tfmlops.data.images import unsupported
-    from tfmlops.data.store import Stored, hash_and_store_bytes, read_file
+    from tfmlops.data.store import Stored, read_file, store_bytes
     from tfmlops.data.stream import quarantine
 
     i, path, label = item
@@ -207,8 +201,8 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
     rel = path[len(image_dir.rstrip("/")) + 1:] if url else str(Path(path).relative_to(image_dir))
     reason = unsupported(Path(path))
     data = None if reason else (_read_url(path) if url else read_file(path))
-    sha, stored = (hash_and_store_bytes(data, spec) if isinstance(data, bytes) else
-                   (None, data or Stored(reason=reason)))
+    sha, stored = ((hashlib.sha256(data).hexdigest(), store_bytes(data, spec))
+                   if isinstance(data, bytes) else (None, data or Stored(reason=reason)))
     if not stored.ok:
         if not url:
             quarantine(Path(out), Path(image_dir), Path(path))
@@ -282,8 +276,10 @@ def _write_rows(rows: list[dict], path: str) -> None:
 def _import_beam() -> None:
     """Import Beam without its import-time warning that optional GCP libraries are
     missing (logged on the root logger, which it would also configure)."""
+    def quiet(record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
     root = logging.getLogger()
-    quiet = _Drop("apitools not found")
     root.addFilter(quiet)
     added = None if root.handlers else logging.NullHandler()
     if added:
@@ -294,15 +290,6 @@ def _import_beam() -> None:
         root.removeFilter(quiet)
         if added:
             root.removeHandler(added)
-
-
-class _Drop(logging.Filter):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
 
 
 def _quiet_beam() -> None:

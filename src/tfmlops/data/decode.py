@@ -67,8 +67,7 @@ def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
     except UnidentifiedImageError:
         if data.startswith(MAGIC):  # an image's header, then garbage or nothing
             raise ImageRejected("corrupt or truncated: unreadable after the header") from None
-        other = other_format(data)
-        if other:
+        if other := other_format(data):
             raise ImageRejected(f"unsupported image format {other}; use PNG or JPEG") from None
         raise ImageRejected("not an image") from None
     except (OSError, SyntaxError, ValueError) as exc:
@@ -96,22 +95,33 @@ def decoded_bytes(img: Image.Image) -> int:
     return img.width * img.height * MODE_BYTES.get(img.mode, 4)
 
 
-def load_image(data: bytes, channels: int, short_side: int | None = None,
-               max_pixels: int | None = None) -> Image.Image:
-    """Encoded bytes -> a decoded 8-bit image in `channels`, upright, its short side
-    reduced to `short_side` when larger (None keeps the full size)."""
-    return Image.fromarray(load_pixels(data, channels, short_side, max_pixels)[0])
-
-
 def load_pixels(data: bytes, channels: int, short_side: int | None = None,
                 max_pixels: int | None = None) -> tuple[np.ndarray, str, tuple[int, int], str]:
-    """`load_image` as uint8 [H, W] (channels 1) or [H, W, 3], plus the source's format,
-    its upright full size (width, height) and its PIL mode as stored (`RGB`, `P`...)."""
-    img, fmt, source, mode = _decode_upright(data, channels, short_side, max_pixels)
+    """Encoded bytes -> a decoded 8-bit image as uint8 [H, W] (channels 1) or [H, W, 3],
+    upright, its short side reduced to `short_side` when larger (None keeps the full
+    size); plus the source's format, its upright full size (width, height) and its PIL
+    mode as stored (`RGB`, `P`...)."""
+    img = open_image(data, max_pixels)
+    fmt, (width, height), mode = img.format, img.size, img.mode
+    try:
+        if img.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn by 90
+            width, height = height, width
+    except (OSError, SyntaxError, ValueError):
+        pass  # an unreadable EXIF block: the pixels may still be fine
+    try:
+        if short_side is not None and img.format in ("JPEG", "MPO"):
+            # Decode at 1/2, 1/4 or 1/8 scale while both sides stay >= short_side, so
+            # `reduce_short_side` still sees more pixels than it keeps (orientation-independent).
+            img.draft("L" if channels == 1 else "RGB", (short_side, short_side))
+        img.load()  # decodes every pixel: catches truncation
+        ImageOps.exif_transpose(img, in_place=True)  # a copy per image otherwise
+        img = to_channels(img, channels)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
     pixels = np.asarray(img)
     if short_side is not None and min(img.size) > short_side:
         pixels = reduce_short_side(pixels, short_side)
-    return pixels, fmt, source, mode
+    return pixels, fmt, (width, height), mode
 
 
 def reduce_short_side(pixels: np.ndarray, short_side: int) -> np.ndarray:
@@ -130,30 +140,6 @@ def reduce_short_side(pixels: np.ndarray, short_side: int) -> np.ndarray:
     factor = min(h, w) / short_side
     interpolation = cv2.INTER_LINEAR if factor < AREA_FROM else cv2.INTER_AREA
     return cv2.resize(pixels, size, interpolation=interpolation)
-
-
-def _decode_upright(data: bytes, channels: int, short_side: int | None,
-                    max_pixels: int | None) -> tuple[Image.Image, str, tuple[int, int], str]:
-    """The decoded PIL image (JPEG at draft scale), upright and in `channels`, not resized;
-    the source's format, upright size and mode."""
-    img = open_image(data, max_pixels)
-    fmt, (width, height), mode = img.format, img.size, img.mode
-    try:
-        if img.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that turn by 90
-            width, height = height, width
-    except (OSError, SyntaxError, ValueError):
-        pass  # an unreadable EXIF block: the pixels may still be fine
-    try:
-        if short_side is not None and img.format in ("JPEG", "MPO"):
-            # Decode at 1/2, 1/4 or 1/8 scale while both sides stay >= short_side, so
-            # `reduce_short_side` still sees more pixels than it keeps (orientation-independent).
-            img.draft("L" if channels == 1 else "RGB", (short_side, short_side))
-        img.load()  # decodes every pixel: catches truncation
-        ImageOps.exif_transpose(img, in_place=True)  # a copy per image otherwise
-        img = to_channels(img, channels)
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
-    return img, fmt, (width, height), mode
 
 
 def reduced_size(size: tuple[int, int], short_side: int) -> tuple[int, int]:
@@ -175,14 +161,9 @@ def to_channels(img: Image.Image, channels: int) -> Image.Image:
     return img if img.mode == mode else img.convert(mode)  # convert copies even to its mode
 
 
-def _sixteen_bit_table() -> np.ndarray:
-    # round(v * 255 / 65535) for every 16-bit value: one 64 KiB lookup instead of
-    # int64 temporaries the size of the image.
-    v = np.arange(65536, dtype=np.int64)
-    return ((v * 255 + 32767) // 65535).astype(np.uint8)
-
-
-_SIXTEEN_TO_EIGHT = _sixteen_bit_table()
+# round(v * 255 / 65535) for every 16-bit value: one 64 KiB lookup instead of
+# int64 temporaries the size of the image.
+_SIXTEEN_TO_EIGHT = ((np.arange(65536, dtype=np.int64) * 255 + 32767) // 65535).astype(np.uint8)
 
 
 def _sixteen_to_eight(img: Image.Image) -> Image.Image:

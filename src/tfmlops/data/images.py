@@ -157,10 +157,6 @@ def split_bounds(n: int, val: float, test: float) -> tuple[int, int]:
     return b1, b2
 
 
-def split_key(sha256: str, seed: int) -> bytes:
-    return hashlib.sha256(f"{seed}:{sha256}".encode()).digest()
-
-
 def assign_splits(items, seed: int, val: float, test: float) -> dict[str, str]:
     """{sha256: split} for `items` [(sha256, label)], stratified per label.
 
@@ -175,7 +171,7 @@ def assign_splits(items, seed: int, val: float, test: float) -> dict[str, str]:
             by_label.setdefault(label, []).append(sha)
     splits: dict[str, str] = {}
     for shas in by_label.values():
-        ranked = sorted(shas, key=lambda h: split_key(h, seed))
+        ranked = sorted(shas, key=lambda h: hashlib.sha256(f"{seed}:{h}".encode()).digest())
         b1, b2 = split_bounds(len(ranked), val, test)
         for rank, sha in enumerate(ranked):
             splits[sha] = "test" if rank < b1 else "val" if rank < b2 else "train"

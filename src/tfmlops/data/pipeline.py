@@ -126,8 +126,6 @@ def dataset(
     batch_size: int,
     training: bool = False,
     normalize: bool = True,
-    drop_remainder: bool = False,
-    shard_policy: str = "DATA",
     cache: str | None = None,
 ) -> tf.data.Dataset:
     """A batched dataset of (image, label) for one split.
@@ -164,7 +162,7 @@ def dataset(
             ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=AUTOTUNE)
     # Serial batch: after the cache a batch is only a copy, and a parallel
     # batch's hand-off cost more than it saved (benchmarks/input_pipeline.py).
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.batch(batch_size)
     ds = ds.prefetch(AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = p.deterministic
@@ -172,9 +170,7 @@ def dataset(
     options.autotune.enabled = p.autotune
     # Explicit, not AUTO: multi-worker training shards by element, not by file
     # (a split may have fewer files than workers).
-    options.experimental_distribute.auto_shard_policy = getattr(
-        tf.data.experimental.AutoShardPolicy, shard_policy
-    )
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options)
 
 
@@ -303,8 +299,7 @@ def augmenter(cfg: Config):
     return augment
 
 
-def rows_at(cfg: Config, prepared: Prepared, split: str, indices, normalize: bool = True,
-            batch_size: int = 512):
+def rows_at(cfg: Config, prepared: Prepared, split: str, indices, batch_size: int = 512):
     """The images at `indices` (sorted) of a split, in file order: `arrays(...)[0][indices]`,
     read in batches, one pass, holding only the images kept (not the split)."""
     import numpy as np
@@ -313,8 +308,7 @@ def rows_at(cfg: Config, prepared: Prepared, split: str, indices, normalize: boo
     kept, start = [], 0
     if wanted.size == 0:
         return np.zeros((0, *prepared.input_shape), np.float32)
-    for x, _ in dataset(cfg, prepared, split, batch_size=batch_size, normalize=normalize,
-                        cache="off"):
+    for x, _ in dataset(cfg, prepared, split, batch_size=batch_size, cache="off"):
         n = int(x.shape[0])
         pick = wanted[(wanted >= start) & (wanted < start + n)] - start
         if pick.size:

@@ -112,15 +112,19 @@ def _merged(counters: list[Counter]) -> dict:
     return dict(sorted(sum(counters, Counter()).items()))
 
 
-def split_histograms(summary: dict, feature: str) -> dict[str, list[int] | dict]:
-    """{split: histogram of `feature` over its classes} from a profile summary."""
+def split_histograms(summary: dict, feature: str) -> tuple[list[str], dict[str, list[int]]]:
+    """(bin names, {split: count per bin}) of `feature` over each split's classes, from a
+    profile summary: a numeric feature's `bin_labels`, a category's values seen (sorted)."""
     out = {}
     for split in SPLITS:
         per_class = summary["by_split_class"][split].values()
         values = [h[feature] for h in per_class]
         out[split] = _merged([Counter(v) for v in values]) if feature in CATEGORIES \
             else _summed(values) or [0] * (len(EDGES[feature]) + 1)
-    return out
+    if feature not in CATEGORIES:
+        return bin_labels(feature), out
+    names = sorted({n for h in out.values() for n in h})
+    return names, {s: [out[s].get(n, 0) for n in names] for s in SPLITS}
 
 
 def _num(value: float) -> str:
@@ -141,12 +145,7 @@ def write_csvs(summary: dict, classes_csv: Path, features_csv: Path) -> None:
                             for c in summary["classes"]), CLASSES_COLUMNS)
     rows = []
     for feature in [*EDGES, *CATEGORIES]:
-        hists = split_histograms(summary, feature)
-        if feature in CATEGORIES:
-            names = sorted({k for h in hists.values() for k in h})
-            rows += [{"bin": f"{feature} {n}", **{s: hists[s].get(n, 0) for s in SPLITS}}
-                     for n in names]
-        else:
-            rows += [{"bin": f"{feature} {label}", **{s: hists[s][i] for s in SPLITS}}
-                     for i, label in enumerate(bin_labels(feature))]
+        names, hists = split_histograms(summary, feature)
+        rows += [{"bin": f"{feature} {n}", **{s: hists[s][i] for s in SPLITS}}
+                 for i, n in enumerate(names)]
     write_csv(features_csv, rows, FEATURES_COLUMNS)

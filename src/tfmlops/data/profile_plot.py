@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tfmlops.artifacts import DATA_PROFILE_PNG
 from tfmlops.data.images import SPLITS
-from tfmlops.data.profile import CATEGORIES, EDGES, bin_labels, split_histograms
+from tfmlops.data.profile import CATEGORIES, EDGES, split_histograms
 
 PANEL = (320, 180)  # width, height of one panel, in pixels
 COLUMNS = 4
@@ -27,13 +27,8 @@ def panels(summary: dict) -> list[tuple[str, list[str], dict[str, list[float]]]]
     out = [("images per class (share of split)", classes,
             {s: _shares([summary["counts"][s][c] for c in classes]) for s in SPLITS})]
     for feature in [*EDGES, *CATEGORIES]:
-        hists = split_histograms(summary, feature)
-        if feature in CATEGORIES:
-            labels = sorted({n for h in hists.values() for n in h})
-            series = {s: _shares([hists[s].get(n, 0) for n in labels]) for s in SPLITS}
-        else:
-            labels, series = bin_labels(feature), {s: _shares(hists[s]) for s in SPLITS}
-        out.append((f"{feature} (share of split)", labels, series))
+        labels, hists = split_histograms(summary, feature)
+        out.append((f"{feature} (share of split)", labels, {s: _shares(hists[s]) for s in SPLITS}))
     return out
 
 
@@ -43,16 +38,12 @@ def _shares(values: list[int]) -> list[float]:
 
 
 def draw_profile(profile_json: Path, folder: Path) -> Path:
-    """`plot_profile` of the profile file `profile_json` into `folder` (run.log_drawn)."""
+    """The profile file `profile_json` drawn into `folder` (run.log_drawn)."""
     import json
 
-    return plot_profile(json.loads(Path(profile_json).read_text()), folder / DATA_PROFILE_PNG)
-
-
-def plot_profile(summary: dict, path: Path) -> Path:
     from PIL import Image, ImageDraw
 
-    items = panels(summary)
+    items = panels(json.loads(Path(profile_json).read_text()))
     rows = -(-len(items) // COLUMNS)
     img = Image.new("RGB", (PANEL[0] * COLUMNS, PANEL[1] * rows), "white")
     draw = ImageDraw.Draw(img)
@@ -62,6 +53,7 @@ def plot_profile(summary: dict, path: Path) -> Path:
     for split, colour in COLOURS.items():  # the legend, bottom right
         draw.text((x, img.height - 16), split, fill=colour)
         x += 45
+    path = folder / DATA_PROFILE_PNG
     img.save(path)
     return path
 

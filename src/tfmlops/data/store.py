@@ -89,15 +89,10 @@ class Stored:
         return self.reason is None
 
 
-def store_image(path: str, spec: StoreSpec) -> Stored:
-    """Read, decode, resize, encode and measure one file."""
-    data = read_file(path)
-    return data if isinstance(data, Stored) else store_bytes(data, spec)
-
-
 def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
-    """`store_image` of a file whose content hash is known: bytes that no longer have
-    that hash (the file changed while prepare ran) stop the run, never go under it."""
+    """Read, decode, resize, encode and measure a file whose content hash is known:
+    bytes that no longer have that hash (the file changed while prepare ran) stop the
+    run, never go under it."""
     data = read_file(path)
     if isinstance(data, Stored):
         return data
@@ -137,14 +132,7 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
     i = int(np.searchsorted(cached, prefix))
     if i < len(cached) and cached[i] == prefix:
         return path, sha, None
-    return path, *hash_and_store_bytes(data, spec, sha)
-
-
-def hash_and_store_bytes(data: bytes, spec: StoreSpec, sha: str | None = None
-                         ) -> tuple[str, Stored]:
-    """A file's content hash and its stored result, from its bytes (read from a URL by the
-    Beam engine, from a path by `hash_and_store`)."""
-    return sha or hashlib.sha256(data).hexdigest(), store_bytes(data, spec)
+    return path, sha, store_bytes(data, spec)
 
 
 def cached_prefixes(shas) -> np.ndarray:
@@ -272,7 +260,8 @@ class ImageCache:
         self._segments: list[Path] = []
         self._readers: dict[Path, object] = {}
         self._out = None
-        self._scan_all()
+        for seg in sorted(self.folder.glob("*.seg")) if self.folder.is_dir() else []:
+            self._scan(seg)
 
     def _scan(self, seg: Path) -> None:
         size = seg.stat().st_size
@@ -392,10 +381,6 @@ class ImageCache:
         faults.point("compact.replaced")
         for seg in segments:
             seg.unlink()
-
-    def _scan_all(self) -> None:
-        for seg in sorted(self.folder.glob("*.seg")) if self.folder.is_dir() else []:
-            self._scan(seg)
 
 
 def _crc(blob: bytes, data: bytes) -> int:

@@ -123,13 +123,10 @@ def store_spec(cfg: Config) -> StoreSpec:
                      d.store.jpeg_quality, d.image_size)
 
 
-def worker_count(cfg: Config) -> int:
-    if cfg.data.workers:
-        return cfg.data.workers
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def new_tally(cfg: Config, cache: ImageCache | None) -> Tally:
+    """An empty tally for either engine, with a profile when data.contract.profile."""
+    contract = cfg.data.contract
+    return Tally(cache, Profile(contract.tiny.side) if contract.profile else None)
 
 
 def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
@@ -139,16 +136,18 @@ def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
         return max(1, min(cfg.data.workers, len(miss_bytes)))
     if sum(miss_bytes) < POOL_MIN_BYTES:
         return 1
-    return min(worker_count(cfg), max(1, len(miss_bytes) // POOL_MIN_JOBS))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return min(cores, max(1, len(miss_bytes) // POOL_MIN_JOBS))
 
 
 def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out: Path) -> Tally:
     """Write every good image of `files` [(path, class)] to `out`'s shards; copy bad
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
-    contract = cfg.data.contract
-    tally = Tally(ImageCache(cfg.paths.prepare_cache, spec),
-                  Profile(contract.tiny.side) if contract.profile else None)
+    tally = new_tally(cfg, ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     started = time.perf_counter()
     try:
@@ -197,8 +196,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     finally:
         for w in writers.values():
             w.close()
-        if tally.cache is not None:
-            tally.cache.close()
+        tally.cache.close()
     faults.point("write.closed")
     progress.close()
     return tally

@@ -28,16 +28,13 @@ _ONE_BYTE = [bytes((i,)) for i in range(0x80)]
 def _varint(n: int) -> bytes:
     if 0 <= n < 0x80:
         return _ONE_BYTE[n]
-    out = bytearray()
     n &= (1 << 64) - 1  # negative int64 values are ten-byte varints
-    while True:
-        byte = n & 0x7F
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
         n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(n)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -48,8 +45,7 @@ def _field(number: int, payload: bytes) -> bytes:
 def _feature(value: bytes | int) -> bytes:
     if isinstance(value, bytes):  # Feature.bytes_list (1) -> BytesList.value (1)
         return _field(1, _field(1, value))
-    packed = _varint(value)  # Feature.int64_list (3) -> Int64List.value (1, packed)
-    return _field(3, _field(1, packed))
+    return _field(3, _field(1, _varint(value)))  # Feature.int64_list (3) -> Int64List.value (1, packed)
 
 
 @functools.lru_cache(maxsize=256)
