@@ -65,7 +65,6 @@ class Outbox:
         self.path = path
         # the store the run lives in (the one MLflow points at when the run opens)
         self.store = redact(store or current_uri() or "")
-        self.entries = 0  # written to the file by this Outbox
 
     def queue(self, run_id: str, op: str, payload: dict[str, Any]) -> str | None:
         """Queue one op (copying the file an `artifact` op names); the problem if it cannot be."""
@@ -100,7 +99,6 @@ class Outbox:
         with _locked(self.path, create=True) as fd:
             os.write(fd, (line + "\n").encode())
             os.fsync(fd)  # queued means on disk: the store is away, the run goes on
-        self.entries += 1
 
 
 @contextlib.contextmanager

@@ -137,13 +137,6 @@ class StageRun:
     def log_dict(self, data: Any, name: str) -> None:
         self._do("dict", {"data": data, "name": name})
 
-    def log_figure(self, figure, name: str) -> None:
-        sent = self._call(lambda c: c.log_figure(self.run_id, figure, name), "figure", {"name": name})
-        if self.active and not sent and self._outbox is not None:
-            file = self._outbox.files_folder() / Path(name).name
-            figure.savefig(file)
-            self._write_outbox("artifact", {"path": str(file), "artifact_path": _parent(name)})
-
     def log_dataset(self, name: str, source: str, digest: str, context: str) -> None:
         self._do("dataset", {"name": name, "source": source, "digest": digest, "context": context})
 
@@ -313,17 +306,13 @@ class StageRun:
             return False
 
     def _queue(self, op: str, payload: dict[str, Any]) -> None:
-        if self._outbox is None or op in ("figure", "model"):
-            return  # their callers queue a file instead
+        if self._outbox is None or op == "model":
+            return  # its caller queues the saved file instead
         problem = self._outbox.queue(self.run_id, op, payload)
         if problem:
             self.errors.append(problem)
         else:
             self.queued += 1
-
-    def _write_outbox(self, op: str, payload: dict[str, Any]) -> None:
-        self._outbox.write(self.run_id, op, payload)
-        self.queued += 1
 
     def _note(self, msg: str) -> None:
         self.errors.append(msg)
@@ -417,11 +406,6 @@ def pinned_requirements(*names: str) -> list[str]:
         with contextlib.suppress(PackageNotFoundError):
             out.append(f"{name}=={version(name)}")
     return out
-
-
-def _parent(name: str) -> str | None:
-    parent = str(Path(name).parent)
-    return None if parent == "." else parent
 
 
 def _param_value(v: Any) -> str:
