@@ -57,9 +57,6 @@ from tfmlops.tracking.uri import (
 
 log = logging.getLogger(__name__)
 
-# Error codes of a store that answered and refused: a replay would be refused too,
-# so these are reported and dropped instead of sending the stage offline.
-_REFUSED = REFUSED
 # Beside the outbox (local state, never in git): this machine's sightings of other
 # machines' heartbeats (heartbeat.Sightings).
 SIGHTINGS = "heartbeats_seen.json"
@@ -293,7 +290,7 @@ class StageRun:
             return False
         try:
             call_with_retry(lambda: fn(client()), self.cfg.tracking.retries + 1,
-                            final_codes=_REFUSED)
+                            final_codes=REFUSED)
             return True
         except RetriesExhausted as exc:
             self._offline = True
@@ -301,7 +298,7 @@ class StageRun:
                        "and later calls go to the outbox for `tfmlops sync`")
             self._queue(op, payload)
             return False
-        except Exception as exc:  # noqa: BLE001 - only a refusal (_REFUSED) gets here
+        except Exception as exc:  # noqa: BLE001 - only a refusal (REFUSED) gets here
             self._note(f"{op} refused by the store, not queued: {first_line(exc)}")
             return False
 
