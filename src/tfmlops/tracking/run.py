@@ -213,34 +213,27 @@ class StageRun:
         """
         # The parent's outbox: one queue file, whose entries each name their run.
         child = StageRun(self.cfg, self.stage, None, self._outbox)
-        if self.active and not self._offline:
+        if not self.active:
+            return child
+        tags = {TAG_STAGE: self.stage, **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}}
+        if not self._offline:
             try:
                 mlflow_client = client()
-                run = mlflow_client.create_run(
-                    self._experiment_id(),
-                    run_name=name,
-                    tags={"mlflow.parentRunId": self.run_id, TAG_STAGE: self.stage,
-                          **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}},
-                )
-                child.run_id = run.info.run_id
+                experiment_id = mlflow_client.get_run(self.run_id).info.experiment_id
+                child.run_id = mlflow_client.create_run(
+                    experiment_id, run_name=name, tags={"mlflow.parentRunId": self.run_id, **tags},
+                ).info.run_id
             except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
                 self._note(f"child run {name}: {first_line(exc)}; queued for `tfmlops sync`")
-        if self.active and child.run_id is None:
-            self._queue_child(child, name, tags)
+        if child.run_id is None and self._outbox is not None:
+            # The store is away: the child gets a local id, and its creation and every call
+            # go to the outbox, where `sync` creates it under this run and sends them.
+            child.run_id = f"{PENDING}{uuid.uuid4().hex}"
+            child._offline = True
+            self._outbox.write(child.run_id, "create_run", {
+                "parent": self.run_id, "name": name, "start_time": now_ms(), "tags": tags})
+            child.queued += 1
         return child
-
-    def _queue_child(self, child: StageRun, name: str, tags: dict[str, Any] | None) -> None:
-        """The store is away: the child gets a local id, and its creation and every call
-        go to the outbox, where `sync` creates it under this run and sends them."""
-        if self._outbox is None:
-            return
-        child.run_id = f"{PENDING}{uuid.uuid4().hex}"
-        child._offline = True
-        self._outbox.write(child.run_id, "create_run", {
-            "parent": self.run_id, "name": name, "start_time": now_ms(),
-            "tags": {TAG_STAGE: self.stage, **owner_tags(),
-                     **{k: str(v) for k, v in (tags or {}).items()}}})
-        child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
         """Finish what runs in the background, then end the run with `status` (once)."""
@@ -257,9 +250,6 @@ class StageRun:
             self._do("end", {"status": status})
 
     # -- machinery
-    def _experiment_id(self) -> str:
-        return client().get_run(self.run_id).info.experiment_id
-
     def _do(self, op: str, payload: dict[str, Any]) -> None:
         if op in BATCH_OPS and self._send_async(op, payload):
             return
