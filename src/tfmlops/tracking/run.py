@@ -187,7 +187,9 @@ class StageRun:
         mlflow = import_mlflow()
 
         def go(_client):
-            with _resumed(mlflow, self.run_id):
+            active = mlflow.active_run()
+            resume = active is None or active.info.run_id != self.run_id  # not the fluent run yet
+            with mlflow.start_run(run_id=self.run_id) if resume else contextlib.nullcontext():
                 fn(mlflow)
 
         return self._call(go, what, {})
@@ -367,16 +369,6 @@ class _NullRun(StageRun):
 
     def __init__(self, cfg: Config, stage: str):
         super().__init__(cfg, stage, None, None)
-
-
-@contextlib.contextmanager
-def _resumed(mlflow, run_id: str):
-    active = mlflow.active_run()
-    if active is not None and active.info.run_id == run_id:
-        yield
-        return
-    with mlflow.start_run(run_id=run_id):
-        yield
 
 
 def model_requirements() -> list[str]:
