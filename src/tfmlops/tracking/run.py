@@ -36,6 +36,7 @@ from typing import Any
 from tfmlops.artifacts import TAG_STAGE
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking import keras_file
 from tfmlops.tracking.background import Background, is_store_error
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
@@ -152,8 +153,6 @@ class StageRun:
     def start_saved_keras_model(self, described: dict[str, Any]) -> ModelLogging:
         """Start logging a model from its saved file (`keras_file.describe`), with no
         TensorFlow in this process: the tracking sidecar's way."""
-        from tfmlops.tracking import keras_file
-
         requirements = model_requirements()
         return self._start_model(lambda: keras_file.log_saved(self.run_id, described,
                                                               requirements))
@@ -337,18 +336,11 @@ def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
     example = kwargs.get("input_example")
     if kwargs.get("signature") is None and example is not None:
         kwargs["signature"] = infer_signature(example, model(example, training=False).numpy())
-    # The fluent run is thread-local: here the logged model is created in the run's
-    # experiment by id (log_model would put it in the default experiment), with the
-    # run's params, as log_model does.
-    run = client().get_run(run_id)
-    logged = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
-                                            params=dict(run.data.params),
-                                            experiment_id=run.info.experiment_id)
     # The flavour's log_model is Model.log(flavor=mlflow.tensorflow); called directly it
     # takes validate_serving_input, whose check reloads the model just saved (~1 s),
     # needless when the signature already says what the input is.
     Model.log(artifact_path=None, name="model", flavor=_TensorflowFlavor(mlflow.tensorflow),
-              run_id=run_id, model_id=logged.model_id, model=model,
+              run_id=run_id, model_id=keras_file.new_logged_model(run_id), model=model,
               validate_serving_input=kwargs.get("signature") is None, **kwargs)
 
 
