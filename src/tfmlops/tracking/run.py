@@ -44,7 +44,7 @@ from tfmlops.tracking.naming import experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
 from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
-from tfmlops.tracking.stale import close_orphans_of, owner_tags
+from tfmlops.tracking.stale import close_orphans, owner_tags
 from tfmlops.tracking.uri import (
     client,
     ensure_reachable,
@@ -422,15 +422,13 @@ def stage_run(
     uri = tracking_uri(cfg)
     params = params if params is not None else cfg.to_dict()
 
-    def open_it() -> tuple[str, Outbox]:
-        run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
-        # runs of this stage a SIGKILL left RUNNING, here or on another machine
-        close_orphans_of(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
-                         cfg.tracking.retries + 1)
-        write_run_file(out_dir, stage, run_id, uri, facts)
-        return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
-
-    run = StageRun(cfg, stage, *open_it(), async_batches=async_batches)
+    run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
+    # runs of this stage a SIGKILL left RUNNING, here or on another machine
+    close_orphans(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
+                  cfg.tracking.retries + 1)
+    write_run_file(out_dir, stage, run_id, uri, facts)
+    run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}")),
+                   async_batches=async_batches)
     run.heartbeat = Heartbeat(run.run_id, cfg.tracking.retries + 1).start()
     try:
         run.log_params(params)
