@@ -157,9 +157,4 @@ def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
 
 def _rel_to(root: Path, path: str) -> str:
     p = Path(path)
-    if p.is_absolute():
-        try:
-            return str(p.relative_to(root))
-        except ValueError:
-            return str(p)
-    return str(p)
+    return str(p.relative_to(root) if p.is_absolute() and p.is_relative_to(root) else p)
