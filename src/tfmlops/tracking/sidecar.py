@@ -215,10 +215,8 @@ class _Process:
         if self.proc is None:
             self._pending.append((kind, body))
             return
-        try:
+        with contextlib.suppress(OSError):  # the sidecar is gone: its reason comes with the next reply
             _send(self._out, kind, body)
-        except OSError:  # the sidecar is gone: its reason comes with the next reply
-            pass
 
     def close(self) -> None:
         self.launched()._out.close()
@@ -283,10 +281,8 @@ class _Process:
             raise SidecarGone(self._gone)
         exited_at = None
         while True:
-            try:
+            with contextlib.suppress(queue.Empty):
                 return self._replies.get(timeout=REPLY_POLL_S)
-            except queue.Empty:
-                pass
             if not self._reader.is_alive():  # it may have put its last reply just now
                 with contextlib.suppress(queue.Empty):
                     return self._replies.get_nowait()
@@ -320,9 +316,6 @@ class _PipedRun(StageRun):
 
     def _do(self, op: str, payload: dict[str, Any]) -> None:
         self._process.send("do", (op, payload, self._child))
-
-    def flush(self) -> None:
-        """Nothing to wait for here: the sidecar flushes before the model and the end."""
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Log the file or folder as it is now: hard links (copies across filesystems) the
@@ -512,11 +505,9 @@ class _Replies(logging.Handler):
         with self.lock_out:  # log records come from MLflow's threads too
             if self.detached:
                 return
-            try:
+            with contextlib.suppress(OSError):  # its pipe is closed: handed over, or the stage died
                 _send(self.out, kind, body)
                 return
-            except OSError:  # its pipe is closed: handed over, or the stage died
-                pass
         # A stage that handed its run over wrote `detach` before its pipe's end.
         self.inbox_done.wait(EXIT_GRACE_S)
         if not self.detached:
@@ -525,10 +516,8 @@ class _Replies(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         record.msg, record.args = record.getMessage(), None
         record.exc_info = record.exc_text = None
-        try:
+        with contextlib.suppress(Exception, _StageGone):  # the stage is gone; nothing to tell
             self.send("log", record)
-        except (Exception, _StageGone):  # noqa: BLE001 - the stage is gone; nothing to tell
-            pass
 
 
 def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
