@@ -52,8 +52,7 @@ def call_with_retry(fn: Callable[[], T], attempts: int, *, final_codes: Collecti
                 raise
             last = exc
             if attempt + 1 < attempts:
-                pause = backoff_s(attempt)
-                pause = pause * (0.5 + random.random()) if jitter else pause
+                pause = backoff_s(attempt) * ((0.5 + random.random()) if jitter else 1)
                 if deadline is not None and time.monotonic() + pause > deadline:
                     raise RetriesExhausted(attempt + 1, last) from None
                 time.sleep(pause)

@@ -89,8 +89,7 @@ class StageRun:
 
     # -- what stages call
     def log_params(self, params: dict[str, Any]) -> None:
-        flat = {k: _param_value(v) for k, v in flatten(params).items()}
-        items = sorted(flat.items())
+        items = sorted((k, _param_value(v)) for k, v in flatten(params).items())
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self._do("params", dict(items[i : i + 100]))
 
