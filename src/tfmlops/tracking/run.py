@@ -196,14 +196,8 @@ class StageRun:
     def child(self, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
         """A nested run (`mlflow.parentRunId`), e.g. one keras-tuner trial."""
         child = self.start_child(name, tags)
-        status = "FINISHED"
-        try:
+        with ending(child, interrupted="FAILED"):
             yield child
-        except BaseException:
-            status = "FAILED"
-            raise
-        finally:
-            child.end(status)
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
         """A nested run the caller ends with `end(status)`.
@@ -448,13 +442,13 @@ def warn_queued(run: StageRun, uri: str) -> None:
 
 
 @contextlib.contextmanager
-def ending(run: StageRun) -> Iterator[None]:
-    """End `run` as the block ends: FINISHED, KILLED (KeyboardInterrupt) or FAILED."""
+def ending(run: StageRun, interrupted: str = "KILLED") -> Iterator[None]:
+    """End `run` as the block ends: FINISHED, `interrupted` (KeyboardInterrupt) or FAILED."""
     status = "FINISHED"
     try:
         yield
     except KeyboardInterrupt:
-        status = "KILLED"
+        status = interrupted
         raise
     except BaseException:
         status = "FAILED"
