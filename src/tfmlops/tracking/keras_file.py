@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tfmlops.tracking.uri import client, import_mlflow
+
 DATA = "data"  # the flavour's _KERAS_MODEL_DATA_PATH
 MODEL_FILE = "model.keras"  # _MODEL_SAVE_PATH + ".keras" (TensorFlow >= 2.16)
 CUSTOM_OBJECTS_FILE = "global_custom_objects.cloudpickle"
@@ -71,8 +73,6 @@ def new_logged_model(run_id: str) -> str:
     """The id of a new logged model of `run_id`, from any thread (no fluent run): created
     in the run's experiment by id (log_model would put it in the default experiment), with
     the run's params, as log_model does."""
-    from tfmlops.tracking.uri import client, import_mlflow
-
     run = client().get_run(run_id)
     return import_mlflow().initialize_logged_model(
         name="model", source_run_id=run_id, params=dict(run.data.params),

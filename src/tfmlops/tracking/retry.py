@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
+from tfmlops.tracking.uri import redact
+
 T = TypeVar("T")
 
 
@@ -78,6 +80,4 @@ def error_code(exc: BaseException) -> str | None:
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an error's message (MLflow's can run to pages), cut to `limit`,
     without credentials (MLflow's REST errors quote the URL they called)."""
-    from tfmlops.tracking.uri import redact
-
     return redact((str(exc).splitlines() or [type(exc).__name__])[0])[:limit]

@@ -65,9 +65,11 @@ from typing import Any
 from tfmlops import faults
 from tfmlops.artifacts import DETACHED_LOG
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking import keras_file
+from tfmlops.tracking.naming import experiment_id_of
 from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.run import StageRun, ending, stage_run, warn_queued
-from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri
+from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri, use_uri
 
 log = logging.getLogger(__name__)
 
@@ -357,8 +359,6 @@ class SidecarRun(_PipedRun):
                           input_example=None, **kwargs) -> SidecarModel:
         """Log `model` from `saved_path`, the file the stage just saved (a hard link
         keeps it while the stage moves its outputs)."""
-        from tfmlops.tracking import keras_file
-
         if saved_path is None or input_example is None or kwargs:
             raise ValueError("the tracking sidecar logs a model from its saved file and an "
                              "input example only")
@@ -618,9 +618,6 @@ def _yield_cpu() -> None:
 
 def _warm(uri: str, experiment: str) -> None:
     """MLflow imported and the experiment found (or made) before the run is asked for."""
-    from tfmlops.tracking.naming import experiment_id_of
-    from tfmlops.tracking.uri import use_uri
-
     with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
         experiment_id_of(use_uri(uri), experiment, uri)
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from tfmlops.files import boot_id as _boot_id
 from tfmlops.files import pid_namespace as _pid_namespace
-from tfmlops.tracking.uri import repo_root
+from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
+from tfmlops.tracking.retry import first_line
+from tfmlops.tracking.uri import client, repo_root
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,6 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
     heartbeats; `attempts` is how many tries their owners give each call (the store's
     retry window: heartbeat.stale_after_s).
     """
-    from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
-    from tfmlops.tracking.retry import first_line
-    from tfmlops.tracking.uri import client
-
     try:
         mlflow_client = client()
         experiment_id = mlflow_client.get_run(current_run_id).info.experiment_id
