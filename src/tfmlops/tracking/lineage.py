@@ -32,16 +32,13 @@ log = logging.getLogger(__name__)
 
 def git_state(root: Path) -> tuple[str, bool]:
     """(HEAD commit, whether tracked files differ from it); ("unknown", False) without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=root, capture_output=True, text=True, timeout=10,
-            ).stdout.strip()
-        )
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
         return commit or "unknown", dirty
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
