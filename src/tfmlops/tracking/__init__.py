@@ -56,7 +56,6 @@ __all__ = [
     "attach_run", "data_version", "dvc_data_hashes", "ensure_reachable", "git_state",
     "import_mlflow", "is_chief", "linked_run_id",
     "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
-    "start_sidecar",
-    "discard_sidecar",
-    "stage_run", "stage_runs", "sync", "tracking_uri", "ui_url", "use_uri",
+    "start_sidecar", "discard_sidecar", "stage_run", "stage_runs", "sync", "tracking_uri",
+    "ui_url", "use_uri",
 ]

@@ -11,12 +11,9 @@ No MLflow at import time: `tfmlops --help` imports this package.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 class Background:
@@ -40,10 +37,6 @@ class Background:
         if self.error is not None:
             raise self.error
         return self.result
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
 
 
 def is_store_error(exc: BaseException) -> bool:

@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tfmlops.tracking.uri import client, import_mlflow
+
 DATA = "data"  # the flavour's _KERAS_MODEL_DATA_PATH
 MODEL_FILE = "model.keras"  # _MODEL_SAVE_PATH + ".keras" (TensorFlow >= 2.16)
 CUSTOM_OBJECTS_FILE = "global_custom_objects.cloudpickle"
@@ -55,22 +57,26 @@ def describe(model, example, saved: str | Path) -> dict[str, Any]:
 def log_saved(run_id: str, described: dict[str, Any], pip_requirements: list[str]) -> None:
     """Log the described model into `run_id` (a logged model in the run's experiment,
     with the run's params, as `mlflow.tensorflow.log_model` does)."""
-    import mlflow
     from mlflow.models import Model, infer_signature
 
-    from tfmlops.tracking.uri import client
-
-    run = client().get_run(run_id)
-    logged = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
-                                            params=dict(run.data.params),
-                                            experiment_id=run.info.experiment_id)
+    model_id = new_logged_model(run_id)
     signature = infer_signature(described["example"], described["output"])
     # validate_serving_input would reload the model (TensorFlow's import): the
     # signature already says what the input is.
     Model.log(artifact_path=None, name="model", flavor=_SavedKerasFlavor(described),
-              run_id=run_id, model_id=logged.model_id, signature=signature,
+              run_id=run_id, model_id=model_id, signature=signature,
               input_example=described["example"], pip_requirements=pip_requirements,
               validate_serving_input=False)
+
+
+def new_logged_model(run_id: str) -> str:
+    """The id of a new logged model of `run_id`, from any thread (no fluent run): created
+    in the run's experiment by id (log_model would put it in the default experiment), with
+    the run's params, as log_model does."""
+    run = client().get_run(run_id)
+    return import_mlflow().initialize_logged_model(
+        name="model", source_run_id=run_id, params=dict(run.data.params),
+        experiment_id=run.info.experiment_id).model_id
 
 
 class _SavedKerasFlavor:

@@ -32,16 +32,13 @@ log = logging.getLogger(__name__)
 
 def git_state(root: Path) -> tuple[str, bool]:
     """(HEAD commit, whether tracked files differ from it); ("unknown", False) without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=root, capture_output=True, text=True, timeout=10,
-            ).stdout.strip()
-        )
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
         return commit or "unknown", dirty
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
@@ -157,9 +154,4 @@ def dvc_data_hashes(cfg: Config, root: Path) -> dict[str, str]:
 
 def _rel_to(root: Path, path: str) -> str:
     p = Path(path)
-    if p.is_absolute():
-        try:
-            return str(p.relative_to(root))
-        except ValueError:
-            return str(p)
-    return str(p)
+    return str(p.relative_to(root) if p.is_absolute() and p.is_relative_to(root) else p)

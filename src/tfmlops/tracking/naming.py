@@ -14,6 +14,8 @@ import logging
 import os
 from typing import Any
 
+from tfmlops.tracking.uri import artifact_location
+
 log = logging.getLogger(__name__)
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -47,14 +49,12 @@ def ensure_experiment_kind(mlflow_client, experiment) -> None:
 
 def experiment_id_of(mlflow, name: str, uri: str) -> str:
     """The id of experiment `name`, created (with its kind tag) if missing."""
-    from tfmlops.tracking.uri import artifact_location as uri_artifacts
-
     mlflow_client = mlflow.MlflowClient()
     exp = mlflow_client.get_experiment_by_name(name)
     if exp is None:
         try:
             return mlflow_client.create_experiment(
-                name, artifact_location=uri_artifacts(uri),
+                name, artifact_location=artifact_location(uri),
                 tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:  # noqa: BLE001 - another process created it first
             exp = mlflow_client.get_experiment_by_name(name)

@@ -2,7 +2,7 @@
 
 One vocabulary for both paths: `StageRun` sends an op live, and the outbox
 stores the same op as a JSON line that `tfmlops sync` sends later through the
-same `apply`. Figures and models are not ops: their callers queue a file
+same `apply`. A model is not an op: its caller queues its saved file
 (an `artifact` op) instead.
 """
 

@@ -65,7 +65,6 @@ class Outbox:
         self.path = path
         # the store the run lives in (the one MLflow points at when the run opens)
         self.store = redact(store or current_uri() or "")
-        self.entries = 0  # written to the file by this Outbox
 
     def queue(self, run_id: str, op: str, payload: dict[str, Any]) -> str | None:
         """Queue one op (copying the file an `artifact` op names); the problem if it cannot be."""
@@ -75,8 +74,12 @@ class Outbox:
             source = Path(payload["path"])
             if not source.exists():
                 return f"artifact {source}: gone before it could be queued"
-            # A copy the outbox owns: stages move their staging folders after logging.
-            kept = self.files_folder() / source.name
+            # A copy the outbox owns: stages move their staging folders after logging. Each
+            # entry's own folder, a uuid: the count of entries restarts with the process,
+            # and the file may already hold its copies.
+            folder = self.path.with_suffix(".files") / uuid.uuid4().hex
+            folder.mkdir(parents=True)
+            kept = folder / source.name
             if source.is_dir():
                 shutil.copytree(source, kept)
             else:
@@ -84,13 +87,6 @@ class Outbox:
             payload = {**payload, "path": str(kept)}
         self.write(run_id, op, payload)
         return None
-
-    def files_folder(self) -> Path:
-        """A fresh folder for the files of the next entry (a uuid: the count of entries
-        restarts with the process, and the file may already hold its copies)."""
-        folder = self.path.with_suffix(".files") / uuid.uuid4().hex
-        folder.mkdir(parents=True)
-        return folder
 
     def write(self, run_id: str, op: str, payload: dict[str, Any]) -> None:
         """Append one op as it is (the files it names already belong to the outbox)."""
@@ -100,7 +96,6 @@ class Outbox:
         with _locked(self.path, create=True) as fd:
             os.write(fd, (line + "\n").encode())
             os.fsync(fd)  # queued means on disk: the store is away, the run goes on
-        self.entries += 1
 
 
 @contextlib.contextmanager

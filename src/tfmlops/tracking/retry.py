@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
+from tfmlops.tracking.uri import redact
+
 T = TypeVar("T")
 
 
@@ -52,8 +54,7 @@ def call_with_retry(fn: Callable[[], T], attempts: int, *, final_codes: Collecti
                 raise
             last = exc
             if attempt + 1 < attempts:
-                pause = backoff_s(attempt)
-                pause = pause * (0.5 + random.random()) if jitter else pause
+                pause = backoff_s(attempt) * ((0.5 + random.random()) if jitter else 1)
                 if deadline is not None and time.monotonic() + pause > deadline:
                     raise RetriesExhausted(attempt + 1, last) from None
                 time.sleep(pause)
@@ -79,6 +80,4 @@ def error_code(exc: BaseException) -> str | None:
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an error's message (MLflow's can run to pages), cut to `limit`,
     without credentials (MLflow's REST errors quote the URL they called)."""
-    from tfmlops.tracking.uri import redact
-
     return redact((str(exc).splitlines() or [type(exc).__name__])[0])[:limit]

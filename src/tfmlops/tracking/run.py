@@ -36,6 +36,7 @@ from typing import Any
 from tfmlops.artifacts import TAG_STAGE
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking import keras_file
 from tfmlops.tracking.background import Background, is_store_error
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
@@ -43,7 +44,7 @@ from tfmlops.tracking.naming import experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
 from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
-from tfmlops.tracking.stale import close_orphans_of, owner_tags
+from tfmlops.tracking.stale import close_orphans, owner_tags
 from tfmlops.tracking.uri import (
     client,
     ensure_reachable,
@@ -57,9 +58,6 @@ from tfmlops.tracking.uri import (
 
 log = logging.getLogger(__name__)
 
-# Error codes of a store that answered and refused: a replay would be refused too,
-# so these are reported and dropped instead of sending the stage offline.
-_REFUSED = REFUSED
 # Beside the outbox (local state, never in git): this machine's sightings of other
 # machines' heartbeats (heartbeat.Sightings).
 SIGHTINGS = "heartbeats_seen.json"
@@ -91,8 +89,7 @@ class StageRun:
 
     # -- what stages call
     def log_params(self, params: dict[str, Any]) -> None:
-        flat = {k: _param_value(v) for k, v in flatten(params).items()}
-        items = sorted(flat.items())
+        items = sorted((k, _param_value(v)) for k, v in flatten(params).items())
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self._do("params", dict(items[i : i + 100]))
 
@@ -137,13 +134,6 @@ class StageRun:
     def log_dict(self, data: Any, name: str) -> None:
         self._do("dict", {"data": data, "name": name})
 
-    def log_figure(self, figure, name: str) -> None:
-        sent = self._call(lambda c: c.log_figure(self.run_id, figure, name), "figure", {"name": name})
-        if self.active and not sent and self._outbox is not None:
-            file = self._outbox.files_folder() / Path(name).name
-            figure.savefig(file)
-            self._write_outbox("artifact", {"path": str(file), "artifact_path": _parent(name)})
-
     def log_dataset(self, name: str, source: str, digest: str, context: str) -> None:
         self._do("dataset", {"name": name, "source": source, "digest": digest, "context": context})
 
@@ -162,8 +152,6 @@ class StageRun:
     def start_saved_keras_model(self, described: dict[str, Any]) -> ModelLogging:
         """Start logging a model from its saved file (`keras_file.describe`), with no
         TensorFlow in this process: the tracking sidecar's way."""
-        from tfmlops.tracking import keras_file
-
         requirements = model_requirements()
         return self._start_model(lambda: keras_file.log_saved(self.run_id, described,
                                                               requirements))
@@ -197,7 +185,9 @@ class StageRun:
         mlflow = import_mlflow()
 
         def go(_client):
-            with _resumed(mlflow, self.run_id):
+            active = mlflow.active_run()
+            resume = active is None or active.info.run_id != self.run_id  # not the fluent run yet
+            with mlflow.start_run(run_id=self.run_id) if resume else contextlib.nullcontext():
                 fn(mlflow)
 
         return self._call(go, what, {})
@@ -206,14 +196,8 @@ class StageRun:
     def child(self, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
         """A nested run (`mlflow.parentRunId`), e.g. one keras-tuner trial."""
         child = self.start_child(name, tags)
-        status = "FINISHED"
-        try:
+        with ending(child, interrupted="FAILED"):
             yield child
-        except BaseException:
-            status = "FAILED"
-            raise
-        finally:
-            child.end(status)
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
         """A nested run the caller ends with `end(status)`.
@@ -223,34 +207,27 @@ class StageRun:
         """
         # The parent's outbox: one queue file, whose entries each name their run.
         child = StageRun(self.cfg, self.stage, None, self._outbox)
-        if self.active and not self._offline:
+        if not self.active:
+            return child
+        tags = {TAG_STAGE: self.stage, **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}}
+        if not self._offline:
             try:
                 mlflow_client = client()
-                run = mlflow_client.create_run(
-                    self._experiment_id(),
-                    run_name=name,
-                    tags={"mlflow.parentRunId": self.run_id, TAG_STAGE: self.stage,
-                          **owner_tags(), **{k: str(v) for k, v in (tags or {}).items()}},
-                )
-                child.run_id = run.info.run_id
+                experiment_id = mlflow_client.get_run(self.run_id).info.experiment_id
+                child.run_id = mlflow_client.create_run(
+                    experiment_id, run_name=name, tags={"mlflow.parentRunId": self.run_id, **tags},
+                ).info.run_id
             except Exception as exc:  # noqa: BLE001 - tracking must never kill the work
                 self._note(f"child run {name}: {first_line(exc)}; queued for `tfmlops sync`")
-        if self.active and child.run_id is None:
-            self._queue_child(child, name, tags)
+        if child.run_id is None and self._outbox is not None:
+            # The store is away: the child gets a local id, and its creation and every call
+            # go to the outbox, where `sync` creates it under this run and sends them.
+            child.run_id = f"{PENDING}{uuid.uuid4().hex}"
+            child._offline = True
+            self._outbox.write(child.run_id, "create_run", {
+                "parent": self.run_id, "name": name, "start_time": now_ms(), "tags": tags})
+            child.queued += 1
         return child
-
-    def _queue_child(self, child: StageRun, name: str, tags: dict[str, Any] | None) -> None:
-        """The store is away: the child gets a local id, and its creation and every call
-        go to the outbox, where `sync` creates it under this run and sends them."""
-        if self._outbox is None:
-            return
-        child.run_id = f"{PENDING}{uuid.uuid4().hex}"
-        child._offline = True
-        self._outbox.write(child.run_id, "create_run", {
-            "parent": self.run_id, "name": name, "start_time": now_ms(),
-            "tags": {TAG_STAGE: self.stage, **owner_tags(),
-                     **{k: str(v) for k, v in (tags or {}).items()}}})
-        child.queued += 1
 
     def end(self, status: str = "FINISHED") -> None:
         """Finish what runs in the background, then end the run with `status` (once)."""
@@ -267,9 +244,6 @@ class StageRun:
             self._do("end", {"status": status})
 
     # -- machinery
-    def _experiment_id(self) -> str:
-        return client().get_run(self.run_id).info.experiment_id
-
     def _do(self, op: str, payload: dict[str, Any]) -> None:
         if op in BATCH_OPS and self._send_async(op, payload):
             return
@@ -300,7 +274,7 @@ class StageRun:
             return False
         try:
             call_with_retry(lambda: fn(client()), self.cfg.tracking.retries + 1,
-                            final_codes=_REFUSED)
+                            final_codes=REFUSED)
             return True
         except RetriesExhausted as exc:
             self._offline = True
@@ -308,22 +282,18 @@ class StageRun:
                        "and later calls go to the outbox for `tfmlops sync`")
             self._queue(op, payload)
             return False
-        except Exception as exc:  # noqa: BLE001 - only a refusal (_REFUSED) gets here
+        except Exception as exc:  # noqa: BLE001 - only a refusal (REFUSED) gets here
             self._note(f"{op} refused by the store, not queued: {first_line(exc)}")
             return False
 
     def _queue(self, op: str, payload: dict[str, Any]) -> None:
-        if self._outbox is None or op in ("figure", "model"):
-            return  # their callers queue a file instead
+        if self._outbox is None or op == "model":
+            return  # its caller queues the saved file instead
         problem = self._outbox.queue(self.run_id, op, payload)
         if problem:
             self.errors.append(problem)
         else:
             self.queued += 1
-
-    def _write_outbox(self, op: str, payload: dict[str, Any]) -> None:
-        self._outbox.write(self.run_id, op, payload)
-        self.queued += 1
 
     def _note(self, msg: str) -> None:
         self.errors.append(msg)
@@ -359,18 +329,11 @@ def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
     example = kwargs.get("input_example")
     if kwargs.get("signature") is None and example is not None:
         kwargs["signature"] = infer_signature(example, model(example, training=False).numpy())
-    # The fluent run is thread-local: here the logged model is created in the run's
-    # experiment by id (log_model would put it in the default experiment), with the
-    # run's params, as log_model does.
-    run = client().get_run(run_id)
-    logged = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
-                                            params=dict(run.data.params),
-                                            experiment_id=run.info.experiment_id)
     # The flavour's log_model is Model.log(flavor=mlflow.tensorflow); called directly it
     # takes validate_serving_input, whose check reloads the model just saved (~1 s),
     # needless when the signature already says what the input is.
     Model.log(artifact_path=None, name="model", flavor=_TensorflowFlavor(mlflow.tensorflow),
-              run_id=run_id, model_id=logged.model_id, model=model,
+              run_id=run_id, model_id=keras_file.new_logged_model(run_id), model=model,
               validate_serving_input=kwargs.get("signature") is None, **kwargs)
 
 
@@ -393,16 +356,6 @@ class _NullRun(StageRun):
         super().__init__(cfg, stage, None, None)
 
 
-@contextlib.contextmanager
-def _resumed(mlflow, run_id: str):
-    active = mlflow.active_run()
-    if active is not None and active.info.run_id == run_id:
-        yield
-        return
-    with mlflow.start_run(run_id=run_id):
-        yield
-
-
 def model_requirements() -> list[str]:
     """What a logged Keras model needs to load (its pip requirements, pinned)."""
     return pinned_requirements("mlflow", "tensorflow", "keras", "numpy")
@@ -417,11 +370,6 @@ def pinned_requirements(*names: str) -> list[str]:
         with contextlib.suppress(PackageNotFoundError):
             out.append(f"{name}=={version(name)}")
     return out
-
-
-def _parent(name: str) -> str | None:
-    parent = str(Path(name).parent)
-    return None if parent == "." else parent
 
 
 def _param_value(v: Any) -> str:
@@ -467,15 +415,13 @@ def stage_run(
     uri = tracking_uri(cfg)
     params = params if params is not None else cfg.to_dict()
 
-    def open_it() -> tuple[str, Outbox]:
-        run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
-        # runs of this stage a SIGKILL left RUNNING, here or on another machine
-        close_orphans_of(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
-                         cfg.tracking.retries + 1)
-        write_run_file(out_dir, stage, run_id, uri, facts)
-        return run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"))
-
-    run = StageRun(cfg, stage, *open_it(), async_batches=async_batches)
+    run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
+    # runs of this stage a SIGKILL left RUNNING, here or on another machine
+    close_orphans(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
+                  cfg.tracking.retries + 1)
+    write_run_file(out_dir, stage, run_id, uri, facts)
+    run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}")),
+                   async_batches=async_batches)
     run.heartbeat = Heartbeat(run.run_id, cfg.tracking.retries + 1).start()
     try:
         run.log_params(params)
@@ -496,13 +442,13 @@ def warn_queued(run: StageRun, uri: str) -> None:
 
 
 @contextlib.contextmanager
-def ending(run: StageRun) -> Iterator[None]:
-    """End `run` as the block ends: FINISHED, KILLED (KeyboardInterrupt) or FAILED."""
+def ending(run: StageRun, interrupted: str = "KILLED") -> Iterator[None]:
+    """End `run` as the block ends: FINISHED, `interrupted` (KeyboardInterrupt) or FAILED."""
     status = "FINISHED"
     try:
         yield
     except KeyboardInterrupt:
-        status = "KILLED"
+        status = interrupted
         raise
     except BaseException:
         status = "FAILED"

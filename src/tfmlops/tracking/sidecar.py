@@ -67,9 +67,11 @@ from typing import Any
 from tfmlops import faults
 from tfmlops.artifacts import DETACHED_LOG
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.tracking import keras_file
+from tfmlops.tracking.naming import experiment_id_of
 from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.run import StageRun, ending, stage_run, warn_queued
-from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri
+from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri, use_uri
 
 log = logging.getLogger(__name__)
 
@@ -217,10 +219,8 @@ class _Process:
         if self.proc is None:
             self._pending.append((kind, body))
             return
-        try:
+        with contextlib.suppress(OSError):  # the sidecar is gone: its reason comes with the next reply
             _send(self._out, kind, body)
-        except OSError:  # the sidecar is gone: its reason comes with the next reply
-            pass
 
     def close(self) -> None:
         self.launched()._out.close()
@@ -285,10 +285,8 @@ class _Process:
             raise SidecarGone(self._gone)
         exited_at = None
         while True:
-            try:
+            with contextlib.suppress(queue.Empty):
                 return self._replies.get(timeout=REPLY_POLL_S)
-            except queue.Empty:
-                pass
             if not self._reader.is_alive():  # it may have put its last reply just now
                 with contextlib.suppress(queue.Empty):
                     return self._replies.get_nowait()
@@ -322,9 +320,6 @@ class _PipedRun(StageRun):
 
     def _do(self, op: str, payload: dict[str, Any]) -> None:
         self._process.send("do", (op, payload, self._child))
-
-    def flush(self) -> None:
-        """Nothing to wait for here: the sidecar flushes before the model and the end."""
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Log the file or folder as it is now: hard links (copies across filesystems) the
@@ -366,8 +361,6 @@ class SidecarRun(_PipedRun):
                           input_example=None, **kwargs) -> SidecarModel:
         """Log `model` from `saved_path`, the file the stage just saved (a hard link
         keeps it while the stage moves its outputs)."""
-        from tfmlops.tracking import keras_file
-
         if saved_path is None or input_example is None or kwargs:
             raise ValueError("the tracking sidecar logs a model from its saved file and an "
                              "input example only")
@@ -514,11 +507,9 @@ class _Replies(logging.Handler):
         with self.lock_out:  # log records come from MLflow's threads too
             if self.detached:
                 return
-            try:
+            with contextlib.suppress(OSError):  # its pipe is closed: handed over, or the stage died
                 _send(self.out, kind, body)
                 return
-            except OSError:  # its pipe is closed: handed over, or the stage died
-                pass
         # A stage that handed its run over wrote `detach` before its pipe's end.
         self.inbox_done.wait(EXIT_GRACE_S)
         if not self.detached:
@@ -527,10 +518,8 @@ class _Replies(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         record.msg, record.args = record.getMessage(), None
         record.exc_info = record.exc_text = None
-        try:
+        with contextlib.suppress(Exception, _StageGone):  # the stage is gone; nothing to tell
             self.send("log", record)
-        except (Exception, _StageGone):  # noqa: BLE001 - the stage is gone; nothing to tell
-            pass
 
 
 def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
@@ -657,9 +646,6 @@ def _yield_cpu() -> None:
 
 def _warm(uri: str, experiment: str) -> None:
     """MLflow imported and the experiment found (or made) before the run is asked for."""
-    from tfmlops.tracking.naming import experiment_id_of
-    from tfmlops.tracking.uri import use_uri
-
     with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
         experiment_id_of(use_uri(uri), experiment, uri)
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from tfmlops.files import boot_id as _boot_id
 from tfmlops.files import pid_namespace as _pid_namespace
-from tfmlops.tracking.uri import repo_root
+from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
+from tfmlops.tracking.retry import first_line
+from tfmlops.tracking.uri import client, repo_root
 
 log = logging.getLogger(__name__)
 
@@ -59,59 +61,46 @@ def judged_here(tags: dict[str, str]) -> bool:
     return all(tags.get(OWNER + k) == me[OWNER + k] for k in ("host", "boot", "pidns"))
 
 
-def close_orphans(client, experiment_id: str, stage: str, current_run_id: str,
-                  sightings: Path | None = None, attempts: int = 1) -> list[str]:
-    """Mark KILLED the RUNNING runs of `stage` (this repo) whose owner is gone; their ids.
+def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: int) -> None:
+    """Mark KILLED the RUNNING runs of `stage` (this repo) whose owner is gone, now that
+    its run `current_run_id` has opened; a failure only warns.
 
     `sightings` is the file where this machine keeps what it saw of other machines'
-    heartbeats (without it, their runs are not judged); `attempts` is how many tries
-    their owners give each call (the store's retry window: heartbeat.stale_after_s).
+    heartbeats; `attempts` is how many tries their owners give each call (the store's
+    retry window: heartbeat.stale_after_s).
     """
-    from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
-
-    repo = str(repo_root())
-    query = f"tags.`tfmlops.stage` = '{stage}' and attributes.status = 'RUNNING'"
-    running = client.search_runs([experiment_id], query, max_results=1000)
-    ours = [r for r in running if r.info.run_id != current_run_id
-            and r.data.tags.get(OWNER + "repo") == repo]
-    reasons = {r.info.run_id: "owner process gone" for r in ours if owner_gone(r.data.tags)}
-    beats = {r.info.run_id: r.data.tags[HEARTBEAT_TAG] for r in ours
-             if HEARTBEAT_TAG in r.data.tags and not judged_here(r.data.tags)}
-    if sightings is not None and beats:
-        threshold = stale_after_s(attempts)
-        for run_id in Sightings(sightings, _boot_id()).silent(beats, threshold):
-            reasons[run_id] = f"heartbeat unchanged for over {threshold:.0f} s"
-    owners = {r.info.run_id: _owner(r.data.tags) for r in ours if r.info.run_id in reasons}
-    # children of a closed run (a trial of a killed search) go with it
-    for r in running:
-        parent = r.data.tags.get("mlflow.parentRunId")
-        if parent in owners and r.info.run_id not in reasons and _goes_with(r, owners[parent]):
-            reasons[r.info.run_id] = reasons[parent]
-    for run_id in sorted(reasons):
-        client.set_tag(run_id, KILLED_TAG,
-                       f"{reasons[run_id]}; closed by run {current_run_id} of {stage}")
-        client.set_terminated(run_id, "KILLED")
-    if reasons:
-        log.warning("tfmlops: %s: %d run(s) left RUNNING by a killed process marked KILLED: %s",
-                    stage, len(reasons), ", ".join(sorted(reasons)))
-    return sorted(reasons)
-
-
-def close_orphans_of(stage: str, current_run_id: str, sightings: Path | None = None,
-                     attempts: int = 1) -> list[str]:
-    """`close_orphans` for the stage whose run just opened; a failure only warns."""
-    from tfmlops.tracking.retry import first_line
-    from tfmlops.tracking.uri import client
-
     try:
         mlflow_client = client()
         experiment_id = mlflow_client.get_run(current_run_id).info.experiment_id
-        return close_orphans(mlflow_client, experiment_id, stage, current_run_id,
-                             sightings, attempts)
+        repo = str(repo_root())
+        query = f"tags.`tfmlops.stage` = '{stage}' and attributes.status = 'RUNNING'"
+        running = mlflow_client.search_runs([experiment_id], query, max_results=1000)
+        ours = [r for r in running if r.info.run_id != current_run_id
+                and r.data.tags.get(OWNER + "repo") == repo]
+        reasons = {r.info.run_id: "owner process gone" for r in ours if owner_gone(r.data.tags)}
+        beats = {r.info.run_id: r.data.tags[HEARTBEAT_TAG] for r in ours
+                 if HEARTBEAT_TAG in r.data.tags and not judged_here(r.data.tags)}
+        if beats:
+            threshold = stale_after_s(attempts)
+            for run_id in Sightings(sightings, _boot_id()).silent(beats, threshold):
+                reasons[run_id] = f"heartbeat unchanged for over {threshold:.0f} s"
+        owners = {r.info.run_id: _owner(r.data.tags) for r in ours if r.info.run_id in reasons}
+        # children of a closed run (a trial of a killed search) go with it
+        for r in running:
+            parent = r.data.tags.get("mlflow.parentRunId")
+            if parent in owners and r.info.run_id not in reasons and _goes_with(r, owners[parent]):
+                reasons[r.info.run_id] = reasons[parent]
+        for run_id in sorted(reasons):
+            mlflow_client.set_tag(run_id, KILLED_TAG,
+                                  f"{reasons[run_id]}; closed by run {current_run_id} of {stage}")
+            mlflow_client.set_terminated(run_id, "KILLED")
     except Exception as exc:  # noqa: BLE001 - housekeeping must never stop a stage
         log.warning("tfmlops: %s: could not look for runs left RUNNING by killed processes: %s",
                     stage, first_line(exc))
-        return []
+        return
+    if reasons:
+        log.warning("tfmlops: %s: %d run(s) left RUNNING by a killed process marked KILLED: %s",
+                    stage, len(reasons), ", ".join(sorted(reasons)))
 
 
 def _owner(tags: dict[str, str]) -> tuple[str, ...]:
