@@ -234,14 +234,14 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
     Its latency is one request row end to end in-process (base64 image -> label),
     which is what the gate's latency budget limits.
     """
-    import base64
-
     from tfmlops.runtimes import accuracy, latency_ms
+    from tfmlops.serving.mlflow_model import request_example
     from tfmlops.serving.parity import compare
     from tfmlops.serving.predictor import Predictor
     from tfmlops.serving.skew import pyfunc_probabilities
 
-    rows = request_rows(cfg)
+    limits = cfg.export.serving  # rows per request: image rows its caps always admit
+    rows = max(1, min(limits.max_rows, limits.max_request_pixels // limits.max_image_pixels))
     probs = split.predict_encoded(lambda encoded: pyfunc_probabilities(served, encoded, rows))
     p = compare("served_pyfunc", keras_probs, probs, cfg.export.atol)
     parities.append(p)
@@ -249,19 +249,13 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
         raise DataError(f"the served model's decoding or preprocessing drifted from training: "
                         f"{p.describe()}")
     predictor = Predictor.from_files(out / serving["file"], out / SERVING)
-    row = [{"image": base64.b64encode(split.first[0]).decode()}]
+    row = [request_example(split.first[0])]
     runs = cfg.export.latency_runs
     timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))
     serving["latency_p50_ms"] = timing["p50_ms"]
     return {"format": "served_pyfunc", "file": serving["file"], "bytes": serving["bytes"],
             "accuracy": accuracy(probs, y), **timing, "max_abs_diff": p.max_abs_diff,
             "top1_mismatches": p.top1_mismatches, "parity": p.passed}
-
-
-def request_rows(cfg) -> int:
-    """Image rows per request to the served model that its caps always admit."""
-    limits = cfg.export.serving
-    return max(1, min(limits.max_rows, limits.max_request_pixels // limits.max_image_pixels))
 
 
 def check_skew(cfg, prepared, model, served, parities) -> tuple[list, dict]:

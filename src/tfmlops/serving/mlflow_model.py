@@ -56,7 +56,9 @@ def _serving_model(folder: Path, runtime_file: str, example: dict[str, Any]) -> 
         "code_paths": [str(package)],
         "signature": _serving_signature(),
         "input_example": pd.DataFrame([example]),
-        "pip_requirements": _serving_requirements(),
+        "pip_requirements": tracking.pinned_requirements(
+            "mlflow", "numpy", "pandas", "Pillow", "opencv-python-headless", "onnxruntime",
+            "ai-edge-litert"),
     }
 
 
@@ -75,9 +77,3 @@ def _serving_signature():
         ColSpec(Array("double"), "probabilities"),
     ])
     return ModelSignature(inputs=inputs, outputs=outputs)
-
-
-def _serving_requirements() -> list[str]:
-    return tracking.pinned_requirements(
-        "mlflow", "numpy", "pandas", "Pillow", "opencv-python-headless", "onnxruntime",
-        "ai-edge-litert")
