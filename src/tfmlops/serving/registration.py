@@ -84,9 +84,8 @@ def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dic
                         "; fix the tracking store and run export again")
     # Keyed by the inputs, not this run or the converted bytes (both differ on a rerun):
     # a rerun after a crash between registering and registered.json finds its version.
-    key = registration_key(cfg)
-    reg = registry.Registry(cfg, name)
-    version = reg.register(uri, tags, card, key=key)
+    reg = registry.Registry(cfg)
+    version = reg.register(uri, tags, card, key=registration_key(cfg))
     log.info("export: registered %s version %s", name, version)
     return {"name": name, "version": version, "run_id": run.run_id,
             "model_uri": reg.source(version)}  # an earlier run's, if it registered these inputs
