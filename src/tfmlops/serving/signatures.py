@@ -159,10 +159,12 @@ def _convert_like_pil(image: tf.Tensor, channels: int) -> tf.Tensor:
     return tf.cast(color, tf.uint8)
 
 
-def serving_functions(model, classes: list[str], image_size: int, channels: int, mean, std,
-                      stored_size: int | None = None, max_pixels: int | None = None):
-    """The two serving functions (plain Python; `export_saved_model` traces them);
+def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
+                       stored_size: int | None = None, max_pixels: int | None = None) -> None:
+    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too.
     `max_pixels` caps each image's header (None: export.serving's default)."""
+    import keras
+
     if max_pixels is None:
         from tfmlops.config.sections import ServingLimits
 
@@ -186,21 +188,11 @@ def serving_functions(model, classes: list[str], image_size: int, channels: int,
         )
         return serve_preprocessed(x)
 
-    return serve_image_bytes, serve_preprocessed
-
-
-def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
-                       stored_size: int | None = None, max_pixels: int | None = None) -> None:
-    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too."""
-    import keras
-
-    serve_bytes, serve_floats = serving_functions(model, classes, image_size, channels, mean, std,
-                                                  stored_size, max_pixels)
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[
+    archive.add_endpoint(BYTES_SIGNATURE, serve_image_bytes, input_signature=[
         tf.TensorSpec([None], tf.string, name="image_bytes")])
-    archive.add_endpoint(FLOAT_SIGNATURE, serve_floats, input_signature=[
+    archive.add_endpoint(FLOAT_SIGNATURE, serve_preprocessed, input_signature=[
         tf.TensorSpec([None, image_size, image_size, channels], tf.float32, name="image")])
     archive.write_out(str(path), verbose=False)
 
