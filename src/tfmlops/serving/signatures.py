@@ -197,9 +197,16 @@ def export_saved_model(model, path, classes, image_size: int, channels: int, mea
     archive.write_out(str(path), verbose=False)
 
 
-def run_signatures(path, split) -> dict:
-    """Both signatures of the SavedModel at `path` on the split's (`StoredSplit`) float
-    inputs and stored bytes, batch by batch."""
+def main(argv: list[str]) -> int:
+    """Reload in this (fresh) process: DIR SPLIT.json OUTPUTS.npz. Both signatures of the
+    SavedModel in DIR on the split's (`StoredSplit`) float inputs and stored bytes, batch
+    by batch."""
+    import json
+
+    from tfmlops.data.stored_split import StoredSplit
+
+    path, split_file, outputs = argv
+    split = StoredSplit.from_dict(json.loads(Path(split_file).read_text()))
     loaded = tf.saved_model.load(str(path))
     floats = loaded.signatures[FLOAT_SIGNATURE]
     images = loaded.signatures[BYTES_SIGNATURE]
@@ -211,23 +218,9 @@ def run_signatures(path, split) -> dict:
         prob_b.append(out["probabilities"].numpy())
         labels.append(out["label"].numpy().astype(str))
     first = default(image_bytes=tf.constant([split.first[0]]))["probabilities"].numpy()
-    return {
-        "float_probabilities": np.concatenate(prob_f),
-        "bytes_probabilities": np.concatenate(prob_b),
-        "bytes_labels": np.concatenate(labels),
-        "default_probabilities": first,
-    }
-
-
-def main(argv: list[str]) -> int:
-    """Reload in this (fresh) process: DIR SPLIT.json OUTPUTS.npz."""
-    import json
-
-    from tfmlops.data.stored_split import StoredSplit
-
-    path, split_file, outputs = argv
-    split = StoredSplit.from_dict(json.loads(Path(split_file).read_text()))
-    np.savez(outputs, **run_signatures(path, split))
+    np.savez(outputs, float_probabilities=np.concatenate(prob_f),
+             bytes_probabilities=np.concatenate(prob_b), bytes_labels=np.concatenate(labels),
+             default_probabilities=first)
     return 0
 
 
