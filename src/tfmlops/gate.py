@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfmlops.artifacts import TAG_ACCURACY, TAG_BYTES, TAG_EDGE_AGREEMENT, TAG_LATENCY, TAG_PARITY
 from tfmlops.config import GateConfig
 
 
@@ -28,14 +29,6 @@ class VersionMetrics:
 
     @classmethod
     def from_tags(cls, version: str, tags: dict[str, str]) -> VersionMetrics:
-        from tfmlops.artifacts import (
-            TAG_ACCURACY,
-            TAG_BYTES,
-            TAG_EDGE_AGREEMENT,
-            TAG_LATENCY,
-            TAG_PARITY,
-        )
-
         parity = tags.get(TAG_PARITY)
         return cls(str(version), _number(tags.get(TAG_ACCURACY)), _number(tags.get(TAG_BYTES)),
                    _number(tags.get(TAG_LATENCY)),

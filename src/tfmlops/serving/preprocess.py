@@ -20,13 +20,7 @@ import binascii
 
 import numpy as np
 
-from tfmlops.data.decode import (
-    ImageRejected,
-    bilinear_taps,
-    decoded_bytes,
-    load_pixels,
-    open_image,
-)
+from tfmlops.data.decode import ImageRejected, bilinear_taps, decoded_bytes, load_pixels, open_image
 
 
 class RequestError(ValueError):

@@ -52,12 +52,8 @@ def all_parity_passed(parities) -> bool:
 
 
 def export_metrics(rows, parities, serving) -> dict:
-    metrics = {}
-    for r in rows:
-        for key in ("accuracy", "bytes", "p50_ms"):
-            metrics[f"{r['format']}.{key}"] = r[key]
-    for p in parities:
-        metrics[f"parity.{p.runtime}.max_abs_diff"] = p.max_abs_diff
+    metrics = {f"{r['format']}.{key}": r[key] for r in rows for key in ("accuracy", "bytes", "p50_ms")}
+    metrics.update({f"parity.{p.runtime}.max_abs_diff": p.max_abs_diff for p in parities})
     metrics["parity.passed"] = int(all_parity_passed(parities))
     metrics.update({f"serving.{k}": v for k, v in serving.items() if k in
                     ("accuracy", "bytes", "latency_p50_ms")})
