@@ -63,7 +63,7 @@ def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> 
     log.info("export: [1/3] SavedModel: writing, then reloading it in a fresh process")
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
                        prepared.mean, prepared.std, prepared.stored_size,
-                       cfg.export.serving.max_image_pixels)
+                       max_pixels=cfg.export.serving.max_image_pixels)
     reloaded = reload_check(saved, split, keras_probs, prepared.classes, cfg.export.atol)
     onnx_path = out / "model.onnx"
     log.info("export: [2/3] ONNX: converting (opset %d), checking parity", cfg.export.onnx_opset)

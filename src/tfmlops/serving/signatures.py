@@ -160,15 +160,11 @@ def _convert_like_pil(image: tf.Tensor, channels: int) -> tf.Tensor:
 
 
 def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
-                       stored_size: int | None = None, max_pixels: int | None = None) -> None:
+                       stored_size: int | None = None, *, max_pixels: int) -> None:
     """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too.
-    `max_pixels` caps each image's header (None: export.serving's default)."""
+    `max_pixels` caps each image's header (export.serving.max_image_pixels)."""
     import keras
 
-    if max_pixels is None:
-        from tfmlops.config.sections import ServingLimits
-
-        max_pixels = ServingLimits().max_image_pixels
     names = tf.constant(classes)
 
     def outputs(probabilities):
