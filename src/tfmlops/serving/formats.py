@@ -280,10 +280,7 @@ def check_skew(cfg, prepared, model, served, parities) -> tuple[list, dict]:
 # ------------------------------------------------------------------ helpers
 
 def _rel(path: Path, out: Path) -> str:
-    try:
-        return str(Path(path).relative_to(out))
-    except ValueError:
-        return str(path)
+    return str(Path(path).relative_to(out) if Path(path).is_relative_to(out) else path)
 
 
 def _size(path: Path) -> int:

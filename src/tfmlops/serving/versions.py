@@ -183,10 +183,9 @@ def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
     in `out_dir`; their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [ev.reliability_png({f"{role} v{summary[role]['version']}": summary[role]
-                                 for role in runs}, out_dir / RELIABILITY_PNG)]
-    for role in runs:
-        files.append(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
-                                      out_dir / CONFUSION_PNG.format(version=role)))
+                                 for role in runs}, out_dir / RELIABILITY_PNG),
+             *(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
+                                out_dir / CONFUSION_PNG.format(version=role)) for role in runs)]
     first = runs["candidate"]
 
     def name(i: int) -> str:
