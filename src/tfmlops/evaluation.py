@@ -52,21 +52,21 @@ def per_class(matrix: np.ndarray, classes: Sequence[str]) -> dict[str, dict]:
     return out
 
 
-def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> dict:
-    """Expected calibration error over `bins` equal-width confidence bins, and the bins
+def calibration(confidence: np.ndarray, correct: np.ndarray) -> dict:
+    """Expected calibration error over ECE_BINS equal-width confidence bins, and the bins
     (count, mean confidence, accuracy) a reliability diagram draws."""
     conf = np.clip(np.asarray(confidence, np.float64), 0.0, 1.0)
     correct = np.asarray(correct, bool)
-    which = np.minimum((conf * bins).astype(int), bins - 1)
+    which = np.minimum((conf * ECE_BINS).astype(int), ECE_BINS - 1)
     rows, ece = [], 0.0
-    for b in range(bins):
+    for b in range(ECE_BINS):
         inside = which == b
         count = int(inside.sum())
         mean_conf = float(conf[inside].mean()) if count else None
         acc = float(correct[inside].mean()) if count else None
         if count:
             ece += count / len(conf) * abs(acc - mean_conf)
-        rows.append({"low": b / bins, "high": (b + 1) / bins, "count": count,
+        rows.append({"low": b / ECE_BINS, "high": (b + 1) / ECE_BINS, "count": count,
                      "confidence": mean_conf, "accuracy": acc})
     return {"ece": round(ece, 6), "bins": rows}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfmlops.artifacts import TAG_ACCURACY, TAG_BYTES, TAG_EDGE_AGREEMENT, TAG_LATENCY, TAG_PARITY
 from tfmlops.config import GateConfig
 
 
@@ -28,14 +29,6 @@ class VersionMetrics:
 
     @classmethod
     def from_tags(cls, version: str, tags: dict[str, str]) -> VersionMetrics:
-        from tfmlops.artifacts import (
-            TAG_ACCURACY,
-            TAG_BYTES,
-            TAG_EDGE_AGREEMENT,
-            TAG_LATENCY,
-            TAG_PARITY,
-        )
-
         parity = tags.get(TAG_PARITY)
         return cls(str(version), _number(tags.get(TAG_ACCURACY)), _number(tags.get(TAG_BYTES)),
                    _number(tags.get(TAG_LATENCY)),
@@ -63,13 +56,11 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
     mine, theirs = ev.get("candidate"), ev.get("production") if production else None
     checks = []
     if mine is not None:
-        accuracy = mine["accuracy"]
-        checks.append(_bound("min_accuracy", c, accuracy, gate.min_accuracy, "",
-                             at_least=True, label=f"accuracy on {mine['images']} test images",
-                             unit="", spec=(".4f", ".4f")))
+        checks.append(_bound("min_accuracy", c, mine["accuracy"], gate.min_accuracy, "",
+                             at_least=True, label=f"accuracy on {mine['images']} test images"))
     else:
         checks.append(_bound("min_accuracy", c, c.accuracy, gate.min_accuracy, "serving.accuracy",
-                             at_least=True, label="accuracy", unit="", spec=(".4f", ".4f")))
+                             at_least=True, label="accuracy"))
     if production is not None and ev.get("paired") is not None:
         checks.append(_paired(gate, production, ev["paired"]))
     else:
@@ -94,7 +85,7 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
     else:
         checks.append(_bound("min_edge_agreement", c, c.edge_agreement, gate.min_edge_agreement,
                              "", at_least=True, label="INT8 edge file's top-1 agreement with "
-                             "the float model", unit="", spec=(".4f", ".4f")))
+                             "the float model"))
     return checks
 
 
@@ -169,7 +160,8 @@ def _ece(gate: GateConfig, mine: dict | None) -> Check:
 
 
 def _bound(name: str, v: VersionMetrics, value: float | None, limit: float, tag: str, *,
-           at_least: bool, label: str, unit: str, spec: tuple[str, str]) -> Check:
+           at_least: bool, label: str, unit: str = "", spec: tuple[str, str] = (".4f", ".4f")
+           ) -> Check:
     """A floor (`at_least`) or ceiling check of one tagged figure; `spec` formats
     (the value and the distance, the limit)."""
     if value is None:

@@ -43,17 +43,15 @@ def fresh_profile_dir(cfg: Config, stage: str) -> Path:
     # earlier even when that one was pruned meanwhile (a reused name would sort first).
     same = [_stamp_key(p.name)[1] for p in parent.iterdir() if _stamp_key(p.name)[0] == stamp]
     n = max(same) + 1 if same else 0
-    unique = stamp if n == 0 else f"{stamp}.{n}"
+    name = stamp if n == 0 else f"{stamp}.{n}"
     exp_name = os.environ.get("DVC_EXP_NAME")  # the run's name under `dvc exp run`
-    folder = parent / (f"{unique}-{_safe(exp_name)}" if exp_name else unique)
+    if exp_name:
+        name += "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", exp_name)[:60]
+    folder = parent / name
     folder.mkdir()
     claim_folder(folder, PROFILE_KIND)
     _keep_newest(parent, cfg.profiling.keep_runs)
     return folder
-
-
-def _oldest_first(parent: Path) -> list[Path]:
-    return sorted((p for p in parent.iterdir() if p.is_dir()), key=lambda p: _stamp_key(p.name))
 
 
 def _stamp_key(name: str) -> tuple[str, int]:
@@ -65,13 +63,11 @@ def _keep_newest(parent: Path, keep: int) -> None:
     """Remove all but the newest `keep` runs; only run folders this module made (their
     marker and time-stamped name) count, anything else there is left alone."""
     owned = {p.name for p in owned_children(parent, PROFILE_KIND, RUN_NAME)}
-    for old in [p for p in _oldest_first(parent) if p.name in owned][:-keep]:
+    runs = sorted((p for p in parent.iterdir() if p.is_dir() and p.name in owned),
+                  key=lambda p: _stamp_key(p.name))  # oldest first
+    for old in runs[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
         log.debug("profiling: removed %s (profiling.keep_runs=%d)", old, keep)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:60]
 
 
 def keras_profile_batch(cfg: Config, steps_per_epoch: int) -> int | tuple[int, int]:

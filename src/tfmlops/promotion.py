@@ -50,12 +50,20 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
     failed = [c for c in checks if not c.passed]
     still_held()
     reasons = "; ".join(c.message for c in failed)
+    stays = f"production stays {'version ' + production if production else 'empty'}"
     if experiment and not cfg.promote.from_experiments:
-        outcome, after, summary = hold_experiment(registry, candidate, production, experiment,
-                                                  reasons if failed and not force else None)
+        # A DVC experiment's version: @exp-<name>, production untouched.
+        alias = experiment_alias(experiment)
+        registry.set_alias(alias, candidate)
+        refused = bool(failed) and not force
+        outcome, after = ("refused" if refused else "held"), production
+        gate = f"the gate refused it: {reasons}" if refused else "the gate passed"
+        summary = (f"DVC experiment {experiment}: version {candidate} -> @{alias}, not @production "
+                   f"({gate}); {stays}; apply and commit the experiment, then `dvc repro`, to "
+                   "promote it")
         reason = (f"DVC experiment {experiment}: experiments never move @production "
                   "(promote.from_experiments is false)")
-        expected = {experiment_alias(experiment): candidate, PRODUCTION: production}
+        expected = {alias: candidate, PRODUCTION: production}
     elif production == candidate:
         outcome, after = "unchanged", production
         summary = reason = f"version {candidate} already holds @production"
@@ -79,8 +87,7 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
     else:
         registry.set_alias(CANDIDATE, candidate)
         outcome, after = "refused", production
-        summary = (f"refused version {candidate} (now @candidate): {reasons}"
-                   f"; production stays {'version ' + production if production else 'empty'}")
+        summary = f"refused version {candidate} (now @candidate): {reasons}; {stays}"
         reason = f"the gate failed: {reasons}"
         expected = {CANDIDATE: candidate, PRODUCTION: production}
     registry.tag_version(candidate, {"promote.outcome": outcome, "promote.run_id": run_id})
@@ -114,18 +121,6 @@ def record_evaluation(cfg: Config, run, evaluation: dict) -> dict:
             "exclusion": evaluation["exclusion"], "paired": paired or None,
             **{r: {k: evaluation[r][k] for k in ("version", "runtime", "accuracy", "ece")}
                for r in roles}, "report": str(path)}
-
-
-def hold_experiment(registry, candidate: str, production: str | None, experiment: str,
-                    refused: str | None) -> tuple[str, str | None, str]:
-    """A DVC experiment's version: @exp-<name>, production untouched. (outcome, after, summary)"""
-    alias = experiment_alias(experiment)
-    registry.set_alias(alias, candidate)
-    gate = f"the gate refused it: {refused}" if refused else "the gate passed"
-    summary = (f"DVC experiment {experiment}: version {candidate} -> @{alias}, not @production "
-               f"({gate}); production stays {'version ' + production if production else 'empty'}"
-               "; apply and commit the experiment, then `dvc repro`, to promote it")
-    return ("refused" if refused else "held"), production, summary
 
 
 def roll_back(registry, still_held, run_id) -> dict:

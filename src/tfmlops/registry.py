@@ -66,9 +66,9 @@ _PERMANENT = {"RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_PAR
 class Registry:
     """One registered model in the configured store."""
 
-    def __init__(self, cfg: Config, name: str | None = None):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.name = name or cfg.promote.registered_model
+        self.name = cfg.promote.registered_model
         self.uri = tracking.tracking_uri(cfg)
         tracking.ensure_reachable(self.uri, cfg.tracking.connect_timeout_s)
         self.client = tracking.use_uri(self.uri).MlflowClient(tracking_uri=self.uri,
@@ -153,23 +153,19 @@ class Registry:
         key = key or uuid.uuid4().hex
         tags = {**{k: str(v) for k, v in tags.items()}, REGISTER_KEY: key}
 
+        name = self.name.replace("'", "\\'")
+
         def find_or_create(client):
-            found = self.version_with_key(client, key)
-            if found is not None:
-                return found
+            found = client.search_model_versions(
+                f"name = '{name}' and tags.`{REGISTER_KEY}` = '{key}'")
+            if found:  # the oldest version tagged with `key`
+                return str(min(int(v.version) for v in found))
             with contextlib.suppress(Exception):  # exists already: fine
                 client.create_registered_model(self.name)
             return str(client.create_model_version(self.name, model_uri, tags=tags,
                                                    description=description).version)
 
         return self._call(find_or_create, "register a version")
-
-    def version_with_key(self, client, key: str) -> str | None:
-        """The oldest version of this model tagged with registration `key`, or None."""
-        name = self.name.replace("'", "\\'")
-        found = client.search_model_versions(
-            f"name = '{name}' and tags.`{REGISTER_KEY}` = '{key}'")
-        return str(min(int(v.version) for v in found)) if found else None
 
     # -- the promotion lock
     @contextlib.contextmanager

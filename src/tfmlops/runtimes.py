@@ -48,17 +48,13 @@ class TFLiteModel:
     def output_dtype(self):
         return self.output["dtype"]
 
-    def _resize(self, batch: int) -> None:
-        if self._batch != batch:
-            shape = list(self.input["shape"])
-            shape[0] = batch
-            self.interpreter.resize_tensor_input(self.input["index"], shape)
-            self.interpreter.allocate_tensors()
-            self._batch = batch
-
     def predict(self, x: np.ndarray) -> np.ndarray:
         """float32 model inputs -> float32 probabilities (quantizing as the model asks)."""
-        self._resize(len(x))
+        if self._batch != len(x):
+            self.interpreter.resize_tensor_input(self.input["index"],
+                                                 [len(x), *self.input["shape"][1:]])
+            self.interpreter.allocate_tensors()
+            self._batch = len(x)
         scale, zero = self.input["quantization"]
         if self.input_dtype in (np.int8, np.uint8) and scale:
             info = np.iinfo(self.input_dtype)

@@ -288,9 +288,9 @@ def test_a_request_of_16_bit_images_is_capped_by_its_decoded_bytes(tmp_path):
               "std": [0.5], "limits": {"max_request_decoded_bytes": 100 * 2**20}}
     predictor = Predictor.__new__(Predictor)  # the caps alone: no runtime is needed
     predictor.channels, predictor.image_size = 1, 8
-    from tfmlops.serving.predictor import _limits
+    from tfmlops.config.sections import ServingLimits
 
-    predictor.limits = _limits(config["limits"])
+    predictor.limits = ServingLimits(**config["limits"])
     row = {"image": base64.b64encode(png16(np.zeros((4096, 4096)))).decode()}
     with pytest.raises(RequestError) as caught:
         predictor.inputs([row] * 4)
@@ -305,6 +305,7 @@ def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkey
     import threading
     import time
 
+    from tfmlops.config.sections import ServingLimits
     from tfmlops.serving import predictor as module
 
     inside, most, guard = 0, 0, threading.Lock()
@@ -323,7 +324,7 @@ def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkey
     predictor = module.Predictor.__new__(module.Predictor)
     predictor.channels, predictor.image_size, predictor.mean, predictor.std = 1, 8, [0], [1]
     predictor.stored_size = None
-    predictor.limits = module._limits({"max_concurrent_decodes": 2})
+    predictor.limits = ServingLimits(max_concurrent_decodes=2)
     predictor._decoding = threading.BoundedSemaphore(predictor.limits.max_concurrent_decodes)
     threads = [threading.Thread(target=predictor.image_input, args=(b"x",)) for _ in range(8)]
     for t in threads:

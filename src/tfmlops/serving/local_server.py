@@ -1,5 +1,4 @@
-"""`tfmlops serve` (or `mlflow models serve`) on 127.0.0.1, in its own process group:
-start, wait, stop.
+"""`tfmlops serve` on 127.0.0.1, in its own process group: start, wait, stop.
 
 What the README's serving command does, as the serving tests and
 `benchmarks/serving.py` run it. Its own process group: the uvicorn workers
@@ -17,28 +16,22 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-MLFLOW = Path(sys.executable).parent / "mlflow"  # the one of this environment
-TFMLOPS = Path(sys.executable).parent / "tfmlops"
+TFMLOPS = Path(sys.executable).parent / "tfmlops"  # the one of this environment
 
 
 def start(model_uri: str, tracking_uri: str, log: Path, *, allow_pickle: bool = False,
           env: Mapping[str, str] | None = None,
-          cwd: Path | None = None, server: str = "tfmlops") -> tuple[subprocess.Popen, str]:
-    """(the server process, its URL); `log` takes its output. `server`: "tfmlops"
-    (`tfmlops serve`, the README's) or "mlflow" (`mlflow models serve`)."""
+          cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """(the server process, its URL); `log` takes its output."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = dict(os.environ if env is None else env)
-    env = {**base, "PATH": f"{MLFLOW.parent}{os.pathsep}{base.get('PATH', '')}",
+    env = {**base, "PATH": f"{TFMLOPS.parent}{os.pathsep}{base.get('PATH', '')}",
            "MLFLOW_TRACKING_URI": tracking_uri,
            "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": str(allow_pickle).lower()}
-    command = ([str(TFMLOPS), "serve", "-m", model_uri, "-H", "127.0.0.1", "-p", str(port)]
-               if server == "tfmlops" else
-               [str(MLFLOW), "models", "serve", "-m", model_uri, "--env-manager", "local",
-                "-h", "127.0.0.1", "-p", str(port)])
     proc = subprocess.Popen(
-        command,
+        [str(TFMLOPS), "serve", "-m", model_uri, "-H", "127.0.0.1", "-p", str(port)],
         cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
         start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"

@@ -41,29 +41,14 @@ def save_serving_model(folder: Path, runtime_file: str, example: dict[str, Any],
 def _serving_model(folder: Path, runtime_file: str, example: dict[str, Any]) -> dict[str, Any]:
     """What the served pyfunc model is made of, wherever it is logged or saved."""
     import pandas as pd
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, Schema
 
     import tfmlops
     from tfmlops.artifacts import SERVING
     from tfmlops.serving.predictor import CONFIG_ARTIFACT, MODEL_ARTIFACT
 
     package = Path(tfmlops.__file__).parent
-    return {
-        # models-from-code: MLflow runs this file at load time (no pickle); the
-        # package travels along as code so the model loads where tfmlops is absent.
-        "python_model": str(package / "serving" / "pyfunc_model.py"),
-        "artifacts": {MODEL_ARTIFACT: str(folder / runtime_file),
-                      CONFIG_ARTIFACT: str(folder / SERVING)},
-        "code_paths": [str(package)],
-        "signature": _serving_signature(),
-        "input_example": pd.DataFrame([example]),
-        "pip_requirements": _serving_requirements(),
-    }
-
-
-def _serving_signature():
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Array, ColSpec, Schema
-
     inputs = Schema([
         ColSpec("string", "image", required=False),  # base64 PNG/JPEG bytes
         # H*W*C floats, row-major, normalized: flat, so MLflow checks it in one vector op
@@ -74,10 +59,16 @@ def _serving_signature():
         ColSpec("long", "label_index"),
         ColSpec(Array("double"), "probabilities"),
     ])
-    return ModelSignature(inputs=inputs, outputs=outputs)
-
-
-def _serving_requirements() -> list[str]:
-    return tracking.pinned_requirements(
-        "mlflow", "numpy", "pandas", "Pillow", "opencv-python-headless", "onnxruntime",
-        "ai-edge-litert")
+    return {
+        # models-from-code: MLflow runs this file at load time (no pickle); the
+        # package travels along as code so the model loads where tfmlops is absent.
+        "python_model": str(package / "serving" / "pyfunc_model.py"),
+        "artifacts": {MODEL_ARTIFACT: str(folder / runtime_file),
+                      CONFIG_ARTIFACT: str(folder / SERVING)},
+        "code_paths": [str(package)],
+        "signature": ModelSignature(inputs=inputs, outputs=outputs),
+        "input_example": pd.DataFrame([example]),
+        "pip_requirements": tracking.pinned_requirements(
+            "mlflow", "numpy", "pandas", "Pillow", "opencv-python-headless", "onnxruntime",
+            "ai-edge-litert"),
+    }

@@ -34,6 +34,7 @@ REQUEST_HELP = ('send {"dataframe_records": [{"image": "<base64 PNG or JPEG>"}]}
 
 class Predictor:
     def __init__(self, runtime: str, model_path: str | Path, config: dict):
+        from tfmlops.config.sections import ServingLimits
         from tfmlops.runtimes import OnnxModel, TFLiteModel
 
         self.runtime = runtime
@@ -43,7 +44,8 @@ class Predictor:
         self.mean, self.std = config["mean"], config["std"]
         # prepare's stored short side: a request image is reduced the same way (None: not)
         self.stored_size = config.get("stored_size")
-        self.limits = _limits(config.get("limits"))
+        # export.serving from serving.json; a model exported before the caps gets the defaults
+        self.limits = ServingLimits(**(config.get("limits") or {}))
         threads = int(config.get("threads", 1))
         self.model = (TFLiteModel(str(model_path), threads) if runtime == "tflite"
                       else OnnxModel(str(model_path), threads))
@@ -54,10 +56,6 @@ class Predictor:
     def from_files(cls, model_path: str | Path, config_path: str | Path) -> Predictor:
         config = json.loads(Path(config_path).read_text())
         return cls(config["runtime"], model_path, config)
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return (self.image_size, self.image_size, self.channels)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         with self._lock:
@@ -124,14 +122,14 @@ class Predictor:
         return self.image_input(value) if kind == "image" else value
 
     def _pixels(self, pixels) -> np.ndarray:
-        h, w, c = self.input_shape
+        h, w, c = shape = (self.image_size, self.image_size, self.channels)
         try:
             x = np.asarray(_nested_list(pixels), dtype=np.float32)
         except (TypeError, ValueError):
             raise RequestError(f"'pixels' must be an array of {h * w * c} numbers") from None
         if x.shape == (h * w * c,):
-            x = x.reshape(self.input_shape)
-        elif x.shape != self.input_shape:
+            x = x.reshape(shape)
+        elif x.shape != shape:
             raise RequestError(f"'pixels' holds {x.size} values (shape "
                                f"{'x'.join(map(str, x.shape)) or 'scalar'}); the model takes "
                                f"{h * w * c} = {h}x{w}x{c} (height x width x channels, row-major), "
@@ -148,20 +146,9 @@ class Predictor:
                 "probabilities": [[float(p) for p in row] for row in probs]}
 
 
-def _limits(values: dict | None):
-    """export.serving from serving.json; a model exported before the caps gets the defaults."""
-    from tfmlops.config.sections import ServingLimits
-
-    return ServingLimits(**(values or {}))
-
-
 def _present(value):
     """None for a missing cell (absent column, None or NaN in a mixed table)."""
-    if value is None:
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _nested_list(value):

@@ -20,13 +20,7 @@ import binascii
 
 import numpy as np
 
-from tfmlops.data.decode import (
-    ImageRejected,
-    bilinear_taps,
-    decoded_bytes,
-    load_pixels,
-    open_image,
-)
+from tfmlops.data.decode import ImageRejected, bilinear_taps, decoded_bytes, load_pixels, open_image
 
 
 class RequestError(ValueError):
@@ -46,15 +40,8 @@ def decode_base64(text: object) -> bytes:
 def image_header(data: bytes) -> tuple[int, int, int]:
     """(width, height, bytes its decoding holds) the header of encoded image bytes claims;
     no pixel is decoded."""
-    if not data:
-        raise RequestError("'image' is empty; send base64-encoded PNG or JPEG bytes")
-    try:
-        img = open_image(data)
-        return img.width, img.height, decoded_bytes(img)
-    except ImageRejected as exc:
-        raise _refused(exc) from None
-    except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
-        raise _unreadable(exc) from None
+    img = _read(data, open_image)  # opening reads the header alone
+    return img.width, img.height, decoded_bytes(img)
 
 
 def decode_image(data: bytes, channels: int, stored_size: int | None = None,
@@ -64,27 +51,27 @@ def decode_image(data: bytes, channels: int, stored_size: int | None = None,
     `stored_size` is prepare's stored short side (None: full size), from the
     served model's `serving.json`; `max_pixels` caps what the header may claim.
     """
-    if not data:
-        raise RequestError("'image' is empty; send base64-encoded PNG or JPEG bytes")
-    try:
-        array = load_pixels(data, channels, short_side=stored_size, max_pixels=max_pixels)[0]
-    except ImageRejected as exc:
-        raise _refused(exc) from None
-    except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
-        raise _unreadable(exc) from None
+    array = _read(data, lambda d: load_pixels(d, channels, short_side=stored_size,
+                                                max_pixels=max_pixels)[0])
     return array[..., None] if array.ndim == 2 else array
 
 
-def _unreadable(exc: Exception) -> RequestError:
-    # Beyond the errors load_pixels names, a decoder may raise anything on crafted bytes:
-    # the client still gets one line.
-    return RequestError(f"'image' refused: corrupt or unreadable ({type(exc).__name__})")
-
-
-def _refused(exc: ImageRejected) -> RequestError:
-    if str(exc) == "not an image":
-        return RequestError("'image' is not an image: the bytes are not PNG, JPEG, GIF or BMP")
-    return RequestError(f"'image' refused: {exc}")
+def _read(data: bytes, read):
+    """`read(data)`, whatever refuses or fails on the bytes said as one RequestError line."""
+    if not data:
+        raise RequestError("'image' is empty; send base64-encoded PNG or JPEG bytes")
+    try:
+        return read(data)
+    except ImageRejected as exc:
+        if str(exc) == "not an image":
+            raise RequestError("'image' is not an image: the bytes are not PNG, JPEG, GIF or "
+                               "BMP") from None
+        raise RequestError(f"'image' refused: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
+        # Beyond the errors load_pixels names, a decoder may raise anything on crafted bytes:
+        # the client still gets one line.
+        raise RequestError(f"'image' refused: corrupt or unreadable ({type(exc).__name__})") \
+            from None
 
 
 def image_input(data: bytes, channels: int, size: int, mean, std,

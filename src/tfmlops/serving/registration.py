@@ -52,12 +52,8 @@ def all_parity_passed(parities) -> bool:
 
 
 def export_metrics(rows, parities, serving) -> dict:
-    metrics = {}
-    for r in rows:
-        for key in ("accuracy", "bytes", "p50_ms"):
-            metrics[f"{r['format']}.{key}"] = r[key]
-    for p in parities:
-        metrics[f"parity.{p.runtime}.max_abs_diff"] = p.max_abs_diff
+    metrics = {f"{r['format']}.{key}": r[key] for r in rows for key in ("accuracy", "bytes", "p50_ms")}
+    metrics.update({f"parity.{p.runtime}.max_abs_diff": p.max_abs_diff for p in parities})
     metrics["parity.passed"] = int(all_parity_passed(parities))
     metrics.update({f"serving.{k}": v for k, v in serving.items() if k in
                     ("accuracy", "bytes", "latency_p50_ms")})
@@ -84,9 +80,8 @@ def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dic
                         "; fix the tracking store and run export again")
     # Keyed by the inputs, not this run or the converted bytes (both differ on a rerun):
     # a rerun after a crash between registering and registered.json finds its version.
-    key = registration_key(cfg)
-    reg = registry.Registry(cfg, name)
-    version = reg.register(uri, tags, card, key=key)
+    reg = registry.Registry(cfg)
+    version = reg.register(uri, tags, card, key=registration_key(cfg))
     log.info("export: registered %s version %s", name, version)
     return {"name": name, "version": version, "run_id": run.run_id,
             "model_uri": reg.source(version)}  # an earlier run's, if it registered these inputs

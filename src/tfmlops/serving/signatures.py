@@ -159,14 +159,12 @@ def _convert_like_pil(image: tf.Tensor, channels: int) -> tf.Tensor:
     return tf.cast(color, tf.uint8)
 
 
-def serving_functions(model, classes: list[str], image_size: int, channels: int, mean, std,
-                      stored_size: int | None = None, max_pixels: int | None = None):
-    """The two serving functions (plain Python; `export_saved_model` traces them);
-    `max_pixels` caps each image's header (None: export.serving's default)."""
-    if max_pixels is None:
-        from tfmlops.config.sections import ServingLimits
+def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
+                       stored_size: int | None = None, *, max_pixels: int) -> None:
+    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too.
+    `max_pixels` caps each image's header (export.serving.max_image_pixels)."""
+    import keras
 
-        max_pixels = ServingLimits().max_image_pixels
     names = tf.constant(classes)
 
     def outputs(probabilities):
@@ -186,28 +184,25 @@ def serving_functions(model, classes: list[str], image_size: int, channels: int,
         )
         return serve_preprocessed(x)
 
-    return serve_image_bytes, serve_preprocessed
-
-
-def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
-                       stored_size: int | None = None, max_pixels: int | None = None) -> None:
-    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too."""
-    import keras
-
-    serve_bytes, serve_floats = serving_functions(model, classes, image_size, channels, mean, std,
-                                                  stored_size, max_pixels)
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[
+    archive.add_endpoint(BYTES_SIGNATURE, serve_image_bytes, input_signature=[
         tf.TensorSpec([None], tf.string, name="image_bytes")])
-    archive.add_endpoint(FLOAT_SIGNATURE, serve_floats, input_signature=[
+    archive.add_endpoint(FLOAT_SIGNATURE, serve_preprocessed, input_signature=[
         tf.TensorSpec([None, image_size, image_size, channels], tf.float32, name="image")])
     archive.write_out(str(path), verbose=False)
 
 
-def run_signatures(path, split) -> dict:
-    """Both signatures of the SavedModel at `path` on the split's (`StoredSplit`) float
-    inputs and stored bytes, batch by batch."""
+def main(argv: list[str]) -> int:
+    """Reload in this (fresh) process: DIR SPLIT.json OUTPUTS.npz. Both signatures of the
+    SavedModel in DIR on the split's (`StoredSplit`) float inputs and stored bytes, batch
+    by batch."""
+    import json
+
+    from tfmlops.data.stored_split import StoredSplit
+
+    path, split_file, outputs = argv
+    split = StoredSplit.from_dict(json.loads(Path(split_file).read_text()))
     loaded = tf.saved_model.load(str(path))
     floats = loaded.signatures[FLOAT_SIGNATURE]
     images = loaded.signatures[BYTES_SIGNATURE]
@@ -219,23 +214,9 @@ def run_signatures(path, split) -> dict:
         prob_b.append(out["probabilities"].numpy())
         labels.append(out["label"].numpy().astype(str))
     first = default(image_bytes=tf.constant([split.first[0]]))["probabilities"].numpy()
-    return {
-        "float_probabilities": np.concatenate(prob_f),
-        "bytes_probabilities": np.concatenate(prob_b),
-        "bytes_labels": np.concatenate(labels),
-        "default_probabilities": first,
-    }
-
-
-def main(argv: list[str]) -> int:
-    """Reload in this (fresh) process: DIR SPLIT.json OUTPUTS.npz."""
-    import json
-
-    from tfmlops.data.stored_split import StoredSplit
-
-    path, split_file, outputs = argv
-    split = StoredSplit.from_dict(json.loads(Path(split_file).read_text()))
-    np.savez(outputs, **run_signatures(path, split))
+    np.savez(outputs, float_probabilities=np.concatenate(prob_f),
+             bytes_probabilities=np.concatenate(prob_b), bytes_labels=np.concatenate(labels),
+             default_probabilities=first)
     return 0
 
 

@@ -27,7 +27,6 @@ fails `export` with one line naming the pair.
 
 from __future__ import annotations
 
-import base64
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,9 +115,11 @@ def pyfunc_probabilities(model, encoded: list[bytes], rows: int) -> np.ndarray:
     """The served MLflow model's probabilities for encoded images, `rows` per request."""
     import pandas as pd
 
+    from tfmlops.serving.mlflow_model import request_example
+
     out = []
     for i in range(0, len(encoded), rows):
-        frame = pd.DataFrame([{"image": base64.b64encode(b).decode()} for b in encoded[i:i + rows]])
+        frame = pd.DataFrame([request_example(b) for b in encoded[i:i + rows]])
         answer = model.predict(frame)
         out.append(np.asarray(answer["probabilities"].tolist(), np.float32))
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

@@ -167,15 +167,10 @@ def served_predictor(registry, version: str, dest: Path):
     return Predictor.from_files(files[MODEL_ARTIFACT], files[CONFIG_ARTIFACT])
 
 
-def manifest_test(manifest: dict) -> dict[str, dict]:
-    """The manifest's test files by sha256."""
-    return {f["sha256"]: f for f in manifest.get("files", []) if f.get("split") == "test"}
-
-
 def slice_keys(p: Predictions, classes: list[str], manifest: dict) -> dict[str, list[str]]:
     """Per evaluated image: its class, source format and source-size bucket (the
     manifest's `format`, `width`, `height` by sha256; "unknown" where it has none)."""
-    rows = manifest_test(manifest)
+    rows = {f["sha256"]: f for f in manifest.get("files", []) if f.get("split") == "test"}
     meta = [rows.get(sha, {}) for sha in p.sha256]
     return {"class": [classes[i] for i in p.labels],
             "format": [str(m.get("format") or ev.UNKNOWN).lower() for m in meta],
@@ -188,11 +183,11 @@ def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
     in `out_dir`; their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [ev.reliability_png({f"{role} v{summary[role]['version']}": summary[role]
-                                 for role in runs}, out_dir / RELIABILITY_PNG)]
-    for role in runs:
-        files.append(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
-                                      out_dir / CONFUSION_PNG.format(version=role)))
+                                 for role in runs}, out_dir / RELIABILITY_PNG),
+             *(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
+                                out_dir / CONFUSION_PNG.format(version=role)) for role in runs)]
     first = runs["candidate"]
+
     def name(i: int) -> str:
         return classes[i] if i >= 0 else ev.UNKNOWN
 
