@@ -242,11 +242,12 @@ def phases(merged: Config, epochs: int | None = None) -> list[Phase]:
 
 def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, fit_one,
                   plan: list[Phase], done: int = 0):
-    """Run `plan`: per phase, set what trains, recompile, `fit_one(phase)`. Phases a
-    resumed run has finished (`done` epochs) are skipped. Returns the last fit's result."""
+    """Run `plan`: per phase, set what trains, recompile, `fit_one(phase)` (a keras
+    History). Phases a resumed run has finished (`done` epochs) are skipped. Returns the
+    last fit's History, its `history` holding the epochs of every phase run."""
     from tfmlops.model import backbones
 
-    result = None
+    result, history = None, {}
     for phase in plan:
         if phase.last <= done:
             continue
@@ -258,8 +259,12 @@ def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, 
         compile_model(model, merged, prepared, keras, steps_per_epoch * (phase.last - phase.first),
                       phase.lr_factor)
         result = fit_one(phase)
+        for key, values in result.history.items():
+            history.setdefault(key, []).extend(values)
     if merged.model.backbone != "none":
         backbones.set_trainable_top(model, None)  # saved whole: later stages train it all
+    if result is not None:
+        result.history = history
     return result
 
 
