@@ -422,27 +422,23 @@ def chief_finished_epochs(backup_dir: str | Path) -> int:
         return 0
 
 
+def _read_json(path: Path, default):
+    """The JSON in `path`; `default` when it is missing or unreadable (a kill mid-write)."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else default
+    except (OSError, ValueError):
+        return default
+
+
 def history_rows(backup_dir: str | Path) -> list[dict]:
-    path = Path(backup_dir) / HISTORY_FILE
-    try:
-        rows = json.loads(path.read_text()) if path.is_file() else []
-    except (OSError, ValueError):
-        return []
-    return sorted(rows, key=lambda r: r["epoch"])
-
-
-def matches(backup_dir: str | Path, fingerprint: dict) -> bool:
-    path = Path(backup_dir) / FINGERPRINT_FILE
-    try:
-        return path.is_file() and json.loads(path.read_text()) == fingerprint
-    except (OSError, ValueError):
-        return False
+    return sorted(_read_json(Path(backup_dir) / HISTORY_FILE, []), key=lambda r: r["epoch"])
 
 
 def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
     """Keep a backup made with the same params and data; wipe any other. True if kept."""
     folder = Path(backup_dir)
-    keep = finished_epochs(folder, keras) > 0 and matches(folder, fingerprint)
+    keep = (finished_epochs(folder, keras) > 0
+            and _read_json(folder / FINGERPRINT_FILE, None) == fingerprint)
     if not keep:
         clear(folder)
         write_json(folder / FINGERPRINT_FILE, fingerprint)
