@@ -530,11 +530,6 @@ def _recorder_class(keras):
     return EpochRecorder
 
 
-def epoch_recorder(keras, history_dir: str | Path, train_images: int, run, rows: list[dict]):
-    """The callback that records one history row per epoch (see `_recorder_class`)."""
-    return _recorder_class(keras)(history_dir, train_images, run, rows)
-
-
 def metrics_of(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "epoch" and v is not None}
 
@@ -615,8 +610,8 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
                                      "loss_scaling": scaled, "fine_tune_phases": len(plan),
                                      **resolved}})
-        recorder = epoch_recorder(keras, where.history, prepared.counts["train"], run,
-                                  resumed.rows)
+        recorder = _recorder_class(keras)(where.history, prepared.counts["train"], run,
+                                          resumed.rows)
 
         def fit_one(phase: Phase):
             recorder.phase = phase.number if len(plan) > 1 else None
