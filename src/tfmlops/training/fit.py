@@ -538,11 +538,8 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
-def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool,
-                       keras=None) -> list:
+def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool, keras) -> list:
     """The callbacks that change what a run learns (also used by tune's final round)."""
-    if keras is None:
-        import keras
     cbs = []
     if early_stopping_patience:
         cbs.append(keras.callbacks.EarlyStopping(monitor=MONITOR, mode="min",
