@@ -42,10 +42,7 @@ def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes
     run.log_params({
         "resolved": {
             "precision_policy": decision.policy,
-            "strategy": placement["strategy"],
-            "strategy_class": placement["strategy_class"],
-            "replicas": placement["replicas"],
-            "workers": placement["workers"],
+            **placement,  # strategy, strategy_class, replicas, workers
             "per_replica_batch_size": merged.train.batch_size,
             "global_batch_size": run_setup.global_batch,
             "jit_compile_requested": merged.train.jit_compile,
