@@ -550,21 +550,21 @@ def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool,
     return cbs
 
 
-def training_callbacks(keras, *, backup_dir: Path, profile_dir: Path, profile_batch, recorder,
-                       early_stopping_patience: int, reduce_lr_on_plateau: bool,
+def training_callbacks(keras, t, where: Folders, profile_batch, recorder,
                        best_so_far: float | None) -> list:
-    """The callback list of a run, in the order the module docstring explains."""
+    """The callback list of a run (`t`: its train config), in the order the module
+    docstring explains."""
     c = keras.callbacks
-    cbs = [recorder, c.ModelCheckpoint(str(backup_dir / BEST_WEIGHTS), monitor=MONITOR,
+    cbs = [recorder, c.ModelCheckpoint(str(where.backup / BEST_WEIGHTS), monitor=MONITOR,
                                        mode="min", save_best_only=True, save_weights_only=True,
                                        initial_value_threshold=best_so_far)]
-    cbs += stopping_callbacks(early_stopping_patience, reduce_lr_on_plateau, keras)
-    cbs.append(c.TensorBoard(log_dir=str(profile_dir), profile_batch=profile_batch,
+    cbs += stopping_callbacks(t.early_stopping_patience, t.reduce_lr_on_plateau, keras)
+    cbs.append(c.TensorBoard(log_dir=str(where.profile), profile_batch=profile_batch,
                              write_graph=False))
     # Kept after a successful fit: the chief empties the folder once the model is saved.
     # double_checkpoint (Keras 3): a kill while the weights file is written leaves the previous.
     extra = {"double_checkpoint": True} if is_keras3(keras) else {}
-    cbs.append(c.BackupAndRestore(str(backup_dir), delete_checkpoint=False, **extra))
+    cbs.append(c.BackupAndRestore(str(where.backup), delete_checkpoint=False, **extra))
     return cbs
 
 
@@ -613,11 +613,8 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         def fit_one(phase: Phase):
             recorder.phase = phase.number if len(plan) > 1 else None
             callbacks = training_callbacks(
-                keras, backup_dir=where.backup, profile_dir=where.profile,
-                profile_batch=profiling.keras_profile_batch(cfg, steps_per_epoch),
-                recorder=recorder, early_stopping_patience=merged.train.early_stopping_patience,
-                reduce_lr_on_plateau=merged.train.reduce_lr_on_plateau,
-                best_so_far=resumed.best_so_far if run_setup.across_workers
+                keras, merged.train, where, profiling.keras_profile_batch(cfg, steps_per_epoch),
+                recorder, resumed.best_so_far if run_setup.across_workers
                 else best_val_loss(recorder.rows))
             return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
                              initial_epoch=phase.first, callbacks=callbacks,
