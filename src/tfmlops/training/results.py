@@ -28,8 +28,7 @@ OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
 def params(merged: Config) -> dict:
     """The run's params: what was trained."""
     d = merged.to_dict()
-    return {"seed": d["seed"], "model": d["model"], "train": d["train"],
-            "pipeline": d["pipeline"]}
+    return {k: d[k] for k in ("seed", "model", "train", "pipeline")}
 
 
 def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes: list,
