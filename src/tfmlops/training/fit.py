@@ -400,12 +400,11 @@ def finished_epochs(backup_dir: str | Path, keras=None) -> int:
     tf_keras: the multi-worker backup (`chief_finished_epochs`)."""
     if keras is not None and not is_keras3(keras):
         return chief_finished_epochs(backup_dir)
-    meta = Path(backup_dir) / BACKUP_META
-    if not meta.is_file() or not (Path(backup_dir) / BACKUP_WEIGHTS).is_file():
+    if not (Path(backup_dir) / BACKUP_WEIGHTS).is_file():
         return 0
-    try:
-        return int(json.loads(meta.read_text())["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # no or an unreadable metadata file: {} (a kill mid-write)
+        return int(_read_json(Path(backup_dir) / BACKUP_META, {})["epoch"])
+    except (ValueError, KeyError, TypeError):
         return 0
 
 
