@@ -111,11 +111,9 @@ def keep_best_pruned(keras, end_step: int, steps_per_epoch: int):
 
 def pruned_weight_names(wrapped_model) -> dict[str, set[str]]:
     """Layer name -> names of the weights tfmot pruned in it."""
-    out: dict[str, set[str]] = {}
-    for layer in wrapped_model.layers:
-        if hasattr(layer, "pruning_vars"):  # a PruneLowMagnitude wrapper
-            out[layer.layer.name] = {w.name for w, _mask, _threshold in layer.pruning_vars}
-    return out
+    return {layer.layer.name: {w.name for w, _mask, _threshold in layer.pruning_vars}
+            for layer in wrapped_model.layers
+            if hasattr(layer, "pruning_vars")}  # a PruneLowMagnitude wrapper
 
 
 def strip(wrapped_model):
