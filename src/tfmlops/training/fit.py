@@ -167,8 +167,7 @@ def datasets(merged: Config, prepared, global_batch: int):
     steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
     # Known lengths: Keras shows real progress and does not warn at the end of epoch 1.
     cardinality = tf.data.experimental.assert_cardinality
-    train_ds = pipeline.dataset(merged, prepared, "train", batch_size=global_batch,
-                                training=True).apply(cardinality(steps_per_epoch))
+    train_ds = pipeline_train(merged, prepared, global_batch).apply(cardinality(steps_per_epoch))
     val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
         cardinality(math.ceil(prepared.counts["val"] / global_batch)))
     return train_ds, val_ds, steps_per_epoch
