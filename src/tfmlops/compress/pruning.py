@@ -22,7 +22,7 @@ def polynomial_decay(p: PruneConfig, steps: PruningSteps):
     )
 
 
-def recalibrated_batch_norm(model, images, keras, batch_size: int = 256):
+def recalibrated_batch_norm(model, images, keras):
     """A copy of `model` whose BatchNormalization moving mean/variance are the
     exact statistics of each layer's input over `images` (train images).
 
@@ -41,7 +41,7 @@ def recalibrated_batch_norm(model, images, keras, batch_size: int = 256):
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             upstream = keras.Model(model.inputs, layer.input)
-            acts = upstream.predict(images, batch_size=batch_size, verbose=0)
+            acts = upstream.predict(images, batch_size=256, verbose=0)
             axes = tuple(range(acts.ndim - 1))
             layer.moving_mean.assign(np.mean(acts, axis=axes))
             layer.moving_variance.assign(np.var(acts, axis=axes))
@@ -111,11 +111,9 @@ def keep_best_pruned(keras, end_step: int, steps_per_epoch: int):
 
 def pruned_weight_names(wrapped_model) -> dict[str, set[str]]:
     """Layer name -> names of the weights tfmot pruned in it."""
-    out: dict[str, set[str]] = {}
-    for layer in wrapped_model.layers:
-        if hasattr(layer, "pruning_vars"):  # a PruneLowMagnitude wrapper
-            out[layer.layer.name] = {w.name for w, _mask, _threshold in layer.pruning_vars}
-    return out
+    return {layer.layer.name: {w.name for w, _mask, _threshold in layer.pruning_vars}
+            for layer in wrapped_model.layers
+            if hasattr(layer, "pruning_vars")}  # a PruneLowMagnitude wrapper
 
 
 def strip(wrapped_model):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tfmlops.compress.variants import DYNAMIC, FLOAT16, FLOAT32, INT8, INT8_SPARSE
+from tfmlops.compress.variants import CONVERTED_VARIANTS, FLOAT16, FLOAT32, INT8, INT8_SPARSE
 
 
 def representative(images: np.ndarray) -> Callable[[], Iterator[list[np.ndarray]]]:
@@ -38,25 +38,21 @@ def convert(model, variant: str, calibration: np.ndarray | None = None) -> bytes
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    if variant == FLOAT32:
-        pass
-    elif variant == DYNAMIC:
+    if variant not in CONVERTED_VARIANTS:
+        raise ValueError(f"unknown TFLite variant {variant!r}")
+    if variant != FLOAT32:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    elif variant == FLOAT16:
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if variant == FLOAT16:
         converter.target_spec.supported_types = [tf.float16]
-    elif variant in (INT8, INT8_SPARSE):
+    if variant in (INT8, INT8_SPARSE):
         if calibration is None or not len(calibration):
             raise ValueError("int8 needs a representative dataset")
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
         if variant == INT8_SPARSE:
             converter.optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
         converter.representative_dataset = representative(calibration)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
-    else:
-        raise ValueError(f"unknown TFLite variant {variant!r}")
     return converter.convert()
 
 

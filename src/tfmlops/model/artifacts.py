@@ -32,10 +32,8 @@ def trained_config(cfg: Config) -> Config:
     return config_from_dict(tree)
 
 
-def write_resolved(cfg: Config, folder: str | Path) -> Path:
-    path = Path(folder) / RESOLVED_FILE
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    return path
+def write_resolved(cfg: Config, folder: str | Path) -> None:
+    (Path(folder) / RESOLVED_FILE).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def load_keras3(path: str | Path):

@@ -155,18 +155,14 @@ def features(spec: ModelSpec, keras, inputs, input_stats):
 
 def input_stats_of(model) -> tuple[list[float], list[float]] | None:
     """(mean, std) a built model's `to_pixels` layer undoes; None without a backbone."""
+    import numpy as np
+
     try:
         layer = model.get_layer("to_pixels")
     except ValueError:
         return None
-    scale, offset = (_as_list(v) for v in (layer.scale, layer.offset))
-    return [o / 255.0 for o in offset], [s / 255.0 for s in scale]
-
-
-def _as_list(value) -> list[float]:
-    import numpy as np
-
-    return [float(v) for v in np.ravel(np.asarray(value, dtype="float64"))]
+    scale, offset = (np.ravel(np.asarray(v, dtype="float64")) for v in (layer.scale, layer.offset))
+    return [float(o) / 255.0 for o in offset], [float(s) / 255.0 for s in scale]
 
 
 def backbone_layers(model) -> list:
@@ -191,6 +187,8 @@ def load_pretrained(model, spec: ModelSpec, keras) -> bool:
     then its weighted layers are copied in order (the layers in front of the
     backbone have no weights, so file formats that count layers by class still match).
     """
+    import numpy as np
+
     source_name = weights_source(spec)
     if source_name is None:
         return False
@@ -207,7 +205,8 @@ def load_pretrained(model, spec: ModelSpec, keras) -> bool:
         # only; folded into the variance, the layers stay those of every other build.
         norm = next(layer for layer in dst if type(layer).__name__ == "Normalization")
         mean, variance, *rest = norm.get_weights()
-        norm.set_weights([mean, variance * _broadcast(IMAGENET_STDDEV_RGB, variance), *rest])
+        stddev = np.asarray(IMAGENET_STDDEV_RGB, dtype=variance.dtype).reshape(variance.shape)
+        norm.set_weights([mean, variance * stddev, *rest])
     if spec.backbone == "resnet50" and source_name == IMAGENET:
         # ImageNet's ResNet50 was trained on BGR: flip the first kernel's input channels.
         conv = model.get_layer("conv1_conv")
@@ -216,12 +215,6 @@ def load_pretrained(model, spec: ModelSpec, keras) -> bool:
     refresh(model)
     log.info(f"backbone: {spec.backbone} weights loaded from {source_name}")
     return True
-
-
-def _broadcast(values, like):
-    import numpy as np
-
-    return np.asarray(values, dtype=like.dtype).reshape(like.shape)
 
 
 def refresh(model) -> None:

@@ -21,7 +21,7 @@ from tfmlops.model.custom import squeeze_excite_layer
 
 
 def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_classes: int,
-                name: str = "classifier", input_stats=None):
+                input_stats=None):
     """The model for `spec`, built with `keras` (the Keras 3 or the tf_keras module).
 
     `input_stats`: (mean, std) per channel of the prepared data; needed with a backbone.
@@ -41,7 +41,7 @@ def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_c
     logits = layers.Dense(num_classes, name="logits")(x)
     # float32 whatever the global policy: softmax/loss in float16 lose precision.
     outputs = layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
-    return keras.Model(inputs, outputs, name=name)
+    return keras.Model(inputs, outputs, name="classifier")
 
 
 def _conv_blocks(spec: ModelSpec, keras, x):

@@ -100,9 +100,11 @@ def merge(cfg: Config, tuned: dict[str, Any] | None) -> tuple[Config, list[dict[
         # blocks is a list: replace it whole rather than key by key
         if "model" in tuned and "blocks" in tuned["model"]:
             tree["model"]["blocks"] = copy.deepcopy(tuned["model"]["blocks"])
+    overridden = []  # the overrides' full keys (a bare key is train's)
     for dotted, value in cfg.train.overrides.items():
         key = dotted if dotted.split(".")[0] in ("model", "train") else f"train.{dotted}"
         set_dotted(tree, key, value)
+        overridden.append(key)
     try:
         merged = config_from_dict(tree)
     except ConfigError as exc:
@@ -110,15 +112,7 @@ def merge(cfg: Config, tuned: dict[str, Any] | None) -> tuple[Config, list[dict[
     after = flatten(merged.to_dict())
     for key in sorted(set(before) | set(after)):
         if before.get(key) != after.get(key):
-            source = "override" if _is_override(cfg, key) else "tune"
+            by_override = any(key == k or key.startswith(k + ".") for k in overridden)
             changes.append({"key": key, "params": before.get(key), "used": after.get(key),
-                            "source": source})
+                            "source": "override" if by_override else "tune"})
     return merged, changes
-
-
-def _is_override(cfg: Config, key: str) -> bool:
-    for dotted in cfg.train.overrides:
-        full = dotted if dotted.split(".")[0] in ("model", "train") else f"train.{dotted}"
-        if key == full or key.startswith(full + "."):
-            return True
-    return False

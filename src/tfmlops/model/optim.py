@@ -49,12 +49,10 @@ def make_optimizer(o: OptimizerConfig, learning_rate, keras):
 
 
 def make_loss(loss: LossConfig, num_classes: int, keras):
-    if loss.name == "focal":
-        return focal_loss_class(keras)(gamma=loss.gamma, label_smoothing=loss.label_smoothing,
-                                       num_classes=num_classes)
-    if loss.label_smoothing:
+    if loss.name == "focal" or loss.label_smoothing:
         # label smoothing needs one-hot targets; CategoricalCrossentropy on sparse
         # labels would not apply: use the focal class with gamma 0 (= smoothed CE).
-        return focal_loss_class(keras)(gamma=0.0, label_smoothing=loss.label_smoothing,
+        gamma = loss.gamma if loss.name == "focal" else 0.0
+        return focal_loss_class(keras)(gamma=gamma, label_smoothing=loss.label_smoothing,
                                        num_classes=num_classes)
     return keras.losses.SparseCategoricalCrossentropy()

@@ -149,11 +149,9 @@ def gpu_capabilities() -> list[tuple[int, int]]:
     """Compute capability of every visible CUDA GPU (empty on CPU-only machines)."""
     import tensorflow as tf
 
-    found = []
-    for gpu in tf.config.list_physical_devices("GPU"):
-        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-        found.append(tuple(capability) if capability else (0, 0))
-    return found
+    capabilities = (tf.config.experimental.get_device_details(gpu).get("compute_capability")
+                    for gpu in tf.config.list_physical_devices("GPU"))
+    return [tuple(c) if c else (0, 0) for c in capabilities]
 
 
 def time_policies(make_model: Callable[[], object], batch, keras,

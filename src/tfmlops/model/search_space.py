@@ -205,34 +205,19 @@ def check_fits(space: SearchSpace, image_size: int) -> None:
 # ------------------------------------------------------------------ helpers
 
 def _declare_one(hp, name: str, allowed):
+    """One hyperparameter on `hp`: a range whose min is its max, or a one-value list, is fixed."""
     if allowed is None:  # an optional key left out of tune.space: the params' value
         return None
     if isinstance(allowed, IntRange):
-        return _int(hp, name, allowed)
+        if allowed.min == allowed.max:
+            return hp.Fixed(name, allowed.min)
+        return hp.Int(name, allowed.min, allowed.max, step=allowed.step)
     if isinstance(allowed, FloatRange):
-        return _float(hp, name, allowed, log=name in LOG_SCALE)
-    return _choice(hp, name, allowed)
-
-
-def _at(cfg: Config, dotted: str):
-    """The value of a dotted params key in `cfg`."""
-    return functools.reduce(getattr, dotted.split("."), cfg)
-
-
-def _int(hp, name: str, r: IntRange):
-    if r.min == r.max:
-        return hp.Fixed(name, r.min)
-    return hp.Int(name, r.min, r.max, step=r.step)
-
-
-def _float(hp, name: str, r: FloatRange, log: bool = False):
-    if r.min == r.max:
-        return hp.Fixed(name, float(r.min))
-    return hp.Float(name, r.min, r.max, sampling="log" if log else "linear")
-
-
-def _choice(hp, name: str, options: list):
-    distinct = list(dict.fromkeys(options))
+        if allowed.min == allowed.max:
+            return hp.Fixed(name, float(allowed.min))
+        return hp.Float(name, allowed.min, allowed.max,
+                        sampling="log" if name in LOG_SCALE else "linear")
+    distinct = list(dict.fromkeys(allowed))
     if len(distinct) == 1:
         return hp.Fixed(name, distinct[0])
     if all(isinstance(v, bool) for v in distinct):
@@ -241,12 +226,11 @@ def _choice(hp, name: str, options: list):
     return hp.Choice(name, distinct)
 
 
+def _at(cfg: Config, dotted: str):
+    """The value of a dotted params key in `cfg`."""
+    return functools.reduce(getattr, dotted.split("."), cfg)
+
+
 def _plain(value, kind: type):
     """keras-tuner values (numpy scalars, 0/1 for booleans) as the config's own type."""
-    if kind is bool:
-        return bool(value)
-    if kind is int:
-        return int(value)
-    if kind is float:
-        return float(value)
-    return value
+    return kind(value) if kind in (bool, int, float) else value

@@ -44,9 +44,7 @@ def resolve_strategy(setting: str, tf_config: str | None, gpus: int) -> str:
         raise ValueError(f"unknown strategy {setting!r}")
     if cluster_tasks(tf_config) > 1:
         return "multi_worker"
-    if gpus > 1:
-        return "mirrored"
-    return "default"
+    return "mirrored" if gpus > 1 else "default"
 
 
 def check_supported(kind: str, tf_config: str | None) -> None:

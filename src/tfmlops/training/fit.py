@@ -167,8 +167,7 @@ def datasets(merged: Config, prepared, global_batch: int):
     steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
     # Known lengths: Keras shows real progress and does not warn at the end of epoch 1.
     cardinality = tf.data.experimental.assert_cardinality
-    train_ds = pipeline.dataset(merged, prepared, "train", batch_size=global_batch,
-                                training=True).apply(cardinality(steps_per_epoch))
+    train_ds = pipeline_train(merged, prepared, global_batch).apply(cardinality(steps_per_epoch))
     val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
         cardinality(math.ceil(prepared.counts["val"] / global_batch)))
     return train_ds, val_ds, steps_per_epoch
@@ -242,11 +241,12 @@ def phases(merged: Config, epochs: int | None = None) -> list[Phase]:
 
 def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, fit_one,
                   plan: list[Phase], done: int = 0):
-    """Run `plan`: per phase, set what trains, recompile, `fit_one(phase)`. Phases a
-    resumed run has finished (`done` epochs) are skipped. Returns the last fit's result."""
+    """Run `plan`: per phase, set what trains, recompile, `fit_one(phase)` (a keras
+    History). Phases a resumed run has finished (`done` epochs) are skipped. Returns the
+    last fit's History, its `history` holding the epochs of every phase run."""
     from tfmlops.model import backbones
 
-    result = None
+    result, history = None, {}
     for phase in plan:
         if phase.last <= done:
             continue
@@ -258,8 +258,12 @@ def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, 
         compile_model(model, merged, prepared, keras, steps_per_epoch * (phase.last - phase.first),
                       phase.lr_factor)
         result = fit_one(phase)
+        for key, values in result.history.items():
+            history.setdefault(key, []).extend(values)
     if merged.model.backbone != "none":
         backbones.set_trainable_top(model, None)  # saved whole: later stages train it all
+    if result is not None:
+        result.history = history
     return result
 
 
@@ -395,12 +399,11 @@ def finished_epochs(backup_dir: str | Path, keras=None) -> int:
     tf_keras: the multi-worker backup (`chief_finished_epochs`)."""
     if keras is not None and not is_keras3(keras):
         return chief_finished_epochs(backup_dir)
-    meta = Path(backup_dir) / BACKUP_META
-    if not meta.is_file() or not (Path(backup_dir) / BACKUP_WEIGHTS).is_file():
+    if not (Path(backup_dir) / BACKUP_WEIGHTS).is_file():
         return 0
-    try:
-        return int(json.loads(meta.read_text())["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # no or an unreadable metadata file: {} (a kill mid-write)
+        return int(_read_json(Path(backup_dir) / BACKUP_META, {})["epoch"])
+    except (ValueError, KeyError, TypeError):
         return 0
 
 
@@ -417,27 +420,23 @@ def chief_finished_epochs(backup_dir: str | Path) -> int:
         return 0
 
 
+def _read_json(path: Path, default):
+    """The JSON in `path`; `default` when it is missing or unreadable (a kill mid-write)."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else default
+    except (OSError, ValueError):
+        return default
+
+
 def history_rows(backup_dir: str | Path) -> list[dict]:
-    path = Path(backup_dir) / HISTORY_FILE
-    try:
-        rows = json.loads(path.read_text()) if path.is_file() else []
-    except (OSError, ValueError):
-        return []
-    return sorted(rows, key=lambda r: r["epoch"])
-
-
-def matches(backup_dir: str | Path, fingerprint: dict) -> bool:
-    path = Path(backup_dir) / FINGERPRINT_FILE
-    try:
-        return path.is_file() and json.loads(path.read_text()) == fingerprint
-    except (OSError, ValueError):
-        return False
+    return sorted(_read_json(Path(backup_dir) / HISTORY_FILE, []), key=lambda r: r["epoch"])
 
 
 def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
     """Keep a backup made with the same params and data; wipe any other. True if kept."""
     folder = Path(backup_dir)
-    keep = finished_epochs(folder, keras) > 0 and matches(folder, fingerprint)
+    keep = (finished_epochs(folder, keras) > 0
+            and _read_json(folder / FINGERPRINT_FILE, None) == fingerprint)
     if not keep:
         clear(folder)
         write_json(folder / FINGERPRINT_FILE, fingerprint)
@@ -529,11 +528,6 @@ def _recorder_class(keras):
     return EpochRecorder
 
 
-def epoch_recorder(keras, history_dir: str | Path, train_images: int, run, rows: list[dict]):
-    """The callback that records one history row per epoch (see `_recorder_class`)."""
-    return _recorder_class(keras)(history_dir, train_images, run, rows)
-
-
 def metrics_of(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "epoch" and v is not None}
 
@@ -542,11 +536,8 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
-def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool,
-                       keras=None) -> list:
+def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool, keras) -> list:
     """The callbacks that change what a run learns (also used by tune's final round)."""
-    if keras is None:
-        import keras
     cbs = []
     if early_stopping_patience:
         cbs.append(keras.callbacks.EarlyStopping(monitor=MONITOR, mode="min",
@@ -557,21 +548,21 @@ def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool,
     return cbs
 
 
-def training_callbacks(keras, *, backup_dir: Path, profile_dir: Path, profile_batch, recorder,
-                       early_stopping_patience: int, reduce_lr_on_plateau: bool,
+def training_callbacks(keras, t, where: Folders, profile_batch, recorder,
                        best_so_far: float | None) -> list:
-    """The callback list of a run, in the order the module docstring explains."""
+    """The callback list of a run (`t`: its train config), in the order the module
+    docstring explains."""
     c = keras.callbacks
-    cbs = [recorder, c.ModelCheckpoint(str(backup_dir / BEST_WEIGHTS), monitor=MONITOR,
+    cbs = [recorder, c.ModelCheckpoint(str(where.backup / BEST_WEIGHTS), monitor=MONITOR,
                                        mode="min", save_best_only=True, save_weights_only=True,
                                        initial_value_threshold=best_so_far)]
-    cbs += stopping_callbacks(early_stopping_patience, reduce_lr_on_plateau, keras)
-    cbs.append(c.TensorBoard(log_dir=str(profile_dir), profile_batch=profile_batch,
+    cbs += stopping_callbacks(t.early_stopping_patience, t.reduce_lr_on_plateau, keras)
+    cbs.append(c.TensorBoard(log_dir=str(where.profile), profile_batch=profile_batch,
                              write_graph=False))
     # Kept after a successful fit: the chief empties the folder once the model is saved.
     # double_checkpoint (Keras 3): a kill while the weights file is written leaves the previous.
     extra = {"double_checkpoint": True} if is_keras3(keras) else {}
-    cbs.append(c.BackupAndRestore(str(backup_dir), delete_checkpoint=False, **extra))
+    cbs.append(c.BackupAndRestore(str(where.backup), delete_checkpoint=False, **extra))
     return cbs
 
 
@@ -614,17 +605,14 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
                                      "loss_scaling": scaled, "fine_tune_phases": len(plan),
                                      **resolved}})
-        recorder = epoch_recorder(keras, where.history, prepared.counts["train"], run,
-                                  resumed.rows)
+        recorder = _recorder_class(keras)(where.history, prepared.counts["train"], run,
+                                          resumed.rows)
 
         def fit_one(phase: Phase):
             recorder.phase = phase.number if len(plan) > 1 else None
             callbacks = training_callbacks(
-                keras, backup_dir=where.backup, profile_dir=where.profile,
-                profile_batch=profiling.keras_profile_batch(cfg, steps_per_epoch),
-                recorder=recorder, early_stopping_patience=merged.train.early_stopping_patience,
-                reduce_lr_on_plateau=merged.train.reduce_lr_on_plateau,
-                best_so_far=resumed.best_so_far if run_setup.across_workers
+                keras, merged.train, where, profiling.keras_profile_batch(cfg, steps_per_epoch),
+                recorder, resumed.best_so_far if run_setup.across_workers
                 else best_val_loss(recorder.rows))
             return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
                              initial_epoch=phase.first, callbacks=callbacks,

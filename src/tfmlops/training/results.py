@@ -28,8 +28,7 @@ OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
 def params(merged: Config) -> dict:
     """The run's params: what was trained."""
     d = merged.to_dict()
-    return {"seed": d["seed"], "model": d["model"], "train": d["train"],
-            "pipeline": d["pipeline"]}
+    return {k: d[k] for k in ("seed", "model", "train", "pipeline")}
 
 
 def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes: list,
@@ -42,10 +41,7 @@ def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes
     run.log_params({
         "resolved": {
             "precision_policy": decision.policy,
-            "strategy": placement["strategy"],
-            "strategy_class": placement["strategy_class"],
-            "replicas": placement["replicas"],
-            "workers": placement["workers"],
+            **placement,  # strategy, strategy_class, replicas, workers
             "per_replica_batch_size": merged.train.batch_size,
             "global_batch_size": run_setup.global_batch,
             "jit_compile_requested": merged.train.jit_compile,

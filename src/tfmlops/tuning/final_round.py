@@ -118,20 +118,19 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
             if max_params and model.count_params() > max_params:  # as the search fails it
                 raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
                                  f"than tune.max_model_params {max_params}")
-            history: dict[str, list] = {}
+            # per-epoch metrics into the candidate's child run
+            log_epochs = keras.callbacks.LambdaCallback(
+                on_epoch_end=lambda epoch, logs: child.log_metrics(dict(logs or {}), step=epoch))
 
             def fit_one(phase):  # train's phases (fine-tuning), one history across them
-                callbacks = [_log_epochs(keras, child),
-                             *fit.stopping_callbacks(t.early_stopping_patience,
-                                                    t.reduce_lr_on_plateau)]
-                got = model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
-                                initial_epoch=phase.first, callbacks=callbacks,
-                                verbose=keras_verbose(), shuffle=False).history
-                for key, values in got.items():
-                    history.setdefault(key, []).extend(values)
+                callbacks = [log_epochs, *fit.stopping_callbacks(
+                    t.early_stopping_patience, t.reduce_lr_on_plateau, keras)]
+                return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                                 initial_epoch=phase.first, callbacks=callbacks,
+                                 verbose=keras_verbose(), shuffle=False)
 
-            fit.fit_in_phases(model, merged, prepared, keras, steps, fit_one, fit.phases(merged))
-            return history
+            plan = fit.phases(merged)
+            return fit.fit_in_phases(model, merged, prepared, keras, steps, fit_one, plan).history
 
 
 def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
@@ -208,14 +207,4 @@ def final_round_metrics(entries: list[FinalEntry] | None, winner: FinalEntry | N
     if params.score is not None:
         out["final_params_score"] = round(params.score, 6)
     return out
-
-
-def _log_epochs(keras, child: tracking.StageRun):
-    """A callback: per-epoch metrics of a final-round fit into its child run."""
-
-    class LogEpochs(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            child.log_metrics(dict(logs or {}), step=epoch)
-
-    return LogEpochs()
 

@@ -68,30 +68,24 @@ class TrialModel(kt.HyperModel):
         train_ds, val_ds = self._data(t.batch_size)
         steps = math.ceil(self.prepared.counts["train"] / t.batch_size)
         extra = self._callbacks(steps)
-        history, merged = None, {}
 
         def fit_one(phase):
             # Each phase compiles a fresh optimizer whose schedule spans the epochs it
             # runs (a hyperband round that continues an earlier trial starts one too).
-            nonlocal history
             with warnings.catch_warnings():
                 # tf.data of unknown length: Keras warns at the end of each first epoch
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
-                history = model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
-                                    initial_epoch=max(phase.first, initial_epoch),
-                                    callbacks=[*callbacks, *extra],
-                                    verbose=verbose, shuffle=False)  # the pipeline shuffles
-            for key, values in history.history.items():
-                merged.setdefault(key, []).extend(values)
-            return history
+                return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                                 initial_epoch=max(phase.first, initial_epoch),
+                                 callbacks=[*callbacks, *extra],
+                                 verbose=verbose, shuffle=False)  # the pipeline shuffles
 
         # train's fine-tuning phases over this fit's epochs (none without a backbone)
         plan = fit.phases(trial_cfg, epochs)
         plan = [dataclasses.replace(p, first=max(p.first, initial_epoch)) for p in plan]
-        fit.fit_in_phases(model, trial_cfg, self.prepared, keras, steps, fit_one, plan,
-                          done=initial_epoch)
-        history.history = merged  # the tuner scores the trial on every epoch of both phases
-        return history
+        # the tuner scores the trial on every epoch of both phases: the History holds them all
+        return fit.fit_in_phases(model, trial_cfg, self.prepared, keras, steps, fit_one, plan,
+                                 done=initial_epoch)
 
     def _callbacks(self, steps: int) -> list:
         """NaN and deadline stops, early stopping, and a profile of the first trial run."""

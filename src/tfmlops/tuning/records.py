@@ -37,10 +37,6 @@ class SearchResult:
     profile_dir: Path | None = None
 
 
-def in_order(trials: dict) -> list:
-    return sorted(trials.values(), key=lambda t: (int(t.trial_id), t.trial_id))
-
-
 def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None) -> TrialRecord:
     """keras-tuner's `trial` with the side file our tuner wrote in its folder."""
     side_path = Path(project_dir) / f"trial_{trial.trial_id}" / TRIAL_FILE

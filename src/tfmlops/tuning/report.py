@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -47,15 +48,10 @@ def columns() -> list[str]:
 
 
 def trial_rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
-    out = []
-    for t in trials:
-        row = {"trial": int(t.trial_id), "baseline": t.baseline, "score": t.score,
-               "status": t.status,
-               "epochs": t.values.get("tuner/epochs", cfg.tune.max_epochs),
-               "best_epoch": t.best_epoch, "seconds": t.seconds}
-        row.update({k: t.values.get(k) for k in search_space.HP_NAMES})
-        out.append(row)
-    return out
+    return [{"trial": int(t.trial_id), "baseline": t.baseline, "score": t.score,
+             "status": t.status, "epochs": t.values.get("tuner/epochs", cfg.tune.max_epochs),
+             "best_epoch": t.best_epoch, "seconds": t.seconds,
+             **{k: t.values.get(k) for k in search_space.HP_NAMES}} for t in trials]
 
 
 def log_plots(parent: tracking.StageRun, cfg: Config, rows: list[dict[str, Any]]) -> None:
@@ -71,10 +67,7 @@ def draw_plots(objective: str, tuner: str, rows: list[dict[str, Any]], folder: P
     done = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
     failed = [r for r in rows if r["status"] != "COMPLETED"]
     better = max if "accuracy" in objective else min
-    best_so_far, running = [], None
-    for r in done:
-        running = r["score"] if running is None else better(running, r["score"])
-        best_so_far.append(running)
+    best_so_far = list(itertools.accumulate((r["score"] for r in done), better))
 
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()

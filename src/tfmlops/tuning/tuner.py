@@ -141,8 +141,8 @@ def search(cfg: Config, parent: tracking.StageRun, key: str) -> records.SearchRe
     started = time.perf_counter()
     _search(tuner, cfg)
     seconds = time.perf_counter() - started
-    trials = [records.record(tuner.project_dir, t, oracle.baseline)
-              for t in records.in_order(oracle.trials)]
+    in_trial_order = sorted(oracle.trials.values(), key=lambda t: (int(t.trial_id), t.trial_id))
+    trials = [records.record(tuner.project_dir, t, oracle.baseline) for t in in_trial_order]
     # ended now, by this process or (on a chief) by any worker
     ran_now = [t.trial_id for t in trials
                if t.status in records.ENDED and t.trial_id not in ended_before]
