@@ -25,6 +25,7 @@ from tfmlops.artifacts import (
 )
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
+from tfmlops.tracking.lineage import wait_delivered
 
 
 def test_mixed_folder_with_broken_files(tmp_path, make_cfg):
@@ -95,6 +96,8 @@ def test_prepare_as_users_run_it_imports_neither_tensorflow_nor_mlflow(tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+    # it exited before its sidecar delivered the run: wait as a later stage does
+    assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=120)
     (run,) = stage_runs(cfg, "prepare")
     assert run.info.status == "FINISHED"
     assert run.data.metrics["images_good"] == 18 and "decode_seconds" in run.data.metrics
