@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -59,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -522,9 +523,11 @@ class _Replies(logging.Handler):
             self.send("log", record)
 
 
-def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
+def _inbox(conn: Connection, replies: _Replies,
+           on_detach: Callable[[], None] = lambda: None) -> queue.Queue:
     """Read the stage's calls as they come, so its writes never wait on the pipe. A
-    `detach` takes effect here, at once (the main thread may be importing MLflow)."""
+    `detach` takes effect here, at once (the main thread may be importing MLflow), and
+    `on_detach` runs then."""
     calls: queue.Queue = queue.Queue()
 
     def read() -> None:
@@ -536,7 +539,7 @@ def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
                 # SIGTERM meant for the next stage must not end this finished run KILLED.
                 with contextlib.suppress(OSError):
                     os.setsid()
-                _let_go_of_a_piped_stderr()
+                on_detach()
             else:
                 calls.put((kind, body))
         replies.inbox_done.set()
@@ -548,12 +551,10 @@ def _inbox(conn: Connection, replies: _Replies) -> queue.Queue:
 _scratch: list[str] = []  # a detached stage's hard links: removed once the run has ended
 
 
-_to_file: dict[str, Any] = {}  # a detached sidecar's log: {"path": ..., "stderr": its handler}
-
-
-def _log_to_file(path: Path) -> None:
+def _log_to_file(path: Path) -> Callable[[], None]:
     """The run's log records go to `path`, warnings to stderr too: its stage may have
-    gone on before they are written."""
+    gone on before they are written. Returns what to do once the stage has gone on
+    (`_let_go_of_a_piped_stderr`; nothing if `path` cannot be written)."""
     logger = logging.getLogger("tfmlops")
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -566,25 +567,24 @@ def _log_to_file(path: Path) -> None:
         to_file = logging.FileHandler(path, mode="a")
         to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(to_file)
-        _to_file.update(path=path, stderr=to_stderr)
     except OSError as exc:  # its folder is gone: the warnings still reach the terminal
         log.warning("tfmlops: cannot write %s (%s); delivering without it", path, exc)
+        return lambda: None
+    return functools.partial(_let_go_of_a_piped_stderr, path, to_stderr)
 
 
-def _let_go_of_a_piped_stderr() -> None:
+def _let_go_of_a_piped_stderr(path: Path, to_stderr: logging.Handler) -> None:
     """Once handed the run, a sidecar whose stderr is a pipe (`tfmlops prepare 2>&1 | tee
     log`, a CI runner, `subprocess.run(capture_output=True)`) would keep its reader
     waiting until the run is delivered, minutes during an outage: the stage promised not
     to wait for the store. Its stderr goes to tracking.log instead, which its stage's
     hand-over line names. A terminal or a file keeps it: nobody waits for their end."""
-    if "path" not in _to_file:
-        return
     with contextlib.suppress(OSError):
         mode = os.fstat(sys.stderr.fileno()).st_mode
         if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
             return
-        logging.getLogger("tfmlops").removeHandler(_to_file["stderr"])  # the file has them
-        fd = os.open(_to_file["path"], os.O_WRONLY | os.O_APPEND)
+        logging.getLogger("tfmlops").removeHandler(to_stderr)  # the file has them
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         sys.stderr.flush()
         os.dup2(fd, sys.stderr.fileno())
         os.close(fd)
@@ -696,10 +696,10 @@ def main(argv: list[str]) -> int:
     # argv[2]: the delivery lock's descriptor, held (open) until this process exits, the
     # kernel freeing it however it exits; argv[3]: tracking.log
     hands_over = len(argv) > 2
-    if hands_over:  # before the inbox reads `detach`, which may point stderr at that log
-        _log_to_file(Path(argv[3]))
+    on_detach = _log_to_file(Path(argv[3])) if hands_over else lambda: None
+    if hands_over:
         _yield_cpu()  # a stage that hands its run over shows no live metrics: from the start
-    calls = _inbox(Connection(int(argv[0]), writable=False), replies)
+    calls = _inbox(Connection(int(argv[0]), writable=False), replies, on_detach)
     try:
         serve(calls, replies, hands_over)
     except (OSError, _StageGone):  # the stage is gone: its run already ended KILLED
