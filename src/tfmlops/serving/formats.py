@@ -93,10 +93,10 @@ def reload_check(saved: Path, split, keras_probs, classes, atol: float):
             raise DataError(f"the SavedModel did not reload in a fresh process ({last})")
         with np.load(Path(tmp) / "out.npz", allow_pickle=False) as result:
             got = {k: result[k] for k in result.files}
-    checks = [compare("saved_model", keras_probs, got["float_probabilities"], atol),
-              compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)]
+    floats = compare("saved_model", keras_probs, got["float_probabilities"], atol)
+    encoded = compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)
     expected = np.asarray(classes)[np.argmax(keras_probs, axis=1)]
-    for c in checks:
+    for c in (floats, encoded):
         if not c.passed:
             raise DataError(f"SavedModel reloaded in a fresh process: {c.describe()}")
     if not np.array_equal(got["bytes_labels"], expected):
@@ -104,7 +104,7 @@ def reload_check(saved: Path, split, keras_probs, classes, atol: float):
                         "with the class names of the top-1 probabilities")
     if not np.allclose(got["default_probabilities"], got["bytes_probabilities"][:1]):
         raise DataError("SavedModel: serving_default is not the image-bytes signature")
-    return checks[1]  # the bytes signature's: export counts it among the parities
+    return encoded  # export counts the bytes signature's among the parities
 
 
 def to_onnx(model, path: Path, input_shape, opset: int) -> None:
