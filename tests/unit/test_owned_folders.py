@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfmlops import files, profiling
 
@@ -171,3 +173,51 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+_META = {"missing": None, "torn": "{\"epo", "epoch 0": {"epoch": 0}, "epoch 3": {"epoch": 3},
+         "not a number": {"epoch": "x"}}
+_FINGERPRINT = {"missing": None, "torn": "{\"par", "same": {"params": "x"},
+                "other": {"params": "y"}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights=st.booleans(), meta=st.sampled_from(sorted(_META)),
+       fingerprint=st.sampled_from(sorted(_FINGERPRINT)), notes=st.booleans())
+def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weights, meta,
+                                                         fingerprint, notes):
+    """adopt_backup keeps a backup iff its weights, a finished epoch and the same
+    fingerprint are there, and then touches nothing; else it removes train's files only,
+    and a folder without train's marker is refused whole."""
+    import json
+
+    from tfmlops.errors import DataError
+    from tfmlops.training import fit as callbacks
+
+    backup = tmp_path_factory.mktemp("backup")
+    written = {}
+    if weights:
+        written[callbacks.BACKUP_WEIGHTS] = "weights"
+    for name, value in ((callbacks.BACKUP_META, _META[meta]),
+                        (callbacks.FINGERPRINT_FILE, _FINGERPRINT[fingerprint])):
+        if value is not None:
+            written[name] = value if isinstance(value, str) else json.dumps(value)
+    if notes:
+        written["notes.txt"] = "the user's"
+    for name, text in written.items():
+        (backup / name).write_text(text)
+    whole = weights and meta == "epoch 3" and fingerprint == "same"
+    if not whole and fingerprint == "missing" and written:
+        with pytest.raises(DataError, match="holds files train did not write"):
+            callbacks.adopt_backup(backup, {"params": "x"})
+        assert {p.name: p.read_text() for p in backup.iterdir()} == written  # nothing removed
+        return
+    assert callbacks.adopt_backup(backup, {"params": "x"}) == whole
+    after = {p.name: p.read_text() for p in backup.iterdir()}
+    if whole:
+        assert after == written
+    else:
+        kept = {"notes.txt": "the user's"} if notes else {}
+        assert after == {**kept, callbacks.FINGERPRINT_FILE: json.dumps({"params": "x"},
+                                                                         indent=2, sort_keys=True)
+                         + "\n"}
