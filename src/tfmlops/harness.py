@@ -131,7 +131,7 @@ class Stage:
 @contextlib.contextmanager
 def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Path | None = None,
           upstream: dict[str, str | Path] | None = None, params: dict | None = None,
-          tracked: bool = True, sidecar: bool = False, async_batches: bool = False,
+          tracked: bool = True, sidecar: bool = False,
           staged: bool = True, detach: bool = False) -> Iterator[Stage]:
     """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
     instead of the output folder (artifacts.run_dir); `staged=False` writes into `output`
@@ -148,7 +148,7 @@ def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Pa
 
         def open_run():
             run = runs.enter_context(_run(cfg, name, run_dir or out, upstream, params, tracked,
-                                          sidecar, async_batches, current.run_facts, hold))
+                                          sidecar, current.run_facts, hold))
             faults.stage_point(name, "running")
             return run
 
@@ -277,7 +277,7 @@ def _output_lock(cfg, name: str, final: Path | None) -> Iterator[None]:
         yield
 
 
-def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches, facts, hold):
+def _run(cfg, name, folder, upstream, params, tracked, sidecar, facts, hold):
     from tfmlops import tracking
 
     if not tracked:
@@ -286,7 +286,7 @@ def _run(cfg, name, folder, upstream, params, tracked, sidecar, async_batches, f
         return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params,
                                     facts=facts, hold=hold)
     return tracking.stage_run(cfg, name, folder, upstream=upstream, params=params,
-                              async_batches=async_batches, facts=facts)
+                              facts=facts)
 
 
 class NullRun:

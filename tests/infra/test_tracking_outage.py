@@ -233,10 +233,13 @@ def test_child_runs_opened_while_the_store_is_away_are_queued_and_synced(tmp_pat
     try:
         with tracking.stage_run(cfg, "tune", tmp_path / "out") as parent:
             server.kill()  # the store goes away mid-search
-            with parent.child("trial-0", tags={"tfmlops.trial": "0"}) as trial:
-                trial.log_metrics({"val_accuracy": 0.75}, step=1)
-                with trial.child("finalist") as nested:  # a child of a queued child
-                    nested.log_metrics({"score": 0.5})
+            # tune's trials, as its sidecar opens and ends them
+            trial = parent.start_child("trial-0", tags={"tfmlops.trial": "0"})
+            trial.log_metrics({"val_accuracy": 0.75}, step=1)
+            nested = trial.start_child("finalist")  # a child of a queued child
+            nested.log_metrics({"score": 0.5})
+            nested.end()
+            trial.end()
             # drawn into a scratch folder that is gone once queued: the outbox keeps a copy
             rows = [{"trial": 0, "score": 0.75, "status": "COMPLETED", "schedule": "constant",
                      "learning_rate": 0.01}]

@@ -1,4 +1,4 @@
-"""What keeps tracking cheap must not lose anything: asynchronous metrics are all in the
+"""What keeps tracking cheap must not lose anything: every metric, param and tag is in the
 run once it ends, the model logged in a thread is in the run, and a failure in that
 thread fails the stage instead of vanishing with it. Real MLflow on a temp SQLite store."""
 
@@ -21,16 +21,13 @@ def tiny_keras_model(layer=None):
     return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
 
 
-def test_asynchronous_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tmp_path, make_cfg):
+def test_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tmp_path, make_cfg):
     cfg = make_cfg()
     params = {f"p{i:03d}": i for i in range(150)}  # more than one batch of 100
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params=params,
-                            async_batches=True) as run:
+    with tracking.stage_run(cfg, "train", tmp_path / "out", params=params) as run:
         for step in range(1, 41):
             run.log_metrics({"loss": 1.0 / step, "val_loss": 2.0 / step}, step=step)
         run.set_tags({"tfmlops.precision": "float32"})
-        assert {op for op, _, _ in run._sent} == {"params", "metrics", "tags"}, (
-            "sent asynchronously inside a stage's run")
     (finished,) = stage_runs(cfg, "train")
     assert finished.info.status == "FINISHED"
     history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "val_loss")
@@ -38,35 +35,6 @@ def test_asynchronous_metrics_params_and_tags_are_all_in_the_run_when_it_ends(tm
     assert {m.step: m.value for m in history}[8] == pytest.approx(0.25)
     assert finished.data.params == {k: str(v) for k, v in params.items()}
     assert finished.data.tags["tfmlops.precision"] == "float32"
-
-
-def test_a_failed_asynchronous_batch_is_sent_again(tmp_path, make_cfg, monkeypatch):
-    """A batch MLflow's queue could not write goes through the retry/outbox path. The
-    queue loses it for real: the asynchronous call writes nothing and its future fails."""
-    from mlflow import MlflowClient
-
-    cfg = make_cfg()
-    real = MlflowClient.log_batch
-    lost = []
-
-    class Failed:
-        def wait(self):
-            raise OSError("the async queue lost this batch")
-
-    def log_batch(self, run_id, metrics=(), *args, synchronous=None, **kwargs):
-        if synchronous is False and any(m.key == "acc" for m in metrics):
-            lost.append(run_id)
-            return Failed()  # nothing reached the store
-        return real(self, run_id, metrics, *args, synchronous=synchronous, **kwargs)
-
-    monkeypatch.setattr(MlflowClient, "log_batch", log_batch)
-    with tracking.stage_run(cfg, "train", tmp_path / "out", params={"a": 1},
-                            async_batches=True) as run:
-        run.log_metrics({"acc": 0.5}, step=1)
-        assert lost == [run.run_id]
-    (finished,) = stage_runs(cfg, "train")
-    history = mlflow_client(cfg).get_metric_history(finished.info.run_id, "acc")
-    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
 
 
 def test_a_model_logged_in_a_thread_is_in_the_run_with_its_signature(tmp_path, make_cfg):

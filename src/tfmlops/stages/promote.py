@@ -60,9 +60,10 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
     out_dir = run_dir(cfg, STAGE)  # mlflow_run.json; paths.export is export's output
     params = {"promote": cfg.to_dict()["promote"], "rollback": rollback,
               "version": version, "force": force}
-    # Registry calls stay synchronous: the decision is recorded before the run ends.
+    # In this process (no sidecar): registry calls stay synchronous, so the decision is
+    # recorded before the run ends.
     with harness.stage(cfg, STAGE, run_dir=out_dir, upstream={"export": cfg.paths.export},
-                       params=params, async_batches=False) as st:
+                       params=params) as st:
         run = st.run
         with registry.promotion_lock() as still_held:
             if rollback:

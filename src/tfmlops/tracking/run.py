@@ -10,11 +10,9 @@ What keeps tracking cheap (issue 16): the model is logged in a thread
 does not reload the model to validate the input example. `prepare`, `tune`,
 `train`, `prune` and `quantize` keep their runs in a separate process (sidecar.py),
 so theirs never import MLflow. Metrics,
-params and tags can be sent asynchronously (MLflow's async logging, flushed before
-the run ends, a failed batch going through the retry/outbox path like any call),
-but `stage_run` sends them synchronously by default: MLflow's async queue made
-every stage's end wait about 1 s (its logging thread polls its queue each second
-before it can stop), more than a stage's few synchronous batches cost.
+params and tags are sent synchronously: MLflow's async queue made every stage's end
+wait about 1 s (its logging thread polls its queue each second before it can stop),
+more than a stage's few synchronous batches cost.
 
 A stage's run carries a heartbeat its owner renews in a thread (heartbeat.py), so
 a run whose owner died on another machine can be told from one still kept.
@@ -41,7 +39,7 @@ from tfmlops.tracking.background import Background, is_store_error
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import experiment_id_of, stage_run_name
-from tfmlops.tracking.ops import BATCH_OPS, PENDING, REFUSED, apply, batch_of, now_ms
+from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
 from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import close_orphans, owner_tags
@@ -66,19 +64,14 @@ SIGHTINGS = "heartbeats_seen.json"
 class StageRun:
     """One MLflow run. Every method is safe: failures are retried, then queued."""
 
-    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None,
-                 async_batches: bool = False):
+    def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None):
         self.cfg = cfg
-        # Metrics, params and tags sent asynchronously: only for a run whose end() is
-        # certain to run (stage_run's), as end() flushes them.
-        self._async_batches = async_batches
         self.stage = stage
         self.run_id = run_id
         self._outbox = outbox
         self._offline = False
         self.errors: list[str] = []
         self.queued = 0  # calls of this run written to the outbox
-        self._sent: list[tuple[str, dict[str, Any], Any]] = []  # (op, payload, MLflow future)
         self._jobs: list[ModelLogging] = []  # models being logged in a thread
         self.ended: str | None = None  # the status end() gave, once it has run
         self.heartbeat: Heartbeat | None = None  # renews the run's heartbeat while it is open
@@ -103,17 +96,6 @@ class StageRun:
     def wait_open(self) -> None:
         """Return once the run is open and its `mlflow_run.json` is in the stage's output
         folder: already so here; a run kept by the sidecar (sidecar.py) opens meanwhile."""
-
-    def flush(self) -> None:
-        """Wait for the batches sent asynchronously; one that failed is sent again
-        synchronously (retried, then queued in the outbox): none is lost."""
-        sent, self._sent = self._sent, []
-        for op, payload, future in sent:
-            try:
-                future.wait()
-            except Exception:  # noqa: BLE001 - the synchronous path decides and records
-                self._call(lambda c, op=op, payload=payload: apply(c, self.run_id, op, payload),
-                           op, payload)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._do("tags", {k: str(v) for k, v in tags.items()})
@@ -159,7 +141,6 @@ class StageRun:
     def _start_model(self, log_it) -> ModelLogging:
         if not self.active:
             return ModelLogging(self, None)
-        self.flush()  # the logged model copies the run's params: all of them sent first
         bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
         def go(_client):
@@ -191,13 +172,6 @@ class StageRun:
                 fn(mlflow)
 
         return self._call(go, what, {})
-
-    @contextlib.contextmanager
-    def child(self, name: str, tags: dict[str, Any] | None = None) -> Iterator[StageRun]:
-        """A nested run (`mlflow.parentRunId`), e.g. one keras-tuner trial."""
-        child = self.start_child(name, tags)
-        with ending(child, interrupted="FAILED"):
-            yield child
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
         """A nested run the caller ends with `end(status)`.
@@ -240,26 +214,11 @@ class StageRun:
                     job.wait(None)
                 except Exception as exc:  # noqa: BLE001 - the stage's own error is raised
                     self._note(f"model logging failed: {first_line(exc)}")
-            self.flush()
             self._do("end", {"status": status})
 
     # -- machinery
     def _do(self, op: str, payload: dict[str, Any]) -> None:
-        if op in BATCH_OPS and self._send_async(op, payload):
-            return
         self._call(lambda c: apply(c, self.run_id, op, payload), op, payload)
-
-    def _send_async(self, op: str, payload: dict[str, Any]) -> bool:
-        """Hand a metrics/params/tags batch to MLflow's async queue: the stage does not
-        wait for the store; flush() checks each batch. False: send it synchronously."""
-        if not (self._async_batches and self.active and not self._offline):
-            return False
-        try:
-            future = client().log_batch(self.run_id, **batch_of(op, payload), synchronous=False)
-        except Exception:  # noqa: BLE001 - sent synchronously instead: retried, then queued
-            return False
-        self._sent.append((op, payload, future))
-        return True
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
         """Send one call: retried with a bounded backoff, then queued in the outbox.
@@ -391,7 +350,6 @@ def stage_run(
     upstream: dict[str, str | Path] | None = None,
     params: dict[str, Any] | None = None,
     *,
-    async_batches: bool = False,
     facts: dict[str, Any] | None = None,
 ) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
@@ -400,8 +358,7 @@ def stage_run(
     run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
     part of the resolved config this stage uses (default: all of it).
     `sidecar.sidecar_run` is the same run kept by a separate process.
-    `async_batches` sends metrics, params and tags through MLflow's async queue,
-    at the cost of about 1 s at the run's end. `facts` go into `mlflow_run.json` too
+    `facts` go into `mlflow_run.json` too
     (prepare's data version: lineage.run_tags checks it).
     """
     out_dir = Path(out_dir)
@@ -420,8 +377,7 @@ def stage_run(
     close_orphans(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
                   cfg.tracking.retries + 1)
     write_run_file(out_dir, stage, run_id, uri, facts)
-    run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}")),
-                   async_batches=async_batches)
+    run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}")))
     run.heartbeat = Heartbeat(run.run_id, cfg.tracking.retries + 1).start()
     try:
         run.log_params(params)
@@ -442,13 +398,13 @@ def warn_queued(run: StageRun, uri: str) -> None:
 
 
 @contextlib.contextmanager
-def ending(run: StageRun, interrupted: str = "KILLED") -> Iterator[None]:
-    """End `run` as the block ends: FINISHED, `interrupted` (KeyboardInterrupt) or FAILED."""
+def ending(run: StageRun) -> Iterator[None]:
+    """End `run` as the block ends: FINISHED, KILLED (KeyboardInterrupt, SIGTERM) or FAILED."""
     status = "FINISHED"
     try:
         yield
     except KeyboardInterrupt:
-        status = interrupted
+        status = "KILLED"
         raise
     except BaseException:
         status = "FAILED"

@@ -607,10 +607,8 @@ def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> No
         logger.setLevel(start["level"])
         logger.propagate = False
     try:
-        # Synchronous batches: MLflow's async queue would make the run's end wait up to
-        # 1 s (its logging thread polls its queue every second before it can stop).
         with stage_run(start["cfg"], start["stage"], start["out_dir"], start["upstream"],
-                       start["params"], async_batches=False, facts=start["facts"]) as run:
+                       start["params"], facts=start["facts"]) as run:
             replies.send("opened", run.run_id)
             _yield_cpu()
             status = _replay(run, calls, replies)
