@@ -11,6 +11,8 @@ sets it. Each `tfmlops prepare` is a whole process, start-up included:
 - the ratio +1% / cold (target <= 25%) and the peak RSS of the process tree (the
   process and all its children, summed, every 50 ms; target <= 1 GB, 4x within +10%).
 
+Python caches bytecode as it does for users (PYTHONDONTWRITEBYTECODE, which some
+machines set, is dropped for the measured processes; the warm-up round writes it).
 A run's seconds are until `tfmlops prepare` exits, what `dvc repro` waits for before
 the next stage. With `tracking.wait: false` (the default) its tracking sidecar may
 deliver the run after that: "delivered" is until the sidecar exited too (the run in
@@ -100,7 +102,11 @@ def measure(sets: dict[str, Path], codes: dict[str, str], repeats: int) -> dict:
             images = subset(source, work / "photos", n)
             setups[(code, scale)] = (default_params(work, images), images, photo_files(extra_dir))
     rounds: dict = {key: [] for key in setups}
-    envs = {code: {**os.environ, "PYTHONPATH": src} for code, src in codes.items()}
+    # Python as users have it: bytecode cached after the first run (the warm-up round
+    # writes it). A machine that sets PYTHONDONTWRITEBYTECODE compiles the package's
+    # modules on every run, which no user's second run does.
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    envs = {code: {**base, "PYTHONPATH": src} for code, src in codes.items()}
     order = list(codes)
     for key, (params, images, extra) in setups.items():  # warm-up: the store, the page cache
         one_round(params, images, extra, envs[key[0]])

@@ -1,6 +1,4 @@
-import sys
-
-from tfmlops.cli import main
+from tfmlops.cli import entry
 
 if __name__ == "__main__":  # prepare's spawned workers import this module again
-    sys.exit(main())
+    entry()

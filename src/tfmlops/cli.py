@@ -9,6 +9,7 @@ logger (`-q`, `-v`); stdout carries only the command's JSON result.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import os
@@ -98,6 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     # A stage ends as on Ctrl-C on SIGTERM; `serve` keeps the default (its server stops).
     return run_command(args.command, lambda: _command(args),
                        sigterm=args.command != "serve")
+
+
+def entry() -> None:
+    """The `tfmlops` program (its console script, `python -m tfmlops`): main, then exit.
+
+    A command that left TensorFlow unloaded has its objects frozen out of the garbage
+    collector first: the interpreter's exit would walk every one of them (numpy,
+    pydantic, the manifest's rows), 0.09-0.17 s of CPU after `prepare` on a 2-core AVX2
+    machine, 0.02 s frozen. atexit handlers and finalizers still run; only cycles left
+    at exit are not collected, which the interpreter does not promise to do anyway.
+    TensorFlow's objects (summary writers, datasets) may flush as they are collected:
+    after a TensorFlow stage the interpreter exits as usual.
+    """
+    code = main()
+    if "tensorflow" not in sys.modules:
+        gc.freeze()
+    sys.exit(code)
 
 
 def _command(args: argparse.Namespace):
