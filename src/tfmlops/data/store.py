@@ -297,10 +297,6 @@ class ImageCache:
         """A held entry's refusal reason (None: a usable image), from the index alone."""
         return self.index[sha256][2]
 
-    def usable(self, sha256: str) -> bool:
-        """Whether the entry is held and whole (read and checked, then dropped)."""
-        return self.index[sha256][2] is not None or self._read(sha256) is not None
-
     def get(self, sha256: str) -> Stored | None:
         entry = self._read(sha256)
         if entry is None:

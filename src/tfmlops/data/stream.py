@@ -182,11 +182,13 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
                 tally.bad.append({"file": rel, "label": label, "reason": reason})
             else:
                 stored = tally.cache.get(sha)
-                if stored is None:  # damaged since the first pass read it: decode again
+                if stored is None:  # its entry is damaged (read here, not twice): decode again
                     stored = store_known(str(path), spec, sha)
                     if not stored.ok:
                         raise DataError(f"{path} changed while prepare was reading it; run "
                                         "prepare again once nothing writes to data.image_dir")
+                    tally.cache.put(sha, stored)
+                    tally.decoded += 1
                 split = splits[sha]
                 writers[split].write(record_of(stored, label_index[label], sha),
                                      shard_of(sha, cfg.data.shards))
@@ -305,7 +307,9 @@ def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
     whose remembered hash the cache holds is not read; every other one is read,
     hashed and (unless the cache held its content when the pool started) decoded by
     the pool. Entries this pass adds change nothing of that plan (a duplicate's copy
-    decoded now is still read). Each pool result names its file, checked here."""
+    decoded now is still read). Each pool result names its file, checked here. A
+    held entry's bytes are read once, when its record is written: one that is damaged
+    is decoded again there (`prepare_stream`)."""
     cache = tally.cache
     from_cache = [bool(st and sha and cache.has(sha))
                   for st, sha in zip(stats, known, strict=True)]
@@ -326,8 +330,6 @@ def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
                 tally.hashed += sha is not None
                 if stored is None and not cache.has(sha):  # 8 bytes alike, not the hash
                     stored = store_known(str(path), spec, sha)
-            if stored is None and not cache.usable(sha):  # a damaged entry: decode again
-                stored = store_known(str(path), spec, sha)
             if sha is not None:
                 tally.hashes.add(sha)
                 tally.source_bytes += st[0]
