@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -151,22 +152,30 @@ def test_a_same_size_rewrite_with_its_old_mtime_is_hashed_again(tmp_path, make_c
     assert prepared_bytes(warm) == prepared_bytes(cold)
 
 
-def test_a_cache_entry_with_damaged_bytes_is_decoded_again_once_and_cached(tmp_path, make_cfg):
-    """An entry whose image bytes no longer match its CRC (its header intact, so it is
-    indexed as usable) is found when its record is written: the file is decoded again,
-    the output is a cold run's, and the new entry serves the next run."""
-    import json
-    import struct
+def _damage_bytes(blob: bytearray) -> None:
+    """Flip a byte in the first entry's image bytes: its header intact, so it is indexed
+    as usable, and found only when its record is written."""
+    n, _crc = struct.unpack_from("<II", blob, 0)  # the entry: header, then its bytes
+    blob[8 + n + json.loads(bytes(blob[8 : 8 + n]))["length"] // 2] ^= 0xFF
 
+
+def _damage_hash_field(blob: bytearray) -> None:
+    """The long search's find: one flipped byte in an entry's sha256 field (no longer
+    hex) crashed every later prepare; now the entry is skipped and its file decoded."""
+    blob[blob.index(b'"sha256": "') + len(b'"sha256": "') + 5] = ord("?")
+
+
+@pytest.mark.parametrize("damage", [_damage_bytes, _damage_hash_field])
+def test_a_damaged_cache_entry_is_decoded_again_once_and_cached(tmp_path, make_cfg, damage):
+    """The file is decoded again, the output is a cold run's, and the new entry serves
+    the next run."""
     photo_folder(tmp_path / "photos", per_class=4, classes=2)
     age(tmp_path / "photos")
     warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=1)
     prepare.run(warm)
     (seg,) = Path(warm.paths.prepare_cache).glob("*/*.seg")
     blob = bytearray(seg.read_bytes())
-    n, _crc = struct.unpack_from("<II", blob, 0)  # the first entry: header, then its bytes
-    length = json.loads(bytes(blob[8 : 8 + n]))["length"]
-    blob[8 + n + length // 2] ^= 0xFF
+    damage(blob)
     seg.write_bytes(bytes(blob))
     assert prepare.run(warm)["images_decoded"] == 1
     assert_rows_match_files(warm)
@@ -174,22 +183,3 @@ def test_a_cache_entry_with_damaged_bytes_is_decoded_again_once_and_cached(tmp_p
     prepare.run(cold)
     assert prepared_bytes(warm) == prepared_bytes(cold)
     assert prepare.run(warm)["images_decoded"] == 0
-
-
-def test_a_cache_entry_with_a_damaged_hash_field_is_decoded_again(tmp_path, make_cfg):
-    """The long search's find: one flipped byte in an entry's sha256 field (no longer
-    hex) crashed every later prepare; now the entry is skipped and its file decoded."""
-    photo_folder(tmp_path / "photos", per_class=4, classes=2)
-    age(tmp_path / "photos")
-    warm = trust_cfg(make_cfg, tmp_path / "warm", tmp_path / "photos", workers=1)
-    prepare.run(warm)
-    (seg,) = Path(warm.paths.prepare_cache).glob("*/*.seg")
-    blob = bytearray(seg.read_bytes())
-    at = blob.index(b'"sha256": "') + len(b'"sha256": "') + 5
-    blob[at] = ord("?")
-    seg.write_bytes(bytes(blob))
-    assert prepare.run(warm)["images_decoded"] == 1
-    assert_rows_match_files(warm)
-    cold = trust_cfg(make_cfg, tmp_path / "cold", tmp_path / "photos", workers=1)
-    prepare.run(cold)
-    assert prepared_bytes(warm) == prepared_bytes(cold)
