@@ -116,3 +116,20 @@ def test_an_artifact_whose_copy_is_gone_is_not_counted_as_sent(tmp_path, make_cf
     client = mlflow_client(cfg)
     assert client.get_run(run_id).data.tags["k"] == "v"
     assert not client.list_artifacts(run_id, "r")
+
+
+def test_an_artifact_that_cannot_be_copied_is_named_not_raised(tmp_path, make_cfg):
+    """A file of a logged folder gone (or unreadable) while the outbox copies it: the
+    problem is returned, as for a folder gone before the copy, and nothing half-copied
+    stays queued. It used to raise out of the stage's logging call (tracking must
+    never kill the work). A dangling link makes the copy fail every time."""
+    cfg = make_cfg()
+    box = Outbox(outbox_path(cfg, "outbox-copy"), tracking.tracking_uri(cfg))
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    (folder / "trace.json").write_text("{}")
+    (folder / "gone.pb").symlink_to(tmp_path / "removed-mid-copy.pb")
+    problem = box.queue("run-1", "artifact", {"path": str(folder), "artifact_path": "p"})
+    assert problem.startswith(f"artifact {folder}: could not be copied to be queued ("), problem
+    assert not box.path.exists()
+    assert not any(box.path.with_suffix(".files").rglob("*"))

@@ -308,29 +308,42 @@ FAILING_SIDECAR = textwrap.dedent("""
                 run.wait_open()
                 os.kill(run._process.proc.pid, signal.SIGKILL)
                 failed_at.append(time.monotonic())
+            if sys.argv[1] == "garbled":  # a call the sidecar cannot unpickle (a bug)
+                run.wait_open()
+                run._process._out.send_bytes(b"not a pickle")
+                failed_at.append(time.monotonic())
             run.log_metrics({"loss": 0.5}, step=1)
-    except tracking.TrackingUnavailable as exc:
+    except (tracking.TrackingUnavailable, RuntimeError) as exc:
         waited = time.monotonic() - failed_at[0]
         print(f"{type(exc).__name__} after {waited:.1f} s: {exc}", flush=True)
         sys.exit(2)
 """)
 
 
-@pytest.mark.parametrize("how", ["reader", "killed"])
+@pytest.mark.parametrize("how", ["reader", "killed", "garbled"])
 def test_a_failed_sidecar_ends_the_stage_with_one_line_within_seconds(tmp_path, make_cfg, how):
     """The stage's thread reading the sidecar's replies fails (a log filter raising on
-    the sidecar's first record), or the sidecar process is killed: the stage used to
-    wait for its reply forever (the reader), or failed with a RuntimeError (killed)."""
-    make_cfg()
+    the sidecar's first record), the sidecar process is killed, or it is sent a call it
+    cannot unpickle: the stage used to wait for its reply forever (the reader; garbled:
+    the sidecar's inbox thread died and the sidecar waited for calls), or failed with a
+    RuntimeError (killed). A garbled call is a bug: the run ends FAILED, not RUNNING."""
+    cfg = make_cfg()
     stage = subprocess.run([sys.executable, "-c", FAILING_SIDECAR, how], cwd=tmp_path,
                            env=child_env(), capture_output=True, text=True, timeout=180)
     assert stage.returncode == 2, stage.stderr[-3000:]
     (line,) = stage.stdout.splitlines()
     name, seconds, message = re.fullmatch(r"(\w+) after ([\d.]+) s: (.+)", line).groups()
-    assert name == "SidecarGone" and float(seconds) < 15, line
+    assert name == ("RuntimeError" if how == "garbled" else "SidecarGone"), line
+    assert float(seconds) < 15, line
     if how == "reader":
         assert message.startswith("reading the tracking sidecar's replies failed (ValueError: "
                                   "this filter cannot take the sidecar's records) before "), line
+    elif how == "garbled":
+        assert name == "RuntimeError" and float(seconds) < 15, line
+        assert message.startswith("the tracking sidecar failed: RuntimeError: a call from the "
+                                  "stage could not be read (UnpicklingError: "), line
+        (run,) = stage_runs(cfg, "train")
+        assert run.info.status == "FAILED"
     else:
         assert message == "the tracking sidecar exited (code -9) before `ended`; its log is above"
     assert "Traceback" not in stage.stderr

@@ -80,10 +80,14 @@ class Outbox:
             folder = self.path.with_suffix(".files") / uuid.uuid4().hex
             folder.mkdir(parents=True)
             kept = folder / source.name
-            if source.is_dir():
-                shutil.copytree(source, kept)
-            else:
-                shutil.copy2(source, kept)
+            try:
+                if source.is_dir():
+                    shutil.copytree(source, kept)
+                else:
+                    shutil.copy2(source, kept)
+            except OSError as exc:  # shutil.Error too: a file gone or unreadable mid-copy
+                shutil.rmtree(folder, ignore_errors=True)
+                return f"artifact {source}: could not be copied to be queued ({first_line(exc)})"
             payload = {**payload, "path": str(kept)}
         self.write(run_id, op, payload)
         return None

@@ -92,7 +92,7 @@ EXIT_GRACE_S = 5.0
 END_WAIT_S = 120.0
 PIPE_BYTES = 1 << 20  # a hand-over sidecar's pipe: every call queued before it started
 # Replies after which no other comes: the stage raises (`_Process.reply`).
-_ENDS_REPLIES = {"unavailable", "failed", "reader failed", _EOF[0]}
+_ENDS_REPLIES = {"unavailable", "failed", "reader failed", "unreadable", _EOF[0]}
 
 
 class SidecarGone(TrackingUnavailable):
@@ -106,13 +106,21 @@ def _send(conn: Connection, kind: str, body: Any) -> None:
 
 
 def _messages(conn: Connection) -> Iterator[tuple[str, Any]]:
-    """The messages a pipe brings, then _EOF once its other end is closed."""
+    """The messages a pipe brings, then _EOF once its other end is closed. One that
+    cannot be unpickled (a class the reader cannot import: a bug) comes as
+    ("unreadable", why), and reading goes on: the reader must not die silently with
+    its peer waiting."""
     while True:
         try:
-            yield pickle.loads(conn.recv_bytes())
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             yield _EOF
             return
+        try:
+            message = pickle.loads(data)
+        except Exception as exc:  # noqa: BLE001 - named to the reader's peer
+            message = ("unreadable", f"{type(exc).__name__}: {first_line(exc)}")
+        yield message
 
 
 _early: dict[str, Any] = {"process": None}
@@ -268,7 +276,7 @@ class _Process:
             raise TrackingUnavailable(body)
         if kind == "failed":
             raise RuntimeError(body)
-        if kind == "reader failed":
+        if kind in ("reader failed", "unreadable"):
             self._gone = (f"reading the tracking sidecar's replies failed ({body}) before "
                           f"`{expected}`")
         else:
@@ -678,6 +686,8 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
             elif kind == "end":
                 faults.point("sidecar.end")  # a test holds a detached delivery here (SIGSTOP)
                 return body
+            elif kind == "unreadable":  # a bug, not the stage's death: the run ends FAILED
+                raise RuntimeError(f"a call from the stage could not be read ({body})")
             else:  # the stage is gone without ending its run
                 raise KeyboardInterrupt
     finally:
