@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tfmlops.artifacts import MANIFEST, QUARANTINE
+from tfmlops.config import replace
 from tfmlops.data import pipeline
 from tfmlops.errors import DataError
 
@@ -59,21 +60,21 @@ def test_training_order_is_deterministic_with_the_seed(prepared_digits, prepared
 
     a, b = first_labels(prepared_digits), first_labels(prepared_digits)
     np.testing.assert_array_equal(a, b)
-    other = dataclasses.replace(prepared_digits, seed=prepared_digits.seed + 1)
+    other = replace(prepared_digits, seed=prepared_digits.seed + 1)
     assert not np.array_equal(a, first_labels(other))
 
 
 def test_augmentation_changes_training_images_only(prepared_digits, prepared):
-    aug = dataclasses.replace(
+    aug = replace(
         prepared_digits,
-        pipeline=dataclasses.replace(
+        pipeline=replace(
             prepared_digits.pipeline,
-            augment=dataclasses.replace(prepared_digits.pipeline.augment, enabled=True),
+            augment=replace(prepared_digits.pipeline.augment, enabled=True),
             shuffle_buffer=1,
         ),
     )
-    plain = dataclasses.replace(
-        aug, pipeline=dataclasses.replace(aug.pipeline, augment=prepared_digits.pipeline.augment))
+    plain = replace(
+        aug, pipeline=replace(aug.pipeline, augment=prepared_digits.pipeline.augment))
     xa, _ = next(iter(pipeline.dataset(aug, prepared, "train", batch_size=16, training=True)))
     xp, _ = next(iter(pipeline.dataset(plain, prepared, "train", batch_size=16, training=True)))
     assert xa.shape == xp.shape and np.isfinite(xa.numpy()).all()
@@ -86,15 +87,15 @@ def test_augmentation_changes_training_images_only(prepared_digits, prepared):
 def test_missing_and_stale_prepared_data_fail_clearly(make_cfg, prepared_digits):
     with pytest.raises(DataError, match="run `dvc repro prepare`"):
         pipeline.load_prepared(make_cfg())
-    stale = dataclasses.replace(prepared_digits,
-                                data=dataclasses.replace(prepared_digits.data, image_size=32))
+    stale = replace(prepared_digits,
+                                data=replace(prepared_digits.data, image_size=32))
     with pytest.raises(DataError, match="stale"):
         pipeline.load_prepared(stale)
 
 
 def test_autotune_param_reaches_tf_data_and_changes_no_batch(prepared_digits, prepared):
     def batches(autotune):
-        cfg = dataclasses.replace(prepared_digits, pipeline=dataclasses.replace(
+        cfg = replace(prepared_digits, pipeline=replace(
             prepared_digits.pipeline, autotune=autotune))
         ds = pipeline.dataset(cfg, prepared, "train", batch_size=64, training=True)
         assert ds.options().autotune.enabled is autotune
@@ -108,11 +109,11 @@ def test_autotune_param_reaches_tf_data_and_changes_no_batch(prepared_digits, pr
 def _with_cache(cfg, tmp_path, mode, budget_mb=None):
     """cfg with pipeline.cache = mode and its disk files under tmp_path (the session's
     prepared folder stays read-only)."""
-    pipe = dataclasses.replace(cfg.pipeline, cache=mode,
+    pipe = replace(cfg.pipeline, cache=mode,
                                cache_budget_mb=cfg.pipeline.cache_budget_mb
                                if budget_mb is None else budget_mb)
-    paths = dataclasses.replace(cfg.paths, cache=str(tmp_path / "cache"))
-    return dataclasses.replace(cfg, pipeline=pipe, paths=paths)
+    paths = replace(cfg.paths, cache=str(tmp_path / "cache"))
+    return replace(cfg, pipeline=pipe, paths=paths)
 
 
 def _two_epochs(cfg, prepared, training=True):

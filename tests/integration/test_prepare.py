@@ -85,13 +85,14 @@ def test_prepare_as_users_run_it_imports_neither_tensorflow_nor_mlflow(tmp_path,
     """Issue 26: with tracking and profiling on, prepare's process loads no TensorFlow
     (its TFRecords are written directly; `train` profiles the input pipeline, which prepare
     used to cache whole to profile: 1.3 GB at 4,000 photos) and no MLflow (the tracking
-    sidecar keeps the run); the run still gets the stage's metrics and files."""
+    sidecar keeps the run), nor pydantic (the config is msgspec's); the run still gets the
+    stage's metrics and files."""
     mixed_folder(tmp_path / "own", per_class=6)
     cfg = make_cfg(data={"image_dir": str(tmp_path / "own"), "max_bad_fraction": 0.5},
                    profiling={"enabled": True, "start_step": 1, "steps": 1})
     code = ("import sys\nfrom tfmlops.cli import main\n"
             f"assert main(['--params', {str(tmp_path / 'params.yaml')!r}, 'prepare']) == 0\n"
-            "print(sorted(m for m in ('tensorflow', 'mlflow') if m in sys.modules))\n")
+            "print(sorted(m for m in ('tensorflow', 'mlflow', 'pydantic') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import VENV_BIN, child_env, stage_runs
-from tfmlops.config import load_config
+from tfmlops.config import load_config, replace
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -251,12 +251,10 @@ def test_a_slow_live_holder_is_not_broken(reg, caplog):
     """The holder keeps the lock for 2 leases while renewing; the waiter waits it out. The
     lease is long beside a renewal (every lease/4), so a machine at half speed, whose
     heartbeat thread may be late by seconds, still renews in time."""
-    import dataclasses
-
     from tfmlops.stages import promote
 
     cfg, registry, register = reg
-    cfg = dataclasses.replace(cfg, promote=dataclasses.replace(cfg.promote, lock_lease_s=15.0))
+    cfg = replace(cfg, promote=replace(cfg.promote, lock_lease_s=15.0))
     v1, v2 = register(), register()
     holder = _holder(cfg, "slow", seconds=2 * cfg.promote.lock_lease_s, version=v1)
     assert promote.run(cfg, version=int(v2))["outcome"] == "promoted"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from conftest import (
     tiny_params,
 )
 from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, RUN_FILE, TAG_TUNE_SEARCH
+from tfmlops.config import replace
 from tfmlops.model import hparams, search_space
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
@@ -224,7 +224,7 @@ def test_no_final_round_when_train_does_not_use_the_tuned_settings(digits_workdi
     assert not any(k.startswith("final_") for k in metrics)
     assert not (Path(cfg.paths.tuned) / FINAL_ROUND).exists()
     # a speed-only setting does not make it a different search
-    faster = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, autotune=True))
+    faster = replace(cfg, pipeline=replace(cfg.pipeline, autotune=True))
     assert tune.search_key(faster) == tune.search_key(cfg)
 
 

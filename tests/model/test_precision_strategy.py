@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import child_env
-from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig
+from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig, replace
 from tfmlops.errors import ConfigError
 from tfmlops.model.precision import decide_policy
 from tfmlops.model.strategy import cluster_tasks, resolve_strategy
@@ -177,8 +176,8 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
 
     prepared = pipeline.load_prepared(prepared_digits)
     auto = prepared_digits
-    prepared_digits = dataclasses.replace(
-        auto, train=dataclasses.replace(auto.train, precision="timed"))
+    prepared_digits = replace(
+        auto, train=replace(auto.train, precision="timed"))
     cache = tmp_path / fit.PRECISION_CACHE
     bf16 = {"avx2", "amx_bf16"}
     first = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)

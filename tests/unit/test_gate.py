@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfmlops.config import GateConfig
+from tfmlops.config import GateConfig, replace
 from tfmlops.evaluation import paired_interval, summarize
 from tfmlops.gate import VersionMetrics, evaluate_gate
 from tfmlops.serving.parity import compare
@@ -134,7 +134,7 @@ def test_a_regression_within_the_tolerance_passes():
 
 
 def test_parity_not_required_is_not_checked():
-    gate = GateConfig(**{**GATE.__dict__, "require_parity": False})
+    gate = replace(GATE, require_parity=False)
     assert gate_of(version(parity=False), None, gate=gate)["parity"].passed
 
 

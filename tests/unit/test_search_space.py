@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from tfmlops.config import Config, config_from_dict
+from tfmlops.config import Config, config_from_dict, replace
 from tfmlops.errors import ConfigError
 from tfmlops.model import hparams, search_space
 
@@ -124,13 +122,13 @@ def searched(values: dict) -> dict:
 
 
 def with_tuner(cfg: Config, tuner: str) -> Config:
-    return dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune, tuner=tuner))
+    return replace(cfg, tune=replace(cfg.tune, tuner=tuner))
 
 
 @pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
 def test_same_seed_same_trials(tmp_path, tuner):
     def first_trials(seed: int, folder: str):
-        cfg = with_tuner(dataclasses.replace(Config(), seed=seed), tuner)
+        cfg = with_tuner(replace(Config(), seed=seed), tuner)
         oracle = oracle_for(cfg, tmp_path / folder)
         # distinct tuner ids: one id gets its ongoing trial back
         return [oracle.create_trial(f"t{i}").hyperparameters.values for i in range(3)]
@@ -159,7 +157,7 @@ def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
     assert search_key(changed(model={"convs_per_block": 1})) != key  # not searched
     assert search_key(changed(tune={"space": {**cfg.to_dict()["tune"]["space"],
                                               "head_units": [32]}})) != key
-    assert search_key(dataclasses.replace(cfg, seed=1)) != key
+    assert search_key(replace(cfg, seed=1)) != key
 
 
 # ------------------------------------------------------------- the baseline trial
@@ -255,7 +253,7 @@ def test_a_value_outside_the_space_skips_the_baseline_with_one_line(tmp_path, tu
     cfg = with_tuner(config_from_dict({"train": {"batch_size": 128}}), tuner)
     oracle = oracle_for(cfg, tmp_path / "s")
     trials = [oracle.create_trial(f"t{i}") for i in range(2)]
-    inside = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=64))
+    inside = replace(cfg, train=replace(cfg.train, batch_size=64))
     assert all(searched(t.hyperparameters.values) != search_space.values_from_config(inside)
                for t in trials)
     lines = [m for m in caplog.messages if "baseline" in m]
@@ -305,8 +303,8 @@ def test_backbone_and_fine_tune_settings_are_searched_when_given():
     assert search_space.baseline(cfg) == (
         None, "train.fine_tune.unfreeze 20 is outside tune.space.unfreeze [0.1, 0.5]")
     # a fraction inside it: the baseline trial holds the params' own backbone and fine-tuning
-    inside = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, fine_tune=dataclasses.replace(cfg.train.fine_tune, unfreeze=0.3)))
+    inside = replace(cfg, train=replace(
+        cfg.train, fine_tune=replace(cfg.train.fine_tune, unfreeze=0.3)))
     base, why = search_space.baseline(inside)
     assert why is None
     assert {k: base[k] for k in ("backbone", "head_epochs", "unfreeze", "lr_factor")} == {

@@ -1,20 +1,19 @@
 """The one typed, validated view of params.yaml.
 
-Every section of params.yaml maps to a frozen pydantic dataclass
+Every section of params.yaml maps to a frozen msgspec Struct
 (`sections/`, one module per section). `load_config` reads the file once; an unknown key, a wrong
 type, an out-of-range value or a broken cross-key rule raises a `ConfigError`
 whose one-line message (`messages.py`) names the dotted key, the bad value and
-what is accepted. Nothing here imports TensorFlow or MLflow.
+what is accepted. Nothing here imports TensorFlow, MLflow or pydantic.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import yaml
-from pydantic import ValidationError
 
 from tfmlops.config.messages import one_line
 from tfmlops.config.sections import (
@@ -61,8 +60,10 @@ __all__ = [
     "PathsConfig", "PipelineConfig", "ProfilingConfig", "PromoteConfig", "PruneConfig",
     "QuantizeConfig", "ScheduleConfig", "SearchSpace", "SplitConfig", "StoreConfig", "SyntheticConfig",
     "TrackingConfig", "TrainConfig", "TuneConfig",
-    "config_from_dict", "flatten", "load_config", "set_dotted",
+    "config_from_dict", "flatten", "load_config", "replace", "set_dotted",
 ]
+
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Config:
@@ -89,10 +90,21 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         return raw
     if not isinstance(raw, dict):
         raise ConfigError(f"params: expected a mapping, got {raw!r}")
+    return _validated(raw, Config)
+
+
+def replace(obj: S, **changes: Any) -> S:
+    """A copy of a section (or Config) with `changes`, validated as params are: a
+    ConfigError names the key. Unchanged nested sections are kept as they are."""
+    raw = {name: getattr(obj, name) for name in obj.__struct_fields__}
+    return _validated({**raw, **changes}, type(obj))
+
+
+def _validated(raw: dict[str, Any], cls: type[S]) -> S:
     try:
-        return Config.__pydantic_validator__.validate_python(raw)
-    except ValidationError as exc:
-        raise ConfigError(one_line(exc, Config)) from None
+        return msgspec.convert(raw, cls, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(one_line(exc, cls, raw)) from None
 
 
 def set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -108,8 +120,8 @@ def set_dotted(tree: dict, dotted: str, value: Any) -> None:
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}; lists of mappings get an index."""
     out: dict[str, Any] = {}
-    if dataclasses.is_dataclass(tree):
-        tree = dataclasses.asdict(tree)
+    if isinstance(tree, msgspec.Struct):
+        tree = msgspec.to_builtins(tree)
     if isinstance(tree, dict):
         for k, v in tree.items():
             out.update(flatten(v, f"{prefix}{k}."))

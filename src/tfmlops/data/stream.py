@@ -367,7 +367,7 @@ def decode_pool(workers: int, cached):
 
     spawn, not fork: the parent may hold threads (MLflow, TensorFlow in tests). The
     workers' entry points live in data.store, which imports neither the config
-    (pydantic: 0.7 s of CPU per spawned worker) nor this module.
+    (0.7 s of CPU per spawned worker when it was built on pydantic) nor this module.
     """
     if workers <= 1:
         yield Decoder(1, None, cached)

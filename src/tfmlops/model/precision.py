@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import msgspec
+
 log = logging.getLogger(__name__)
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -179,7 +181,7 @@ def time_policies(make_model: Callable[[], object], batch, keras,
 
 def cache_key(spec, input_shape, batch_size: int, flags: Iterable[str] = ()) -> str:
     """What a timing depends on: the architecture, the input, the batch and the CPU."""
-    payload = json.dumps({"spec": asdict(spec), "input": list(input_shape), "batch": batch_size,
+    payload = json.dumps({"spec": msgspec.to_builtins(spec), "input": list(input_shape), "batch": batch_size,
                           "bf16": sorted(set(flags) & set(BF16_FLAGS))},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

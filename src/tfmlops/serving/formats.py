@@ -195,11 +195,11 @@ def choose_serving(rows: list[dict], parities) -> dict:
 def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None = None) -> None:
     """serving.json: what the served model needs, with `export.serving`'s request caps
     (None: their defaults)."""
-    import dataclasses
+    import msgspec
 
     from tfmlops.config.sections import ServingLimits
 
-    limits = limits if limits is not None else dataclasses.asdict(ServingLimits())
+    limits = limits if limits is not None else msgspec.to_builtins(ServingLimits())
 
     write_json(out / SERVING, {
         "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,

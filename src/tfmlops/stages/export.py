@@ -19,7 +19,6 @@ Reports: `reports/export.json` (metrics, the skew pairs' among them) and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def run(cfg: Config) -> dict:
         parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
         serving = fmt.choose_serving(rows, parities)
         fmt.write_serving_config(out, serving, prepared,
-                                 dataclasses.asdict(cfg.export.serving))
+                                 cfg.to_dict()["export"]["serving"])
         served_row, pairs = fmt.check_serving_paths(cfg, prepared, model, out, serving, split,
                                                     y, keras_probs, parities, out / SKEW)
         rows.append(served_row)

@@ -1,23 +1,58 @@
-"""What every section module shares: the frozen, strict dataclass decorator and
-the value types taken as written."""
+"""What every section module shares: the frozen, strict Struct base and the value
+types taken as written."""
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Annotated
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, StringConstraints
-from pydantic.dataclasses import dataclass
+import msgspec
+from msgspec import Meta, field
 
-_SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
-section = dataclass(frozen=True, config=_SECTION)
+from tfmlops.config.messages import Rule
 
-# Values are taken as written: no "yes" for true, no "3" or 3.0 for 3, no inf.
-Int = StrictInt
-Bool = StrictBool
-Float = Annotated[float, Field(strict=True)]  # an integer is taken as a float
-Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+# Values are taken as written (msgspec.convert(..., strict=True)): no "yes" for true,
+# no "3", 3.0 or true for 3; an integer is taken as a float. inf and nan: Section.
+Int = int
+Bool = bool
+Float = float
+Text = Annotated[str, Meta(min_length=1)]
+_restoring = threading.local()
 
 
 def copies(*values):
     """A default_factory: a fresh list per instance."""
-    return Field(default_factory=lambda: list(values))
+    return field(default_factory=lambda: list(values))
+
+
+class Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A section (or part of one): its fields are checked first, refusing inf and nan
+    (msgspec takes them), then its own rules (`_rules`, raising messages.Rule)."""
+
+    def __post_init__(self):
+        if getattr(_restoring, "on", False):
+            return
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            for i, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+                if isinstance(v, float) and not math.isfinite(v):
+                    where = "" if i is None else f"[{i}]"
+                    raise Rule(f"{{p}}{name}{where}: expected a finite number, got {v!r}")
+        self._rules()
+
+    def _rules(self) -> None:
+        pass
+
+    def __reduce__(self):
+        # Unpickled (the tracking sidecar gets the config) or deep-copied as it is: it was
+        # validated where it was made, and its rules read the machine and the folders.
+        return _restore, (type(self), tuple(getattr(self, f) for f in self.__struct_fields__))
+
+
+def _restore(cls: type[Section], values: tuple) -> Section:
+    _restoring.on = True
+    try:
+        return cls(*values)
+    finally:
+        _restoring.on = False

@@ -3,68 +3,61 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from msgspec import Meta, field
 
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Float, Int, Text, section
+from tfmlops.config.sections.base import Float, Int, Section, Text
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-@section
-class ServingLimits:
+class ServingLimits(Section):
     """What one request to the served model may cost. Export writes them into
     serving.json; the served model refuses beyond them with HTTP 400, naming the key."""
 
-    max_rows: Int = Field(1024, ge=1, le=1_000_000)
+    max_rows: Annotated[Int, Meta(ge=1, le=1_000_000)] = 1024
     # Pixels one image row's header may claim (width x height), checked before decoding.
-    max_image_pixels: Int = Field(4096 * 4096, ge=64, le=2**31)
+    max_image_pixels: Annotated[Int, Meta(ge=64, le=2**31)] = 4096 * 4096
     # The image rows' header pixels summed over one request: bounds its CPU time.
-    max_request_pixels: Int = Field(64 * 2**20, ge=64, le=2**40)
+    max_request_pixels: Annotated[Int, Meta(ge=64, le=2**40)] = 64 * 2**20
     # What decoding one request's images holds (header pixels x bytes per pixel of their
     # mode: 2 for 16-bit grey, 3 for RGB, 4 for RGBA), summed: bounds its memory.
-    max_request_decoded_bytes: Int = Field(256 * 2**20, ge=256, le=2**42)
+    max_request_decoded_bytes: Annotated[Int, Meta(ge=256, le=2**42)] = 256 * 2**20
     # The HTTP request body `tfmlops serve` reads at most (413 beyond, before parsing).
-    max_body_bytes: Int = Field(64 * 2**20, ge=1024, le=2**34)
+    max_body_bytes: Annotated[Int, Meta(ge=1024, le=2**34)] = 64 * 2**20
     # Images one server process decodes at once (the rest wait): bounds its memory.
-    max_concurrent_decodes: Int = Field(2, ge=1, le=256)
+    max_concurrent_decodes: Annotated[Int, Meta(ge=1, le=256)] = 2
 
-    @model_validator(mode="after")
-    def _one_image_fits_a_request(self):
+    def _rules(self):  # one image fits a request
         if self.max_image_pixels > self.max_request_pixels:
             raise Rule(f"{{p}}max_image_pixels {self.max_image_pixels} is above "
                        f"{{p}}max_request_pixels {self.max_request_pixels}; one image must fit "
                        "in a request")
-        return self
 
 
-@section
-class SkewLimits:
+class SkewLimits(Section):
     """export's skew report: how many original files it follows through both paths, and the
     top-1 agreement they must keep (the stored JPEG's re-encoding is the one difference
     between prepare's path and the served model's on an original file)."""
 
-    source_images: Int = Field(64, ge=0, le=100_000)  # 0: the source pair is not measured
-    source_min_agreement: Float = Field(0.95, ge=0.0, le=1.0)
+    source_images: Annotated[Int, Meta(ge=0, le=100_000)] = 64  # 0: the source pair is not measured
+    source_min_agreement: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.95
     # The SavedModel's in-graph decoding vs prepare's (Pillow, OpenCV) on the originals.
-    source_max_grey_levels: Int = Field(1, ge=0, le=255)
+    source_max_grey_levels: Annotated[Int, Meta(ge=0, le=255)] = 1
 
 
-@section
-class ExportConfig:
+class ExportConfig(Section):
     model_name: Text = "digits"  # one folder name: saved_model/<model_name>/<version>
-    onnx_opset: Int = Field(17, ge=9, le=23)
-    atol: Float = Field(1e-4, ge=0.0, le=1.0)
-    latency_runs: Int = Field(200, ge=1, le=1_000_000)
-    serving: ServingLimits = Field(default_factory=ServingLimits)
-    skew: SkewLimits = Field(default_factory=SkewLimits)
+    onnx_opset: Annotated[Int, Meta(ge=9, le=23)] = 17
+    atol: Annotated[Float, Meta(ge=0.0, le=1.0)] = 1e-4
+    latency_runs: Annotated[Int, Meta(ge=1, le=1_000_000)] = 200
+    serving: ServingLimits = field(default_factory=ServingLimits)
+    skew: SkewLimits = field(default_factory=SkewLimits)
 
-    @field_validator("model_name")
-    @classmethod
-    def _one_folder_name(cls, name):
-        # It becomes a path under paths.export: "../x" or "a/b" would write elsewhere.
-        if not MODEL_NAME.fullmatch(name):
-            raise Rule(f"{{path}}: {name!r} is not a plain name; use letters, digits, '.', "
-                       "'_' and '-', starting with a letter or digit (no '/' or '..')")
-        return name
+    def _rules(self):
+        # model_name becomes a path under paths.export: "../x" or "a/b" would write elsewhere.
+        if not MODEL_NAME.fullmatch(self.model_name):
+            raise Rule(f"{{p}}model_name: {self.model_name!r} is not a plain name; use letters, "
+                       "digits, '.', '_' and '-', starting with a letter or digit (no '/' or '..')")

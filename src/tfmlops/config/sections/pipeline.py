@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+import msgspec
+from msgspec import Meta, field
 
-from tfmlops.config.sections.base import Bool, Float, Int, section
+from tfmlops.config.sections.base import Bool, Float, Int, Section
 
 
-@section
-class AugmentConfig:
+class AugmentConfig(Section):
     enabled: Bool = False
     flip: Bool = False  # digits are not mirror-symmetric: off by default
-    rotation: Float = Field(0.05, ge=0.0, le=0.5)  # fraction of a full turn
-    zoom: Float = Field(0.1, ge=0.0, le=0.9)
-    translate: Float = Field(0.1, ge=0.0, le=0.5)
+    rotation: Annotated[Float, Meta(ge=0.0, le=0.5)] = 0.05  # fraction of a full turn
+    zoom: Annotated[Float, Meta(ge=0.0, le=0.9)] = 0.1
+    translate: Annotated[Float, Meta(ge=0.0, le=0.5)] = 0.1
 
 
 # pipeline settings that change speed, not batches: a backup, a tuner state or a
@@ -24,27 +23,25 @@ class AugmentConfig:
 SPEED_ONLY = ("autotune", "cache", "cache_budget_mb")
 
 
-@section
-class PipelineConfig:
-    shuffle_buffer: Int = Field(2048, ge=1, le=10_000_000)
+class PipelineConfig(Section):
+    shuffle_buffer: Annotated[Int, Meta(ge=1, le=10_000_000)] = 2048
     # Where the decoded split is kept after the first epoch. auto: memory when
     # the train split's decoded float32 images fit cache_budget_mb, else a file
-    # under paths.cache; memory | disk | off force one.
-    cache: Literal["auto", "memory", "disk", "off"] = "auto"
-    cache_budget_mb: Int = Field(1024, ge=0, le=10_000_000)
+    # under paths.cache; memory | disk | off force one. The old true/false still mean
+    # memory/off (YAML reads a bare `off` as false too): _rules turns them into these.
+    cache: Literal["auto", "memory", "disk", "off"] | bool = "auto"
+    cache_budget_mb: Annotated[Int, Meta(ge=0, le=10_000_000)] = 1024
     deterministic: Bool = True
     # tf.data's autotuner records every element; once the cache serves the
     # epochs that cost halves steady-state throughput on 2 cores, so parallel
     # stages default to one call per core instead (benchmarks/input_pipeline.py).
     autotune: Bool = False
-    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def without_speed_settings(self) -> dict[str, Any]:
         """The settings that change which batches a run sees (not how fast it gets them)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in SPEED_ONLY}
+        return {k: v for k, v in msgspec.to_builtins(self).items() if k not in SPEED_ONLY}
 
-    @field_validator("cache", mode="before")
-    @classmethod
-    def _cache_old_spelling(cls, value):
-        # The old true/false still mean memory/off (YAML reads a bare `off` as false too).
-        return {True: "memory", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    def _rules(self):
+        if isinstance(self.cache, bool):
+            msgspec.structs.force_setattr(self, "cache", "memory" if self.cache else "off")

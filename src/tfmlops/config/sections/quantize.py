@@ -5,12 +5,12 @@ converts and quantize builds (compress/variants.py re-exports them for those).""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from msgspec import Meta
 
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Bool, Float, Int, Text, copies, section
+from tfmlops.config.sections.base import Bool, Float, Int, Section, Text, copies
 
 FLOAT32 = "float32"  # no optimization
 DYNAMIC = "dynamic"  # int8 weights, float activations at run time
@@ -29,45 +29,35 @@ TFLITE_VARIANTS = CONVERTED_VARIANTS + (QAT_INT8,)
 QAT_VARIANT = f"pruned_{QAT_INT8}"  # the QAT model is always the pruned one
 
 
-def _only_of(names: list, allowed: tuple, what: str) -> list:
-    """`names` if each is in `allowed`, else a Rule naming the first that is not."""
+def _only_of(key: str, names: list, allowed: tuple, what: str) -> None:
+    """A Rule naming the first of `names` (the list at `key`) not in `allowed`."""
     bad = sorted(set(names) - set(allowed))
     if bad:
-        raise Rule(f"{{path}}: {bad[0]!r} is not {what}; use some of {', '.join(allowed)}")
-    return names
+        raise Rule(f"{{p}}{key}: {bad[0]!r} is not {what}; use some of {', '.join(allowed)}")
 
 
-@section
-class QuantizeConfig:
-    representative_samples: Int = Field(200, ge=1, le=10_000_000)
+class QuantizeConfig(Section):
+    representative_samples: Annotated[Int, Meta(ge=1, le=10_000_000)] = 200
     qat: Bool = False
-    qat_epochs: Int = Field(2, ge=1, le=1000)
-    qat_learning_rate: Float = Field(1e-4, gt=0.0, le=1.0)
-    accuracy_budget: Float = Field(0.01, ge=0.0, le=1.0)  # points lost vs Keras, as a fraction
+    qat_epochs: Annotated[Int, Meta(ge=1, le=1000)] = 2
+    qat_learning_rate: Annotated[Float, Meta(gt=0.0, le=1.0)] = 1e-4
+    accuracy_budget: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.01  # points lost vs Keras, as a fraction
     # The edge variant: the smallest file within the budget, or the fastest (p50).
     edge_pick: Literal["smallest", "fastest"] = "smallest"
     required: list[Text] = copies("int8")  # variants whose failure fails the stage
     # The variants converted from each model (trained and pruned); every conversion is
     # evaluated and timed, so a shorter list is a faster stage.
     variants: list[Text] = copies(*CONVERTED_VARIANTS)
-    latency_runs: Int = Field(200, ge=1, le=1_000_000)
-    latency_warmup: Int = Field(20, ge=0, le=1_000_000)
-    threads: Int = Field(1, ge=1, le=256)
+    latency_runs: Annotated[Int, Meta(ge=1, le=1_000_000)] = 200
+    latency_warmup: Annotated[Int, Meta(ge=0, le=1_000_000)] = 20
+    threads: Annotated[Int, Meta(ge=1, le=256)] = 1
 
-    @field_validator("required")
-    @classmethod
-    def _known_variants(cls, required):
-        return _only_of(required, TFLITE_VARIANTS, "a variant")
-
-    @field_validator("variants")
-    @classmethod
-    def _converted_variants(cls, chosen):
-        if not chosen:
-            raise Rule(f"{{path}}: empty; list at least one of {', '.join(CONVERTED_VARIANTS)}")
-        return _only_of(chosen, CONVERTED_VARIANTS, "a converted variant")
-
-    @model_validator(mode="after")
-    def _qat_variant_needs_qat(self):
+    def _rules(self):
+        _only_of("required", self.required, TFLITE_VARIANTS, "a variant")
+        if not self.variants:
+            raise Rule(f"{{p}}variants: empty; list at least one of {', '.join(CONVERTED_VARIANTS)}")
+        _only_of("variants", self.variants, CONVERTED_VARIANTS, "a converted variant")
+        # the QAT variant needs qat
         if QAT_INT8 in self.required and not self.qat:
             raise Rule(f"{{p}}required: lists {QAT_INT8} but {{p}}qat is false; "
                        f"set {{p}}qat: true or remove {QAT_INT8}")
@@ -75,4 +65,3 @@ class QuantizeConfig:
         if missing:
             raise Rule(f"{{p}}required: lists {missing[0]} but {{p}}variants does not build it; "
                        f"add it to {{p}}variants or remove it from {{p}}required")
-        return self

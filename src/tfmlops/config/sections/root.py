@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+import msgspec
+from msgspec import Meta, field
 
 from tfmlops.config.messages import Rule, field_bounds, field_info
-from tfmlops.config.sections.base import Int, section
+from tfmlops.config.sections.base import Int, Section
 from tfmlops.config.sections.data import DataConfig
 from tfmlops.config.sections.export import ExportConfig
 from tfmlops.config.sections.model import BlockSpec, ModelSpec
@@ -24,23 +24,27 @@ from tfmlops.config.sections.train import TrainConfig
 from tfmlops.config.sections.tune import TuneConfig
 
 
-@section
-class Config:
-    seed: Int = Field(42, ge=0, le=2**31 - 1)
-    paths: PathsConfig = Field(default_factory=PathsConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    tune: TuneConfig = Field(default_factory=TuneConfig)
-    prune: PruneConfig = Field(default_factory=PruneConfig)
-    quantize: QuantizeConfig = Field(default_factory=QuantizeConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
-    promote: PromoteConfig = Field(default_factory=PromoteConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    profiling: ProfilingConfig = Field(default_factory=ProfilingConfig)
+class Config(Section):
+    seed: Annotated[Int, Meta(ge=0, le=2**31 - 1)] = 42
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    promote: PromoteConfig = field(default_factory=PromoteConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
 
-    @model_validator(mode="after")
+    def _rules(self):
+        self._search_space_can_be_built()
+        self._backbones_fit_the_images()
+        self._paths_are_not_the_projects_own()
+        self._paths_do_not_overlap()
+
     def _search_space_can_be_built(self):
         # model/search_space.check_fits's rules, here so `tfmlops check` sees them; on
         # Config because the pooling limit depends on data.image_size. The image rule
@@ -58,9 +62,7 @@ class Config:
             raise Rule(f"tune.space.filters: {max(space.filters)} doubled over "
                        f"{space.blocks.max} blocks is {widest} filters, above {most}; "
                        "lower tune.space.filters or tune.space.blocks.max")
-        return self
 
-    @model_validator(mode="after")
     def _backbones_fit_the_images(self):
         # Keras applications take inputs of at least 32x32 (model/builder.check_buildable)
         size = self.data.image_size
@@ -70,31 +72,27 @@ class Config:
             if big and size < 32:
                 raise Rule(f"{key}: {big[0]} needs inputs of at least 32x32, data.image_size is "
                            f"{size}; raise data.image_size or use backbone: none")
-        return self
 
-    @model_validator(mode="after")
     def _paths_are_not_the_projects_own(self):
         # Every paths.* folder is written, swapped in or pruned by tfmlops (caches
         # evict, backups empty, profiles keep the newest runs): none may be a place
         # whose content is not the pipeline's.
         from tfmlops.project import refusal
 
-        for key, value in dataclasses.asdict(self.paths).items():
+        for key, value in msgspec.structs.asdict(self.paths).items():
             why = refusal(value, self.tracking.uri)
             if why:
                 raise Rule(f"paths.{key}: {value!r} {why}, where tfmlops would delete or "
                            f"replace files; give paths.{key} a folder of its own (default "
                            f"{getattr(PathsConfig(), key)!r})")
-        return self
 
-    @model_validator(mode="after")
     def _paths_do_not_overlap(self):
         # Outputs are swapped in whole (files.swap_in): an output folder that equals
         # or holds another path, or the user's images, would move it aside and
         # delete it. Two overlaps are by design: data.image_dir defaults to
         # paths.builtin (materialize writes what prepare reads), and
         # paths.profiles lies inside paths.reports (plain files, never swapped).
-        named = {f"paths.{k}": v for k, v in dataclasses.asdict(self.paths).items()}
+        named = {f"paths.{k}": v for k, v in msgspec.structs.asdict(self.paths).items()}
         named["data.image_dir"] = self.data.image_dir
         allowed = {("data.image_dir", "paths.builtin", "equals"),
                    ("paths.profiles", "paths.reports", "is inside")}
@@ -110,10 +108,9 @@ class Config:
                 raise Rule(f"{first}: {named[first]!r} {verb} {second} {named[second]!r}; give "
                            "each of paths.* and data.image_dir its own folder, none inside "
                            "another")
-        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return msgspec.to_builtins(self)
 
     def digest(self, *sections: str) -> str:
         """A short hash of the resolved config (or of some sections)."""

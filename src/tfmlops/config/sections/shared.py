@@ -2,37 +2,36 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
 
-from tfmlops.config.sections.base import Bool, Float, Int, Text, section
+from msgspec import Meta
+
+from tfmlops.config.sections.base import Bool, Float, Int, Section, Text
 
 
-@section
-class TrackingConfig:
+class TrackingConfig(Section):
     enabled: Bool = True
     experiment: Text = "tfmlops"
     # Used only when MLFLOW_TRACKING_URI is unset; relative sqlite paths are
     # resolved against the repository root (never a `dvc exp --temp` copy).
     uri: Text = "sqlite:///mlflow.db"
-    connect_timeout_s: Float = Field(5.0, ge=0.1, le=600.0)
-    retries: Int = Field(3, ge=0, le=20)
+    connect_timeout_s: Annotated[Float, Meta(ge=0.1, le=600.0)] = 5.0
+    retries: Annotated[Int, Meta(ge=0, le=20)] = 3
     # false: `tfmlops prepare` exits once its sidecar process holds its run; the sidecar
     # delivers it to the store afterwards (later stages wait for it). true, and under
     # `dvc exp run`: it waits.
     wait: Bool = False
 
 
-@section
-class ProfilingConfig:
+class ProfilingConfig(Section):
     enabled: Bool = True
-    start_step: Int = Field(5, ge=1, le=1_000_000)  # skip warm-up and tracing steps
-    steps: Int = Field(3, ge=1, le=1000)
+    start_step: Annotated[Int, Meta(ge=1, le=1_000_000)] = 5  # skip warm-up and tracing steps
+    steps: Annotated[Int, Meta(ge=1, le=1000)] = 3
     # Runs kept per stage under paths.profiles/<stage>/, for TensorBoard side by side.
-    keep_runs: Int = Field(5, ge=1, le=1000)
+    keep_runs: Annotated[Int, Meta(ge=1, le=1000)] = 5
 
 
-@section
-class PathsConfig:
+class PathsConfig(Section):
     """Every path the pipeline reads or writes; dvc.yaml reads these too (${paths.*})."""
 
     builtin: Text = "data/builtin"  # materialize: the built-in dataset as class folders

@@ -6,10 +6,11 @@ import difflib
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+import msgspec
+from msgspec import Meta, field
 
-from tfmlops.config.messages import Rule, field_info
-from tfmlops.config.sections.base import Bool, Float, Int, copies, section
+from tfmlops.config.messages import Rule, field_info, is_section, reason
+from tfmlops.config.sections.base import Bool, Float, Int, Section, copies
 from tfmlops.config.sections.model import ModelSpec
 
 Optimizer = Literal["adam", "adamw", "rmsprop", "sgd", "lamb"]
@@ -20,113 +21,97 @@ OPTIMIZERS = typing.get_args(Optimizer)
 SCHEDULES = typing.get_args(Schedule)
 
 
-@section
-class OptimizerConfig:
+class OptimizerConfig(Section):
     name: Optimizer = "adam"
-    learning_rate: Float = Field(0.002, gt=0.0, le=10.0)
-    weight_decay: Float = Field(0.0001, ge=0.0, le=1.0)
-    momentum: Float = Field(0.9, ge=0.0, lt=1.0)
-    clipnorm: Float | None = Field(None, gt=0.0, le=1e6)  # null: no clipping
+    learning_rate: Annotated[Float, Meta(gt=0.0, le=10.0)] = 0.002
+    weight_decay: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.0001
+    momentum: Annotated[Float, Meta(ge=0.0, lt=1.0)] = 0.9
+    clipnorm: Annotated[Float, Meta(gt=0.0, le=1e6)] | None = None  # null: no clipping
 
 
-@section
-class ScheduleConfig:
+class ScheduleConfig(Section):
     name: Schedule = "cosine_warmup"
-    warmup_fraction: Float = Field(0.1, ge=0.0, le=0.9)
-    decay_rate: Float = Field(0.5, gt=0.0, le=1.0)
-    alpha: Float = Field(0.01, ge=0.0, le=1.0)  # cosine floor as a fraction of the peak
+    warmup_fraction: Annotated[Float, Meta(ge=0.0, le=0.9)] = 0.1
+    decay_rate: Annotated[Float, Meta(gt=0.0, le=1.0)] = 0.5
+    alpha: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.01  # cosine floor as a fraction of the peak
     boundaries: list[Float] = copies(0.5, 0.75)  # fractions of the total steps
     # multipliers of the peak, len(boundaries)+1; 0 or less would stop or reverse descent
-    factors: list[Annotated[Float, Field(gt=0.0, le=1000.0)]] = copies(1.0, 0.1, 0.01)
+    factors: list[Annotated[Float, Meta(gt=0.0, le=1000.0)]] = copies(1.0, 0.1, 0.01)
 
-    @model_validator(mode="after")
-    def _piecewise_steps(self):
+    def _rules(self):  # piecewise steps
         if len(self.factors) != len(self.boundaries) + 1:
             raise Rule(f"{{p}}factors: needs len(boundaries)+1 = {len(self.boundaries) + 1} "
                        f"values, got {len(self.factors)}")
         b = self.boundaries
         if any(not 0 < x < 1 for x in b) or b != sorted(b):
             raise Rule(f"{{p}}boundaries: {b} must be increasing fractions in (0, 1)")
-        return self
 
 
-@section
-class LossConfig:
+class LossConfig(Section):
     name: Literal["crossentropy", "focal"] = "crossentropy"
-    label_smoothing: Float = Field(0.0, ge=0.0, le=0.5)
-    gamma: Float = Field(2.0, ge=0.0, le=10.0)
+    label_smoothing: Annotated[Float, Meta(ge=0.0, le=0.5)] = 0.0
+    gamma: Annotated[Float, Meta(ge=0.0, le=10.0)] = 2.0
 
 
-@section
-class FineTuneConfig:
+class FineTuneConfig(Section):
     """Two-phase transfer learning; only used when model.backbone is not none."""
 
     enabled: Bool = True  # false: one phase, the whole backbone trainable
-    head_epochs: Int = Field(5, ge=0, le=10_000)  # phase 1: backbone frozen, head only
+    head_epochs: Annotated[Int, Meta(ge=0, le=10_000)] = 5  # phase 1: backbone frozen, head only
     # phase 2: the top layers of the backbone trainable: a count (int) or a fraction
     # of its layers (float in [0, 1]); BatchNormalization stays in inference mode.
-    unfreeze: Int | Float = Field(0.25, ge=0, le=10_000)
-    lr_factor: Float = Field(0.1, gt=0.0, le=10.0)  # phase 2 learning rate = this x peak
+    unfreeze: Annotated[Int, Meta(ge=0, le=10_000)] | Annotated[Float, Meta(ge=0, le=10_000)] = 0.25
+    lr_factor: Annotated[Float, Meta(gt=0.0, le=10.0)] = 0.1  # phase 2 learning rate = this x peak
 
-    @field_validator("unfreeze")
-    @classmethod
-    def _count_or_fraction(cls, value):
-        if isinstance(value, float) and value > 1.0:
-            raise Rule(f"{{path}}: {value} is neither a fraction in [0, 1] nor a whole number "
-                       "of layers; give e.g. 0.25 or 20")
-        return value
+    def _rules(self):  # a count or a fraction
+        if isinstance(self.unfreeze, float) and self.unfreeze > 1.0:
+            raise Rule(f"{{p}}unfreeze: {self.unfreeze} is neither a fraction in [0, 1] nor a "
+                       "whole number of layers; give e.g. 0.25 or 20")
 
 
-@section
-class TrainConfig:
-    epochs: Int = Field(20, ge=1, le=10_000)
-    batch_size: Int = Field(64, ge=1, le=65_536)  # per replica
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
+class TrainConfig(Section):
+    epochs: Annotated[Int, Meta(ge=1, le=10_000)] = 20
+    batch_size: Annotated[Int, Meta(ge=1, le=65_536)] = 64  # per replica
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     reduce_lr_on_plateau: Bool = False  # only with schedule.name == constant
-    early_stopping_patience: Int = Field(6, ge=0, le=10_000)  # 0 turns it off
+    early_stopping_patience: Annotated[Int, Meta(ge=0, le=10_000)] = 6  # 0 turns it off
     # auto: from the hardware and the architecture (never timed); timed: the faster on
     # this machine, float32 unless bf16 is faster by more than precision_margin.
     precision: Literal["auto", "timed", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     # above the spread of two timings of one policy (benchmarks/precision.py noise)
-    precision_margin: Float = Field(0.15, ge=0.0, le=10.0)
+    precision_margin: Annotated[Float, Meta(ge=0.0, le=10.0)] = 0.15
     strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
-    replicas: Int = Field(1, ge=1, le=64)
+    replicas: Annotated[Int, Meta(ge=1, le=64)] = 1
     jit_compile: Literal["auto", "true", "false"] = "false"
     use_tuned: Bool = True
     # val and test images the model finds least likely to carry their label, kept in
     # reports/label_issues.csv and a contact sheet; 0 turns it off
-    label_issues: Int = Field(50, ge=0, le=10_000)
-    fine_tune: FineTuneConfig = Field(default_factory=FineTuneConfig)
+    label_issues: Annotated[Int, Meta(ge=0, le=10_000)] = 50
+    fine_tune: FineTuneConfig = field(default_factory=FineTuneConfig)
     # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that
     # win over the tune stage's best hyperparameters.
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
-    @field_validator("overrides")
-    @classmethod
-    def _overrides_name_real_keys(cls, overrides):
-        # A typo here is otherwise found only when tune's final round or train
-        # merges the overrides, after the whole search.
-        for key, value in overrides.items():
+    def _rules(self):
+        # Overrides name real keys: a typo here is otherwise found only when tune's final
+        # round or train merges the overrides, after the whole search.
+        for key, value in self.overrides.items():
             full = override_key(key)
-            info = _overridable(full)
-            if info is None:
-                raise Rule(f"{{path}}: {key!r} is not a key of model or train{_near(full)}; "
+            tp = _overridable(full)
+            if tp is None:
+                raise Rule(f"{{p}}overrides: {key!r} is not a key of model or train{_near(full)}; "
                            "use dotted keys such as optimizer.learning_rate or model.dropout")
             try:
-                TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
-            except ValidationError as exc:
-                raise Rule(f"{{path}}: {key}: {value!r} is not accepted for {full} "
-                           f"({exc.errors()[0]['msg']}); give a value {full} accepts") from None
-        return overrides
-
-    @model_validator(mode="after")
-    def _plateau_needs_a_constant_schedule(self):
+                msgspec.convert(value, tp, strict=True)
+            except msgspec.ValidationError as exc:
+                raise Rule(f"{{p}}overrides: {key}: {value!r} is not accepted for {full} "
+                           f"({reason(exc)}); give a value {full} accepts") from None
+        # plateau needs a constant schedule
         if self.reduce_lr_on_plateau and self.schedule.name != "constant":
             raise Rule(f"{{p}}reduce_lr_on_plateau: only works with {{p}}schedule.name: "
                        f"constant, not {self.schedule.name!r}")
-        return self
 
 
 def override_key(key: str) -> str:
@@ -135,7 +120,7 @@ def override_key(key: str) -> str:
 
 
 def model_or_train_field(key: str):
-    """The FieldInfo of a dotted model.* or train.* params key, else None (read from the
+    """The declared type of a dotted model.* or train.* params key, else None (read from the
     two sections, not Config: Config is built from this module)."""
     first, *rest = key.split(".")
     section_of = {"model": ModelSpec, "train": TrainConfig}.get(first)
@@ -143,7 +128,7 @@ def model_or_train_field(key: str):
 
 
 def _overridable(full: str):
-    """The FieldInfo of a model/train key an override may set, else None."""
+    """The declared type of a model/train key an override may set, else None."""
     parts = full.split(".")
     if parts[:2] == ["train", "overrides"] or len(parts) < 2:
         return None
@@ -163,10 +148,9 @@ def _near(full: str) -> str:
 def _dotted_keys(cls: type, prefix: str = "") -> list[str]:
     prefix = prefix or {ModelSpec: "model.", TrainConfig: "train."}.get(cls, "")
     out = []
-    for name, info in cls.__pydantic_fields__.items():
-        sub = info.annotation
-        out.append(prefix + name)
-        if hasattr(sub, "__pydantic_fields__"):
-            out += _dotted_keys(sub, f"{prefix}{name}.")
+    for f in msgspec.structs.fields(cls):
+        out.append(prefix + f.name)
+        if is_section(f.type):
+            out += _dotted_keys(f.type, f"{prefix}{f.name}.")
     return out
 
