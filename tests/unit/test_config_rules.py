@@ -92,7 +92,7 @@ def test_each_section_rule_names_its_keys(raw, message):
     ({"tune": {"space": {"head_units": []}}},
      "tune.space.head_units: empty choice list; give at least one value"),
 ])
-def test_each_kind_of_pydantic_error_is_one_line(raw, message):
+def test_each_kind_of_error_is_one_line(raw, message):
     with pytest.raises(ConfigError) as err:
         config_from_dict(raw)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
@@ -168,6 +168,10 @@ def test_blocks_too_wide_to_double_are_not_the_searched_shape():
      "tune.space.filters: 32 doubled over 9 blocks is 8192 filters, above 4096"),
     ({"tune": {"space": {"blocks": {"min": 1, "max": 50}}}},
      "tune.space.blocks.max: 50 blocks pool 49 times, more than a 32x32 input allows"),
+    ({"tune": {"space": {"blocks": {"min": 1, "max": 10**12}}}},  # ran out of memory on 2**pools
+     "tune.space.blocks.max: 1000000000000 blocks pool 999999999999 times, more than a 32x32"),
+    ({"tune": {"space": {"blocks": {"min": 1, "max": 7}}}},  # 32 // 2**6 == 0: one too many
+     "tune.space.blocks.max: 7 blocks pool 6 times, more than a 32x32 input allows"),
     ({"tune": {"space": {"filters": [10**6]}}}, "tune.space.filters[0]: 1000000 is out of range"),
     ({"tune": {"space": {"head_units": [10**6]}}},
      "tune.space.head_units[0]: 1000000 is out of range"),

@@ -188,7 +188,7 @@ def reference_values(space: SearchSpace) -> dict[str, Any]:
 def check_fits(space: SearchSpace, image_size: int) -> None:
     """Fail before any work if the largest architecture in the space cannot be built."""
     pools = space.blocks.max - 1  # the last block feeds global pooling instead
-    if image_size // 2**pools < 1:
+    if pools >= image_size.bit_length():  # image_size // 2**pools < 1, without 2**pools
         raise ConfigError(
             f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, more than a "
             f"{image_size}x{image_size} input allows (at most {image_size.bit_length()} blocks); "

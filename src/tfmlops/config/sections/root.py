@@ -51,7 +51,7 @@ class Config(Section):
         # first: for too many blocks it is the one that names the key to change.
         space, size = self.tune.space, self.data.image_size
         pools = space.blocks.max - 1  # the last block feeds global pooling
-        if size // 2**pools < 1:
+        if pools >= size.bit_length():  # size // 2**pools < 1, without computing 2**pools
             raise Rule(f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, "
                        f"more than a {size}x{size} input allows (at most {size.bit_length()} "
                        "blocks); lower it or raise data.image_size")
