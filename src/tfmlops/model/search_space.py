@@ -34,21 +34,19 @@ from typing import Any
 from tfmlops.config import (
     HP_NAMES,
     SEARCHED_PARAMS,
-    BlockSpec,
     Config,
     FloatRange,
     IntRange,
     SearchSpace,
     config_from_dict,
 )
-from tfmlops.config.messages import field_bounds, field_info
+from tfmlops.config.sections.root import MAX_FILTERS, search_space_problem
 from tfmlops.errors import ConfigError
 
 # HP_NAMES (the SearchSpace fields, in order) is also the column order of
 # reports/tune_trials.csv and of the MLflow params of a trial.
-__all__ = ["HP_NAMES", "OPTIONAL", "baseline", "check_fits", "config_from_values", "declare",
+__all__ = ["HP_NAMES", "MAX_FILTERS", "OPTIONAL", "baseline", "check_fits", "config_from_values", "declare",
            "is_baseline", "outside_space", "reference_values", "values_from_config"]
-MAX_FILTERS = field_bounds(field_info(BlockSpec, ["filters"]))[1]
 # Schedule parameters and the one schedule that uses each.
 SCHEDULE_PARAMS = {"warmup_fraction": "cosine_warmup", "decay_rate": "exponential_decay"}
 LOG_SCALE = ("learning_rate", "lr_factor")  # sampled on a log scale
@@ -187,19 +185,9 @@ def reference_values(space: SearchSpace) -> dict[str, Any]:
 
 def check_fits(space: SearchSpace, image_size: int) -> None:
     """Fail before any work if the largest architecture in the space cannot be built."""
-    pools = space.blocks.max - 1  # the last block feeds global pooling instead
-    if pools >= image_size.bit_length():  # image_size // 2**pools < 1, without 2**pools
-        raise ConfigError(
-            f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, more than a "
-            f"{image_size}x{image_size} input allows (at most {image_size.bit_length()} blocks); "
-            "lower it or raise data.image_size"
-        )
-    widest = max(space.filters) * 2 ** (space.blocks.max - 1)
-    if widest > MAX_FILTERS:
-        raise ConfigError(
-            f"tune.space.filters: {max(space.filters)} doubled over {space.blocks.max} blocks is "
-            f"{widest} filters, above {MAX_FILTERS}; lower tune.space.filters or blocks.max"
-        )
+    problem = search_space_problem(space, image_size)
+    if problem:
+        raise ConfigError(problem)
 
 
 # ------------------------------------------------------------------ helpers

@@ -23,6 +23,8 @@ from tfmlops.config.sections.shared import PathsConfig, ProfilingConfig, Trackin
 from tfmlops.config.sections.train import TrainConfig
 from tfmlops.config.sections.tune import TuneConfig
 
+MAX_FILTERS = field_bounds(field_info(BlockSpec, ["filters"]))[1]  # a block's widest
+
 
 class Config(Section):
     seed: Annotated[Int, Meta(ge=0, le=2**31 - 1)] = 42
@@ -46,22 +48,11 @@ class Config(Section):
         self._paths_do_not_overlap()
 
     def _search_space_can_be_built(self):
-        # model/search_space.check_fits's rules, here so `tfmlops check` sees them; on
-        # Config because the pooling limit depends on data.image_size. The image rule
-        # first: for too many blocks it is the one that names the key to change.
-        space, size = self.tune.space, self.data.image_size
-        pools = space.blocks.max - 1  # the last block feeds global pooling
-        if pools >= size.bit_length():  # size // 2**pools < 1, without computing 2**pools
-            raise Rule(f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, "
-                       f"more than a {size}x{size} input allows (at most {size.bit_length()} "
-                       "blocks); lower it or raise data.image_size")
-        # each next block doubles the first width: the last must stay a valid width
-        most = field_bounds(field_info(BlockSpec, ["filters"]))[1]
-        widest = max(space.filters) * 2**pools
-        if widest > most:
-            raise Rule(f"tune.space.filters: {max(space.filters)} doubled over "
-                       f"{space.blocks.max} blocks is {widest} filters, above {most}; "
-                       "lower tune.space.filters or tune.space.blocks.max")
+        # here so `tfmlops check` sees them; on Config because the pooling limit depends
+        # on data.image_size
+        problem = search_space_problem(self.tune.space, self.data.image_size)
+        if problem:
+            raise Rule(problem)
 
     def _backbones_fit_the_images(self):
         # Keras applications take inputs of at least 32x32 (model/builder.check_buildable)
@@ -130,4 +121,22 @@ def _overlap(key_a: str, a: Path, key_b: str, b: Path) -> tuple[str, str, str] |
         return key_a, key_b, "is inside"
     if a in b.parents:
         return key_b, key_a, "is inside"
+    return None
+
+
+def search_space_problem(space, size: int) -> str | None:
+    """Why the largest architecture of tune.space cannot be built on `size`x`size`
+    images, else None (Config's rule, and tune's check before any work). The image rule
+    first: for too many blocks it is the one that names the key to change."""
+    pools = space.blocks.max - 1  # the last block feeds global pooling
+    if pools >= size.bit_length():  # size // 2**pools < 1, without computing 2**pools
+        return (f"tune.space.blocks.max: {space.blocks.max} blocks pool {pools} times, "
+                f"more than a {size}x{size} input allows (at most {size.bit_length()} "
+                "blocks); lower it or raise data.image_size")
+    # each next block doubles the first width: the last must stay a valid width
+    widest = max(space.filters) * 2**pools
+    if widest > MAX_FILTERS:
+        return (f"tune.space.filters: {max(space.filters)} doubled over "
+                f"{space.blocks.max} blocks is {widest} filters, above {MAX_FILTERS}; "
+                "lower tune.space.filters or tune.space.blocks.max")
     return None
