@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from tfmlops.config import Config
@@ -94,6 +92,9 @@ def is_chief() -> bool:
 def ensure_reachable(uri: str, timeout_s: float) -> None:
     """Fail within seconds, before any expensive work, if the store is away."""
     if uri.startswith(("http://", "https://")):
+        import urllib.error  # here: urllib.request costs 30-70 ms, a SQLite store needs none
+        import urllib.request
+
         try:
             with urllib.request.urlopen(_health_request(uri), timeout=timeout_s) as resp:
                 if resp.status >= 500:
@@ -115,10 +116,11 @@ def ensure_reachable(uri: str, timeout_s: float) -> None:
             )
 
 
-def _health_request(uri: str) -> urllib.request.Request:
+def _health_request(uri: str):
     """GET <uri>/health; `user:password@` goes into a Basic auth header, as MLflow's
     client (requests) sends it: urllib reads it as part of the host name."""
     import base64
+    import urllib.request
     from urllib.parse import unquote, urlsplit, urlunsplit
 
     scheme, rest = uri.split("://", 1)
