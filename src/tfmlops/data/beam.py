@@ -135,7 +135,7 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
                         "files; nothing was swapped in (a bug: please report it)")
     _finish_shards(out, parts)
     tally = new_tally(cfg, None)
-    finish_beam_tally(tally, rows, image_dir)
+    finish_beam_tally(tally, rows)
     tally.decode_seconds = time.perf_counter() - started
     return tally
 
