@@ -170,18 +170,14 @@ def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) 
 
 
 def _finish_shards(out: Path, parts: Path) -> None:
-    """The shard parts under their final names (tfrecords.shard_names, as the local
-    writer names them; an empty split gets one empty file); the work folder goes."""
+    """The shard parts under their final names (tfrecords.place_shards, as the local
+    writer names them); the work folder goes."""
     from tfmlops.data.images import SPLITS
-    from tfmlops.data.tfrecords import shard_names
+    from tfmlops.data.tfrecords import place_shards
 
     for split in SPLITS:
-        found = {int(p.stem.rsplit("-", 1)[1]): p for p in parts.glob(f"{split}-*.part")}
-        if not found:
-            (parts / f"{split}-00000.part").touch()
-            found = {0: parts / f"{split}-00000.part"}
-        for shard, final in shard_names(out, split, list(found)).items():
-            found[shard].replace(final)
+        place_shards(out, split, {int(p.stem.rsplit("-", 1)[1]): p
+                                  for p in parts.glob(f"{split}-*.part")})
     shutil.rmtree(parts)
 
 
