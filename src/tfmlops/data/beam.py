@@ -201,11 +201,9 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
                    if isinstance(data, bytes) else (None, data or Stored(reason=reason)))
     if not stored.ok:
         if not url:
-            quarantine(Path(out), Path(image_dir), Path(path))
+            quarantine(Path(out), rel, Path(path))
         elif isinstance(data := data or _read_url(path), bytes):  # an unreadable one: listed only
-            target = Path(out) / "quarantine" / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            quarantine(Path(out), rel, data)
     return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
             "size": len(data) if sha else 0, "stored": stored}
 

@@ -174,7 +174,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
             (path, label), sha, reason = files[i], keys[i], reasons[i]
             rel = str(path.relative_to(image_dir))
             if reason:
-                quarantine(out, image_dir, path)
+                quarantine(out, rel, path)
                 faults.point("write.quarantine")
                 tally.bad.append({"file": rel, "label": label, "reason": reason})
             else:
@@ -381,8 +381,12 @@ def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8
         yield from window.popleft().result()
 
 
-def quarantine(out: Path, image_dir: Path, path: Path) -> None:
-    """Copy a rejected file beside the report (the user's folder stays untouched)."""
-    target = out / "quarantine" / path.relative_to(image_dir)
+def quarantine(out: Path, rel: str, source: Path | bytes) -> None:
+    """Copy a rejected file (`rel` in the image folder; the file, or the bytes read from
+    a URL) beside the report (the user's folder stays untouched)."""
+    target = out / "quarantine" / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(path, target)
+    if isinstance(source, bytes):
+        target.write_bytes(source)
+    else:
+        shutil.copy2(source, target)
