@@ -91,23 +91,27 @@ class ShardedWriter:
         self.files[shard].write(frame(record))
         self.counts[shard] += 1
 
-    def close(self) -> None:
+    def close(self) -> list[Path]:
         for f in self.files:
             f.close()
         for part, n in zip(self.paths, self.counts, strict=True):
             if not n:
                 part.unlink()
-        place_shards(self.folder, self.split, {i: self.paths[i] for i, n in enumerate(self.counts) if n})
+        return place_shards(self.folder, self.split,
+                            {i: self.paths[i] for i, n in enumerate(self.counts) if n})
 
 
-def place_shards(folder: Path, split: str, parts: dict[int, Path]) -> None:
+def place_shards(folder: Path, split: str, parts: dict[int, Path]) -> list[Path]:
     """Move the part files of `split` that hold records ({shard index: part}) to their
     final names, renumbered in order: `<split>-00000-of-00002.tfrecord`...; an empty
-    split gets one empty file. Both engines name their shards so."""
+    split gets one empty file. Both engines name their shards so. The files, in order."""
+    n = len(parts) or 1
+    names = [Path(folder) / f"{split}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
     if not parts:
-        (Path(folder) / f"{split}-00000-of-00001.tfrecord").touch()
-    for i, shard in enumerate(sorted(parts)):
-        os.replace(parts[shard], Path(folder) / f"{split}-{i:05d}-of-{len(parts):05d}.tfrecord")
+        names[0].touch()
+    for shard, name in zip(sorted(parts), names, strict=False):
+        os.replace(parts[shard], name)
+    return names
 
 
 def shard_files(folder: str | Path, split: str) -> list[str]:
