@@ -93,13 +93,11 @@ def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
     """Read, decode, resize, encode and measure a file whose content hash is known:
     bytes that no longer have that hash (the file changed while prepare ran) stop the
     run, never go under it."""
-    data = read_file(path)
-    if isinstance(data, Stored):
-        return data
-    if hashlib.sha256(data).hexdigest() != sha256:
+    _, sha, stored = hash_and_store(path, spec, _NONE_CACHED)
+    if sha not in (None, sha256):
         raise DataError(f"{path} changed while prepare was reading it; run prepare again "
                         "once nothing writes to data.image_dir")
-    return store_bytes(data, spec)
+    return stored
 
 
 def read_file(path: str) -> bytes | Stored:
@@ -185,7 +183,8 @@ def channel_sums(pixels: np.ndarray, size: int):
     return tuple((mean * count).tolist()), tuple(((std * std + mean * mean) * count).tolist()), count
 
 
-_CACHED = np.zeros(0, np.uint64)  # a pool worker's copy of cached_prefixes (setup_worker)
+_NONE_CACHED = np.zeros(0, np.uint64)
+_CACHED = _NONE_CACHED  # a pool worker's copy of cached_prefixes (setup_worker)
 
 
 def setup_worker(cached: np.ndarray, parent: int | None = None) -> None:
