@@ -135,7 +135,7 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
                         "files; nothing was swapped in (a bug: please report it)")
     _finish_shards(out, parts)
     tally = new_tally(cfg, None)
-    finish_beam_tally(tally, rows, image_dir)
+    finish_beam_tally(tally, rows)
     tally.decode_seconds = time.perf_counter() - started
     return tally
 
@@ -170,18 +170,14 @@ def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) 
 
 
 def _finish_shards(out: Path, parts: Path) -> None:
-    """The shard parts under their final names (tfrecords.shard_names, as the local
-    writer names them; an empty split gets one empty file); the work folder goes."""
+    """The shard parts under their final names (tfrecords.place_shards, as the local
+    writer names them); the work folder goes."""
     from tfmlops.data.images import SPLITS
-    from tfmlops.data.tfrecords import shard_names
+    from tfmlops.data.tfrecords import place_shards
 
     for split in SPLITS:
-        found = {int(p.stem.rsplit("-", 1)[1]): p for p in parts.glob(f"{split}-*.part")}
-        if not found:
-            (parts / f"{split}-00000.part").touch()
-            found = {0: parts / f"{split}-00000.part"}
-        for shard, final in shard_names(out, split, list(found)).items():
-            found[shard].replace(final)
+        place_shards(out, split, {int(p.stem.rsplit("-", 1)[1]): p
+                                  for p in parts.glob(f"{split}-*.part")})
     shutil.rmtree(parts)
 
 
@@ -205,11 +201,9 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
                    if isinstance(data, bytes) else (None, data or Stored(reason=reason)))
     if not stored.ok:
         if not url:
-            quarantine(Path(out), Path(image_dir), Path(path))
+            quarantine(Path(out), rel, Path(path))
         elif isinstance(data := data or _read_url(path), bytes):  # an unreadable one: listed only
-            target = Path(out) / "quarantine" / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            quarantine(Path(out), rel, data)
     return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
             "size": len(data) if sha else 0, "stored": stored}
 

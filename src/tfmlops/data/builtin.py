@@ -34,9 +34,7 @@ def write_digits(folder: Path, limit: int | None = None) -> dict[str, int]:
 
     digits = load_digits()
     counts: dict[str, int] = {}
-    for i, (img, label) in enumerate(zip(digits.images, digits.target, strict=True)):
-        if limit is not None and i >= limit:
-            break
+    for i, (img, label) in enumerate(zip(digits.images[:limit], digits.target[:limit], strict=True)):
         cls = str(int(label))
         (folder / cls).mkdir(parents=True, exist_ok=True)
         pixels = np.clip(img * (255.0 / 16.0), 0, 255).astype(np.uint8)  # 0..16 -> 0..255

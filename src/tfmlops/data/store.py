@@ -93,13 +93,11 @@ def store_known(path: str, spec: StoreSpec, sha256: str) -> Stored:
     """Read, decode, resize, encode and measure a file whose content hash is known:
     bytes that no longer have that hash (the file changed while prepare ran) stop the
     run, never go under it."""
-    data = read_file(path)
-    if isinstance(data, Stored):
-        return data
-    if hashlib.sha256(data).hexdigest() != sha256:
+    _, sha, stored = hash_and_store(path, spec, _NONE_CACHED)
+    if sha not in (None, sha256):
         raise DataError(f"{path} changed while prepare was reading it; run prepare again "
                         "once nothing writes to data.image_dir")
-    return store_bytes(data, spec)
+    return stored
 
 
 def read_file(path: str) -> bytes | Stored:
@@ -108,11 +106,6 @@ def read_file(path: str) -> bytes | Stored:
         return Path(path).read_bytes()
     except OSError as exc:
         return Stored(reason=f"unreadable: {exc.strerror or exc}")
-
-
-def _prefix(sha256: str) -> np.uint64:
-    """The first 8 bytes of a hash: what the workers hold of each cached one."""
-    return np.uint64(int(sha256[:16], 16))
 
 
 Result = tuple[str, str | None, Stored | None]  # (path, sha256, Stored) of one file
@@ -128,7 +121,7 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
     if isinstance(data, Stored):
         return path, None, data
     sha = hashlib.sha256(data).hexdigest()
-    prefix = _prefix(sha)
+    prefix = np.uint64(int(sha[:16], 16))
     i = int(np.searchsorted(cached, prefix))
     if i < len(cached) and cached[i] == prefix:
         return path, sha, None
@@ -138,7 +131,7 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
 def cached_prefixes(shas) -> np.ndarray:
     """What `hash_and_store` checks: 8 bytes per cached hash (0.8 MB per 100,000 images,
     copied to each worker), sorted."""
-    return np.sort(np.array([_prefix(sha) for sha in shas], dtype=np.uint64))
+    return np.sort(np.array([int(sha[:16], 16) for sha in shas], dtype=np.uint64))
 
 
 def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
@@ -190,7 +183,8 @@ def channel_sums(pixels: np.ndarray, size: int):
     return tuple((mean * count).tolist()), tuple(((std * std + mean * mean) * count).tolist()), count
 
 
-_CACHED = np.zeros(0, np.uint64)  # a pool worker's copy of cached_prefixes (setup_worker)
+_NONE_CACHED = np.zeros(0, np.uint64)
+_CACHED = _NONE_CACHED  # a pool worker's copy of cached_prefixes (setup_worker)
 
 
 def setup_worker(cached: np.ndarray, parent: int | None = None) -> None:
@@ -298,16 +292,7 @@ class ImageCache:
         return self.index[sha256][2]
 
     def get(self, sha256: str) -> Stored | None:
-        entry = self._read(sha256)
-        if entry is None:
-            return None
-        head, data = entry
-        facts = {k: tuple(v) if isinstance(v, list) else v for k, v in head.items()
-                 if k not in ("sha256", "length")}
-        return Stored(data=data, **facts)
-
-    def _read(self, sha256: str) -> tuple[dict, bytes] | None:
-        """The entry's header and data, or None when it is missing, cut short or damaged."""
+        """The entry, or None when it is missing, cut short or damaged."""
         if sha256 not in self.index:
             return None
         if self._out is not None:
@@ -326,7 +311,9 @@ class ImageCache:
                 return None  # cut short or damaged: decode again
         except (ValueError, KeyError, TypeError, struct.error):
             return None  # damaged since it was indexed: decode again
-        return head, data
+        facts = {k: tuple(v) if isinstance(v, list) else v for k, v in head.items()
+                 if k not in ("sha256", "length")}
+        return Stored(data=data, **facts)
 
     def put(self, sha256: str, stored: Stored) -> None:
         if self._out is None:
@@ -367,10 +354,9 @@ class ImageCache:
             return
         with tmp.open("wb") as out:
             for sha in sorted(keep & set(self.index)):
-                entry = self._read(sha)
-                if entry is not None:
-                    blob = json.dumps(entry[0]).encode()
-                    out.write(_HEAD.pack(len(blob), _crc(blob, entry[1])) + blob + entry[1])
+                stored = self.get(sha)
+                if stored is not None:  # the same bytes as written: same fields, same order
+                    out.write(_entry(sha, stored))
         self.close()
         faults.point("compact.temp")
         os.replace(tmp, self.folder / f"{int(segments[-1].stem) + 1:06d}.seg")

@@ -13,7 +13,7 @@ that hands the stored bytes to a served model, which preprocesses them itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 
 import numpy as np
@@ -39,14 +39,11 @@ class StoredSplit:
 
     # A fresh process (the SavedModel's reload check) reads the same split from this.
     def to_dict(self) -> dict:
-        return {"files": list(self.files), "channels": self.channels,
-                "image_size": self.image_size, "mean": list(self.mean), "std": list(self.std),
-                "batch_size": self.batch_size}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, d: dict) -> StoredSplit:
-        return cls(tuple(d["files"]), d["channels"], d["image_size"], tuple(d["mean"]),
-                   tuple(d["std"]), d["batch_size"])
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
     def batches(self, batch_size: int | None = None
                 ) -> Iterator[tuple[list[bytes], np.ndarray, np.ndarray]]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tfmlops import faults
 from tfmlops.config import Config
+from tfmlops.config.machine import cores
 from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
 from tfmlops.data.images import SPLITS, assign_splits, unsupported
 from tfmlops.data.profile import Profile
@@ -136,11 +137,7 @@ def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
         return max(1, min(cfg.data.workers, len(miss_bytes)))
     if sum(miss_bytes) < POOL_MIN_BYTES:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return min(cores, max(1, len(miss_bytes) // POOL_MIN_JOBS))
+    return min(cores(), max(1, len(miss_bytes) // POOL_MIN_JOBS))
 
 
 def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out: Path) -> Tally:
@@ -167,7 +164,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     tally.decode_seconds = time.perf_counter() - started
     good = [(sha, label) for (_, label), sha, reason in zip(files, keys, reasons, strict=True)
             if reason is None]
-    _warn_across_classes(good, files, keys, image_dir)
+    _warn_across_classes(good, keys, lambda i: str(files[i][0].relative_to(image_dir)))
     splits = assign_splits(good, cfg.seed, cfg.data.split.val, cfg.data.split.test)
     label_index = {c: i for i, c in enumerate(classes)}
     writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
@@ -177,7 +174,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
             (path, label), sha, reason = files[i], keys[i], reasons[i]
             rel = str(path.relative_to(image_dir))
             if reason:
-                quarantine(out, image_dir, path)
+                quarantine(out, rel, path)
                 faults.point("write.quarantine")
                 tally.bad.append({"file": rel, "label": label, "reason": reason})
             else:
@@ -204,21 +201,20 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     return tally
 
 
-def finish_beam_tally(tally: Tally, rows: list[dict], image_dir: Path) -> None:
+def finish_beam_tally(tally: Tally, rows: list[dict]) -> None:
     """Fold the rows of Beam's workers (data.beam: one per file, its facts without its
     pixels) into `tally` in the order this module writes: the same tally, so the same
     manifest, statistics and quarantine list, as a local run's."""
     rows.sort(key=lambda r: r["i"])  # the listing's order
-    for r in rows:
+    keys = [r["sha"] for r in rows]
+    _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None], keys,
+                         lambda i: rows[i]["file"])
+    for i in write_order(keys, [r["reason"] for r in rows]):
+        r = rows[i]
         if r["sha"] is not None:
             tally.hashed += 1
             tally.decoded += 1
             tally.source_bytes += r["size"]
-    files = [(Path(image_dir) / r["file"], r["label"]) for r in rows]  # a URL too: for names
-    _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None],
-                         files, [r["sha"] for r in rows], Path(image_dir))
-    for i in write_order([r["sha"] for r in rows], [r["reason"] for r in rows]):
-        r = rows[i]
         if r["reason"]:
             tally.bad.append({"file": r["file"], "label": r["label"], "reason": r["reason"]})
         else:
@@ -226,16 +222,16 @@ def finish_beam_tally(tally: Tally, rows: list[dict], image_dir: Path) -> None:
                  r["stored_bytes"])
 
 
-def _warn_across_classes(good, files, keys, image_dir: Path) -> None:
-    """One warning line when identical bytes sit in two class folders. They are kept,
-    each under its own folder's label, in one split (`images.assign_splits`): a
-    contradiction the user should see, not a reason to refuse the folder."""
+def _warn_across_classes(good, keys, name) -> None:
+    """One warning line when identical bytes sit in two class folders (`name(i)`: the
+    i-th file's path in the image folder). They are kept, each under its own folder's
+    label, in one split (`images.assign_splits`): a contradiction the user should see,
+    not a reason to refuse the folder."""
     first: dict[str, str] = {}  # hash -> its first label (the strings are shared, not copied)
     shared = sorted({sha for sha, label in good if first.setdefault(sha, label) != label})
     if not shared:
         return
-    example = sorted(str(path.relative_to(image_dir))
-                     for (path, _), sha in zip(files, keys, strict=True) if sha == shared[0])
+    example = sorted(name(i) for i, sha in enumerate(keys) if sha == shared[0])
     log.warning(f"prepare: {len(shared)} image(s) sit in more than one class folder, each copy "
                 f"kept under its folder's label (e.g. {' and '.join(example[:2])}); remove the "
                 "wrong copies if one photo should have one label")
@@ -253,23 +249,6 @@ def write_order(keys: list, reasons: list) -> list[int]:
     """
     usable = sorted((i for i, r in enumerate(reasons) if r is None), key=lambda i: keys[i])
     return usable + [i for i, r in enumerate(reasons) if r is not None]
-
-
-def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
-    """Every file's content hash and refusal reason (None: usable); what is decoded now
-    goes to the cache."""
-    keys, reasons = [], []
-    progress = Progress(len(files), "prepare: decoding")
-    for sha, stored, cached in _results(files, stats, known, tally, spec, cfg):
-        if cached is False and sha:  # decoded now: good or bad, remembered for the next run
-            tally.cache.put(sha, stored)
-        keys.append(sha)
-        reasons.append(stored.reason)
-        if len(keys) == 1:
-            faults.point("decode.first")
-        progress.update()
-    progress.close()
-    return keys, reasons
 
 
 def shard_of(sha256: str, shards: int) -> int:
@@ -300,8 +279,9 @@ def fold(tally: Tally, rel: str, sha: str, label: str, split: str, stored: Store
                        stored.source_bytes))
 
 
-def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
-    """(hash, Stored, came from the cache?) per file, in the files' order.
+def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
+    """Every file's content hash and refusal reason (None: usable); what is decoded now
+    goes to the cache, good or bad, remembered for the next run.
 
     Which way each file goes is decided once, before any result comes in: a file
     whose remembered hash the cache holds is not read; every other one is read,
@@ -310,6 +290,8 @@ def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
     decoded now is still read). Each pool result names its file, checked here. A
     held entry's bytes are read once, when its record is written: one that is damaged
     is decoded again there (`prepare_stream`)."""
+    keys, reasons = [], []
+    progress = Progress(len(files), "prepare: decoding")
     cache = tally.cache
     from_cache = [bool(st and sha and cache.has(sha))
                   for st, sha in zip(stats, known, strict=True)]
@@ -321,36 +303,37 @@ def _results(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
     with decode_pool(workers, cached_prefixes(cache.index)) as pool:
         worked = _decode_all([p for p, _ in todo], spec, pool)
         for (path, _), st, sha, hit in zip(files, stats, known, from_cache, strict=True):
-            if st is None:
-                yield None, Stored(reason=unsupported(path)), None
-                continue
             stored = None
-            if not hit:
-                sha, stored = _next_result(worked, str(path))
+            if st is None:
+                stored = Stored(reason=unsupported(path))
+            elif not hit:
+                got = next(worked, None)
+                if got is None or got[0] != str(path):
+                    raise DataError(f"prepare: the decode result for {got and got[0]} came back "
+                                    f"for {path}; nothing was written (a bug: please report it)")
+                _, sha, stored = got
                 tally.hashed += sha is not None
                 if stored is None and not cache.has(sha):  # 8 bytes alike, not the hash
                     stored = store_known(str(path), spec, sha)
             if sha is not None:
                 tally.hashes.add(sha)
                 tally.source_bytes += st[0]
-            if stored is not None:  # decoded now (or unreadable)
-                tally.decoded += sha is not None
-                yield sha, stored, False
-                continue
-            tally.cached += 1  # its facts are in the index; its bytes are read when written
-            yield sha, Stored(reason=cache.reason(sha)), True
+            if stored is None:  # its facts are in the index; its bytes are read when written
+                tally.cached += 1
+                stored = Stored(reason=cache.reason(sha))
+            elif sha is not None:  # decoded now
+                tally.decoded += 1
+                cache.put(sha, stored)
+            keys.append(sha)
+            reasons.append(stored.reason)
+            if len(keys) == 1:
+                faults.point("decode.first")
+            progress.update()
         if next(worked, None) is not None:
             raise DataError("prepare: the decode pool returned more results than files were "
                             "sent; nothing was written (a bug: please report it)")
-
-
-def _next_result(worked, path: str):
-    """The pool's next (hash, Stored), checked to be about `path`."""
-    got = next(worked, None)
-    if got is None or got[0] != path:
-        raise DataError(f"prepare: the decode result for {got and got[0]} came back for "
-                        f"{path}; nothing was written (a bug: please report it)")
-    return got[1], got[2]
+    progress.close()
+    return keys, reasons
 
 
 @dataclass
@@ -389,18 +372,21 @@ def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8
         with threadpool_limits(1):
             yield from (hash_and_store(p, spec, pool.cached) for p in paths)
         return
-    chunks = (paths[i : i + chunk] for i in range(0, len(paths), chunk))
     window: deque = deque()
-    for part in chunks:
-        window.append(pool.executor.submit(hash_and_store_chunk, part, spec))
+    for i in range(0, len(paths), chunk):
+        window.append(pool.executor.submit(hash_and_store_chunk, paths[i : i + chunk], spec))
         if len(window) >= 4 * pool.workers:
             yield from window.popleft().result()
     while window:
         yield from window.popleft().result()
 
 
-def quarantine(out: Path, image_dir: Path, path: Path) -> None:
-    """Copy a rejected file beside the report (the user's folder stays untouched)."""
-    target = out / "quarantine" / path.relative_to(image_dir)
+def quarantine(out: Path, rel: str, source: Path | bytes) -> None:
+    """Copy a rejected file (`rel` in the image folder; the file, or the bytes read from
+    a URL) beside the report (the user's folder stays untouched)."""
+    target = out / "quarantine" / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(path, target)
+    if isinstance(source, bytes):
+        target.write_bytes(source)
+    else:
+        shutil.copy2(source, target)

@@ -78,7 +78,7 @@ class ShardedWriter:
     its caller names (`stream.shard_of`: a function of the record's content).
 
     Shards no record went to are dropped and the others renumbered in order
-    (`shard_names`), as a writer that knew which would be used would have named them.
+    (`place_shards`), as a writer that knew which would be used would have named them.
     """
 
     def __init__(self, folder: Path, split: str, shards: int):
@@ -94,22 +94,24 @@ class ShardedWriter:
     def close(self) -> list[Path]:
         for f in self.files:
             f.close()
-        used = [i for i, n in enumerate(self.counts) if n] or [0]  # an empty split: one file
-        names = shard_names(self.folder, self.split, used)
-        for i, part in enumerate(self.paths):
-            if i in names:
-                os.replace(part, names[i])
-            else:
+        for part, n in zip(self.paths, self.counts, strict=True):
+            if not n:
                 part.unlink()
-        return list(names.values())
+        return place_shards(self.folder, self.split,
+                            {i: self.paths[i] for i, n in enumerate(self.counts) if n})
 
 
-def shard_names(folder: Path, split: str, used: list[int]) -> dict[int, Path]:
-    """{shard index: its file} for the shards of `split` that hold records, renumbered
-    in order: `<split>-00000-of-00002.tfrecord`... Both engines name their shards so."""
-    used = sorted(used)
-    return {shard: Path(folder) / f"{split}-{i:05d}-of-{len(used):05d}.tfrecord"
-            for i, shard in enumerate(used)}
+def place_shards(folder: Path, split: str, parts: dict[int, Path]) -> list[Path]:
+    """Move the part files of `split` that hold records ({shard index: part}) to their
+    final names, renumbered in order: `<split>-00000-of-00002.tfrecord`...; an empty
+    split gets one empty file. Both engines name their shards so. The files, in order."""
+    n = len(parts) or 1
+    names = [Path(folder) / f"{split}-{i:05d}-of-{n:05d}.tfrecord" for i in range(n)]
+    if not parts:
+        names[0].touch()
+    for shard, name in zip(sorted(parts), names, strict=False):
+        os.replace(parts[shard], name)
+    return names
 
 
 def shard_files(folder: str | Path, split: str) -> list[str]:
