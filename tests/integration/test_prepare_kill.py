@@ -5,6 +5,7 @@ for `decode.worker`, from one of its pool workers)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from test_prepare_trust import age, assert_rows_match_files, prepared_bytes, tru
 
 from conftest import VENV_BIN
 from images import photo_folder
+from tfmlops.artifacts import QUARANTINE
 from tfmlops.faults import POINTS, STAGE_POINTS
 from tfmlops.stages import prepare
 
@@ -161,6 +163,38 @@ def test_a_second_prepare_waits_for_the_first_and_neither_mixes_entries(scene):
                 proc.kill()
     assert prepared_bytes(cfg) == cold
     assert_rows_match_files(cfg)
+
+
+def test_a_file_gone_after_listing_is_quarantined_as_unreadable_and_listed_only(scene):
+    """A file that cannot be read when prepare comes to it (deleted after the listing
+    here; no permission for a user who is not root) is quarantined with its reason and
+    listed in quarantine.json without a copy. prepare used to crash copying it."""
+    root, make_cfg, _ = scene
+    photos = root / "gone-photos"
+    shutil.copytree(root / "photos", photos)
+    work = root / "gone"
+    cfg = trust_cfg(make_cfg, work, photos, workers=1, max_bad_fraction=0.5,
+                    split={"val": 0.2, "test": 0.2, "too_few": "warn"})  # c0 has 3 good left
+    cmd = [str(VENV_BIN / "tfmlops"), "--params", str(work / "params.yaml"), "prepare"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "TFMLOPS_FAULT": "prepare.listed",
+                                      "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED)
+        victim = sorted((photos / "c0").glob("*.jpg"))[0]
+        victim.unlink()
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(300) == 0, proc.stderr.read()[-1500:]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+    out = Path(cfg.paths.prepared)
+    rel = str(victim.relative_to(photos))
+    rows = {row["file"]: row for row in json.loads((out / QUARANTINE).read_text())}
+    assert rows[rel]["reason"].startswith("unreadable"), rows
+    assert not (out / "quarantine" / rel).exists()
+    assert (out / "quarantine" / "c0" / "broken.png").is_file()  # a readable bad file is copied
 
 
 def _wait_for(condition, timeout: float = 120) -> None:

@@ -150,7 +150,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     try:
         cutoff = trust_cutoff()  # before any file is read
         # a few numbers per file, not a stat result (memory per file)
-        stats = [None if unsupported(path) else stat_key(path.stat()) for path, _ in files]
+        stats = [None if unsupported(path) else _stat(path) for path, _ in files]
         faults.point("decode.stat")
         known = [st and memo.get(path, st) for (path, _), st in zip(files, stats, strict=True)]
         keys, reasons = _decode_pass(files, stats, known, tally, spec, cfg)
@@ -279,6 +279,22 @@ def fold(tally: Tally, rel: str, sha: str, label: str, split: str, stored: Store
                        stored.source_bytes))
 
 
+def _stat(path: Path) -> tuple | None:
+    """The file's stat key; None if it is gone (or out of reach) since it was listed."""
+    try:
+        return stat_key(path.stat())
+    except OSError:
+        return None
+
+
+def _unreadable(path: Path) -> str:
+    try:
+        path.stat()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    return "unreadable: it changed while prepare listed it"
+
+
 def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
     """Every file's content hash and refusal reason (None: usable); what is decoded now
     goes to the cache, good or bad, remembered for the next run.
@@ -305,7 +321,7 @@ def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config
         for (path, _), st, sha, hit in zip(files, stats, known, from_cache, strict=True):
             stored = None
             if st is None:
-                stored = Stored(reason=unsupported(path))
+                stored = Stored(reason=unsupported(path) or _unreadable(path))
             elif not hit:
                 got = next(worked, None)
                 if got is None or got[0] != str(path):
@@ -388,5 +404,8 @@ def quarantine(out: Path, rel: str, source: Path | bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(source, bytes):
         target.write_bytes(source)
-    else:
+        return
+    try:
         shutil.copy2(source, target)
+    except OSError:  # unreadable (no permission, gone since listing): listed only, as a URL's
+        target.unlink(missing_ok=True)
