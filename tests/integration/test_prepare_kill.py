@@ -142,11 +142,8 @@ def test_a_second_prepare_waits_for_the_first_and_neither_mixes_entries(scene):
     shutil.copytree(root / "template", work)
     cfg = trust_cfg(make_cfg, work, root / "photos", workers=2, max_bad_fraction=0.2)
     cmd = [str(VENV_BIN / "tfmlops"), "--params", str(work / "params.yaml"), "prepare"]
-    first = subprocess.Popen(cmd, env={**os.environ, "TFMLOPS_FAULT": "cache.put",
-                                       "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = _held_at(cmd, "cache.put")
     try:
-        _wait_for(lambda: psutil.Process(first.pid).status() == psutil.STATUS_STOPPED)
         second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         line = second.stderr.readline()
         assert "another `tfmlops prepare` is writing" in line, line  # the harness's lock
@@ -176,11 +173,8 @@ def test_a_file_gone_after_listing_is_quarantined_as_unreadable_and_listed_only(
     cfg = trust_cfg(make_cfg, work, photos, workers=1, max_bad_fraction=0.5,
                     split={"val": 0.2, "test": 0.2, "too_few": "warn"})  # c0 has 3 good left
     cmd = [str(VENV_BIN / "tfmlops"), "--params", str(work / "params.yaml"), "prepare"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "TFMLOPS_FAULT": "prepare.listed",
-                                      "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = _held_at(cmd, "prepare.listed")
     try:
-        _wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED)
         victim = sorted((photos / "c0").glob("*.jpg"))[0]
         victim.unlink()
         os.kill(proc.pid, signal.SIGCONT)
@@ -195,6 +189,15 @@ def test_a_file_gone_after_listing_is_quarantined_as_unreadable_and_listed_only(
     assert rows[rel]["reason"].startswith("unreadable"), rows
     assert not (out / "quarantine" / rel).exists()
     assert (out / "quarantine" / "c0" / "broken.png").is_file()  # a readable bad file is copied
+
+
+def _held_at(cmd: list[str], point: str) -> subprocess.Popen:
+    """`cmd` started and stopped (SIGSTOP) at the fault point `point`; SIGCONT lets it go on."""
+    proc = subprocess.Popen(cmd, env={**os.environ, "TFMLOPS_FAULT": point,
+                                      "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED)
+    return proc
 
 
 def _wait_for(condition, timeout: float = 120) -> None:
