@@ -199,9 +199,8 @@ def claim_folder(folder: str | Path, kind: str) -> Path:
     """Make `folder` (if need be) and mark it as tfmlops' own, of `kind`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / MARKER
     if not owned(folder, kind):
-        marker.write_text(kind + "\n")
+        (folder / MARKER).write_text(kind + "\n")
     return folder
 
 
