@@ -151,7 +151,6 @@ def _command(args: argparse.Namespace):
 
         return sync(cfg)
     module = importlib.import_module(f"tfmlops.stages.{args.command}")
-    kwargs = {}
     if args.command == "promote":
-        kwargs = {"rollback": args.rollback, "version": args.version, "force": args.force}
-    return module.run(cfg, **kwargs)
+        return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force)
+    return module.run(cfg)

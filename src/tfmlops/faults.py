@@ -44,14 +44,10 @@ def stage_point(stage: str, name: str) -> None:
 
 
 def point(name: str, parent: bool = False) -> None:
-    wanted = os.environ.get("TFMLOPS_FAULT")
-    if not wanted:
-        return
-    target, _, nth = wanted.partition("@")
-    if target != name:
+    if not armed(name):
         return
     _visits[name] = _visits.get(name, 0) + 1
-    if _visits[name] == int(nth or 1):
+    if _visits[name] == int(os.environ["TFMLOPS_FAULT"].partition("@")[2] or 1):
         sig = getattr(signal, os.environ.get("TFMLOPS_FAULT_SIGNAL", "SIGKILL"))
         os.kill(os.getppid() if parent else os.getpid(), sig)
         if parent:

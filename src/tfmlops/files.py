@@ -129,10 +129,10 @@ def pid_namespace() -> str:
     return ""
 
 
-def remove_stale_temps(folder: str | Path) -> list[Path]:
+def remove_stale_temps(folder: str | Path) -> None:
     """Delete the temp files in `folder` written by a process of this machine that is
     gone; another machine's (its name says whose) are left alone."""
-    removed = []
+    removed = 0
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
             m = _TEMP.fullmatch(entry.name)
@@ -145,10 +145,9 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
                     shutil.rmtree(entry.path)
                 else:
                     os.unlink(entry.path)
-                removed.append(Path(entry.path))
+                removed += 1
     if removed:
-        log.info("removed %d temp file(s) left by killed processes in %s", len(removed), folder)
-    return removed
+        log.info("removed %d temp file(s) left by killed processes in %s", removed, folder)
 
 
 def sync_dir(folder: str | Path) -> None:
@@ -200,9 +199,8 @@ def claim_folder(folder: str | Path, kind: str) -> Path:
     """Make `folder` (if need be) and mark it as tfmlops' own, of `kind`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    marker = folder / MARKER
     if not owned(folder, kind):
-        marker.write_text(kind + "\n")
+        (folder / MARKER).write_text(kind + "\n")
     return folder
 
 

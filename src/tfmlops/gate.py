@@ -54,13 +54,9 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
     c = candidate
     ev = evaluation if evaluation and evaluation.get("images") else {}  # 0 images: none
     mine, theirs = ev.get("candidate"), ev.get("production") if production else None
-    checks = []
-    if mine is not None:
-        checks.append(_bound("min_accuracy", c, mine["accuracy"], gate.min_accuracy, "",
-                             at_least=True, label=f"accuracy on {mine['images']} test images"))
-    else:
-        checks.append(_bound("min_accuracy", c, c.accuracy, gate.min_accuracy, "serving.accuracy",
-                             at_least=True, label="accuracy"))
+    accuracy, tag, label = ((mine["accuracy"], "", f"accuracy on {mine['images']} test images")
+                            if mine is not None else (c.accuracy, "serving.accuracy", "accuracy"))
+    checks = [_bound("min_accuracy", c, accuracy, gate.min_accuracy, tag, at_least=True, label=label)]
     if production is not None and ev.get("paired") is not None:
         checks.append(_paired(gate, production, ev["paired"]))
     else:

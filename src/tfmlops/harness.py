@@ -192,11 +192,10 @@ def lock_path(cfg, name: str) -> Path:
 @contextlib.contextmanager
 def terminated_on_sigterm() -> Iterator[None]:
     """SIGTERM raises `Terminated` in the main thread for the block (elsewhere: as it was)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     previous = signal.getsignal(signal.SIGTERM)
-    if previous is _terminate:  # nested (a stage run inside a command's block)
+    # Not the main thread (only it may set a handler), or nested (a stage run inside a
+    # command's block): as it is.
+    if threading.current_thread() is not threading.main_thread() or previous is _terminate:
         yield
         return
     signal.signal(signal.SIGTERM, _terminate)
@@ -244,20 +243,17 @@ def _tracking_ready(cfg, tracked: bool, sidecar: bool, hold: Path | None) -> Ite
     run opens later). With `sidecar`, spawn the run's process now (it imports MLflow
     meanwhile; it holds `hold`, the delivery lock, if set) and close it if the stage
     fails before its run took it over."""
-    if not tracked:
-        yield
-        return
-    from tfmlops import tracking
+    if tracked:
+        from tfmlops import tracking
 
-    tracking.preflight(cfg)
-    if not sidecar:
-        yield
-        return
-    tracking.start_sidecar(cfg, hold)
+        tracking.preflight(cfg)
+        if sidecar:
+            tracking.start_sidecar(cfg, hold)
     try:
         yield
     except BaseException:
-        tracking.discard_sidecar()  # a no-op once the run has taken it over
+        if tracked and sidecar:
+            tracking.discard_sidecar()  # a no-op once the run has taken it over
         raise
 
 

@@ -15,11 +15,8 @@ class Progress:
     """One INFO line every `seconds` (and one at the end): items done of the total,
     items/s since the start and, when the total is known, an estimated time left."""
 
-    def __init__(self, total: int | None, label: str, seconds: float = 5.0, logger=None,
-                 clock=time.perf_counter):
-        self.total, self.label, self.seconds = total, label, seconds
-        self.log = logger or log
-        self.clock = clock
+    def __init__(self, total: int | None, label: str, seconds: float = 5.0, clock=time.perf_counter):
+        self.total, self.label, self.seconds, self.clock = total, label, seconds, clock
         self.done = 0
         self.start = self.last = clock()
 
@@ -28,10 +25,10 @@ class Progress:
         now = self.clock()
         if now - self.last >= self.seconds:
             self.last = now
-            self.log.info(self.line(now))
+            log.info(self.line(now))
 
     def close(self) -> None:
-        self.log.info(self.line(self.clock(), final=True))
+        log.info(self.line(self.clock(), final=True))
 
     def line(self, now: float, final: bool = False) -> str:
         elapsed = max(now - self.start, 1e-9)

@@ -124,29 +124,42 @@ def record_evaluation(cfg: Config, run, evaluation: dict) -> dict:
 
 
 def roll_back(registry, still_held, run_id) -> dict:
-    """Under the lock: @production <- @previous; @previous <- what that version had replaced."""
+    """Under the lock: @production <- @previous; @previous <- what that version had replaced.
+
+    @previous == @production: a promotion or rollback stopped between its alias moves.
+    Production never moved to anything unchecked, so it stays; @previous gets back what
+    production replaced. Nothing is rolled back: a second --rollback does that."""
     production, previous = registry.alias(PRODUCTION), registry.alias(PREVIOUS)
     if previous is None:
         raise DataError(f"{registry.name} has no @previous version to roll back to")
-    if previous == production:
-        return repair_previous(registry, production, run_id)
+    repair = previous == production
     older = replaced_by(registry, previous, production)
     still_held()
-    registry.set_alias(PRODUCTION, previous)
+    if not repair:
+        registry.set_alias(PRODUCTION, previous)
     if older:
         registry.set_alias(PREVIOUS, older)
     else:
         registry.delete_alias(PREVIOUS)
-    if production:
-        registry.tag_version(production, {"promote.rolled_back_by": run_id})
-    registry.expect_aliases({PRODUCTION: previous, PREVIOUS: older})
-    return {"action": "rollback", "outcome": "rolled_back", "candidate": previous,
+    if repair:
+        outcome, reason = "repaired", "an interrupted alias move left @previous == @production"
+        summary = (f"@previous pointed at production (version {production}): an interrupted "
+                   f"promotion or rollback; @previous is now "
+                   f"{'version ' + older if older else 'empty'}, production unchanged; run "
+                   "--rollback again to roll back")
+    else:
+        if production:
+            registry.tag_version(production, {"promote.rolled_back_by": run_id})
+        registry.expect_aliases({PRODUCTION: previous, PREVIOUS: older})
+        outcome, reason = "rolled_back", "--rollback"
+        summary = (f"rolled back @production from version {production} to {previous}"
+                   + (f"; @previous is now version {older}" if older else
+                      "; no older version left as @previous"))
+    # repaired: `previous` is production, which stays
+    return {"action": "rollback", "outcome": outcome, "candidate": previous,
             "production_before": production, "production_after": previous,
             "previous_after": older, "checks": [], "failed": [], "experiment": None,
-            "reason": "--rollback",
-            "summary": f"rolled back @production from version {production} to {previous}"
-                       + (f"; @previous is now version {older}" if older else
-                          "; no older version left as @previous")}
+            "reason": reason, "summary": summary}
 
 
 def replaced_by(registry, version: str, production: str | None) -> str | None:
@@ -155,26 +168,6 @@ def replaced_by(registry, version: str, production: str | None) -> str | None:
     if older in (None, "none", version, production) or not registry.exists(older):
         return None
     return older
-
-
-def repair_previous(registry, production: str, run_id) -> dict:
-    """@previous == @production: a promotion or rollback stopped between its alias moves.
-    Production never moved to anything unchecked, so it stays; @previous gets back what
-    production replaced. Nothing is rolled back: a second --rollback does that."""
-    older = replaced_by(registry, production, None)
-    if older:
-        registry.set_alias(PREVIOUS, older)
-    else:
-        registry.delete_alias(PREVIOUS)
-    summary = (f"@previous pointed at production (version {production}): an interrupted "
-               f"promotion or rollback; @previous is now "
-               f"{'version ' + older if older else 'empty'}, production unchanged; run "
-               "--rollback again to roll back")
-    return {"action": "rollback", "outcome": "repaired", "candidate": production,
-            "production_before": production, "production_after": production,
-            "previous_after": older, "checks": [], "failed": [], "experiment": None,
-            "reason": "an interrupted alias move left @previous == @production",
-            "summary": summary}
 
 
 HISTORY_COLUMNS = ("time", "user", "action", "outcome", "from", "to", "candidate", "why")

@@ -38,15 +38,8 @@ class TFLiteModel:
             self.kernels = "builtin"
         self.input = self.interpreter.get_input_details()[0]
         self.output = self.interpreter.get_output_details()[0]
+        self.input_dtype, self.output_dtype = self.input["dtype"], self.output["dtype"]
         self._batch = int(self.input["shape"][0])  # allocated above at the file's batch size
-
-    @property
-    def input_dtype(self):
-        return self.input["dtype"]
-
-    @property
-    def output_dtype(self):
-        return self.output["dtype"]
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """float32 model inputs -> float32 probabilities (quantizing as the model asks)."""

@@ -42,21 +42,16 @@ def decode_like_prepare(encoded: tf.Tensor, channels: int,
     as PIL's draft picks it, then `reduce_short_side`'s filter (within one grey
     level of OpenCV's). EXIF orientation is not read in the graph.
     """
-    if stored_size is None:
-        image = tf.cond(
-            tf.io.is_jpeg(encoded),
-            # PIL decodes JPEG with the accurate integer DCT; TensorFlow's default is the fast one.
-            lambda: tf.io.decode_jpeg(encoded, channels=0, dct_method="INTEGER_ACCURATE"),
-            lambda: tf.io.decode_image(encoded, channels=0, expand_animations=False),
-        )
-        return _convert_like_pil(image, channels)
-    image = tf.cond(
-        tf.io.is_jpeg(encoded),
-        lambda: _draft_jpeg(encoded, channels, stored_size),
-        lambda: _convert_like_pil(
-            tf.io.decode_image(encoded, channels=0, expand_animations=False), channels),
-    )
-    return reduce_like_prepare(image, stored_size)
+    def jpeg():
+        if stored_size is not None:
+            return _draft_jpeg(encoded, channels, stored_size)
+        # PIL decodes JPEG with the accurate integer DCT; TensorFlow's default is the fast one.
+        return _convert_like_pil(
+            tf.io.decode_jpeg(encoded, channels=0, dct_method="INTEGER_ACCURATE"), channels)
+
+    image = tf.cond(tf.io.is_jpeg(encoded), jpeg, lambda: _convert_like_pil(
+        tf.io.decode_image(encoded, channels=0, expand_animations=False), channels))
+    return image if stored_size is None else reduce_like_prepare(image, stored_size)
 
 
 PNG_MAGIC, GIF_MAGIC, BMP_MAGIC = b"\x89PNG\r\n\x1a\n", b"GIF8", b"BM"

@@ -102,11 +102,8 @@ def report(pairs: list[Pair], sources: dict) -> dict:
 
 
 def skew_metrics(pairs: list[Pair]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for p in pairs:
-        out[f"skew.{p.name}.max_abs_diff"] = p.parity.max_abs_diff
-        out[f"skew.{p.name}.top1_agreement"] = round(p.agreement, 6)
-    return out
+    return {**{f"skew.{p.name}.max_abs_diff": p.parity.max_abs_diff for p in pairs},
+            **{f"skew.{p.name}.top1_agreement": round(p.agreement, 6) for p in pairs}}
 
 
 # ------------------------------------------------------------- the served pyfunc

@@ -36,6 +36,7 @@ from tfmlops.artifacts import (
     data_version,
     read_manifest,
 )
+from tfmlops.errors import DataError
 from tfmlops.files import write_csv
 
 log = logging.getLogger(__name__)
@@ -159,8 +160,6 @@ def served_predictor(registry, version: str, dest: Path):
     flavor = yaml.safe_load((folder / "MLmodel").read_text())["flavors"]["python_function"]
     files = {name: folder / spec["path"] for name, spec in flavor.get("artifacts", {}).items()}
     if MODEL_ARTIFACT not in files or CONFIG_ARTIFACT not in files:
-        from tfmlops.errors import DataError
-
         raise DataError(f"version {version} of {registry.name} is not a tfmlops serving model "
                         "(no model and config artifacts); promote versions `tfmlops export` "
                         "registered")
