@@ -262,6 +262,8 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:  # PermissionError: it exists, owned by someone else
         return True
+    except OverflowError:  # more digits than a pid has: not a name we gave, left alone
+        return True
     return True
 
 

@@ -90,6 +90,14 @@ def test_temp_files_of_killed_writers_go_on_the_next_write(tmp_path):
     assert not alive.exists()
 
 
+def test_a_temp_like_name_with_a_pid_too_large_for_any_process_is_left_alone(tmp_path):
+    """`os.kill` raises OverflowError for such a pid: every write into the folder failed."""
+    odd = tmp_path / f".x.json.tmp{'9' * 20}"
+    odd.write_text("not ours")
+    files.write_json(tmp_path / "metrics.json", {"a": 1})
+    assert odd.read_text() == "not ours"
+
+
 def test_only_this_machines_dead_writers_lose_their_temp_files(tmp_path):
     """A shared folder (NFS, a volume of several pods): a pid names a process only on
     the machine that gave it, and the temp file's name says which machine that was."""
