@@ -291,7 +291,7 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
             lambda: compiled_model(merged, prepared, keras,
                                    steps(prepared, batch_size) * merged.train.epochs,
                                    pretrained=False),  # timing: the weights' values do not matter
-            next(iter(pipeline_train(merged, prepared, batch_size))), keras)
+            next(iter(sized(merged, prepared, "train", batch_size, training=True))), keras)
 
     decision, now = precision.decide_cached(merged.train.precision, key, flags,
                                             measure if timed else None, cache_file, write,
@@ -300,12 +300,6 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
     if now:
         log.info(decision.line(merged.train.precision))
     return decision
-
-
-def pipeline_train(merged: Config, prepared, batch_size: int):
-    from tfmlops.data import pipeline
-
-    return pipeline.dataset(merged, prepared, "train", batch_size=batch_size, training=True)
 
 
 def log_precision(run, decision) -> None:

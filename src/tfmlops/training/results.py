@@ -18,7 +18,7 @@ from tfmlops.data import pipeline
 from tfmlops.files import pyplot, write_csv, write_json, write_png
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 from tfmlops.training import label_issues
-from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, metrics_of, sized
+from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, log_precision, metrics_of, sized
 
 OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
            "classification_report.json", "confusion_matrix.png", "training_curves.png")
@@ -34,8 +34,6 @@ def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes
               resumed: Resume) -> None:
     """Into the just-opened run: the precision decision, placement, tune merge, dataset,
     and a killed run's epochs (so this run holds the whole curve)."""
-    from tfmlops.training.fit import log_precision
-
     placement = run_setup.placement
     run.log_params({
         "resolved": {
