@@ -70,8 +70,8 @@ def digits_case(workdir: Path):
 
     cfg = prepared(workdir)
     data = pipeline.load_prepared(cfg)
-    batch = next(iter(fit.pipeline_train(cfg, data, cfg.train.batch_size)))
-    steps = -(-data.counts["train"] // cfg.train.batch_size)
+    train_ds, _, steps = fit.datasets(cfg, data, cfg.train.batch_size)
+    batch = next(iter(train_ds))
     return (lambda: fit.compiled_model(cfg, data, keras, steps * cfg.train.epochs), batch,
             lambda: fit.decide_precision(cfg, data, cfg.train.batch_size))
 

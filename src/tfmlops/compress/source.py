@@ -1,6 +1,6 @@
 """The models the two stages start from, in the tf_keras world tfmot needs.
 
-Checks (`trained`, `pruned_path`, `train_split_size`) import no TensorFlow,
+Checks (`pruned_path`, `train_split_size`; model/artifacts.trained_config) import no TensorFlow,
 so bad input fails in a second. The loaders read the trained Keras 3 file
 with Keras 3 (the `keras` package stays Keras 3 under TF_USE_LEGACY_KERAS=1),
 rebuild the architecture in tf_keras with the shared builder and copy the
@@ -13,12 +13,7 @@ from pathlib import Path
 
 from tfmlops.artifacts import MANIFEST, read_manifest, require
 from tfmlops.config import Config
-from tfmlops.model.artifacts import MODEL_FILE, trained_config, trained_model_path
-
-
-def trained(cfg: Config) -> Config:
-    """The trained model's own config; DataError when `train` has not run."""
-    return trained_config(cfg)
+from tfmlops.model.artifacts import MODEL_FILE, trained_model_path
 
 
 def pruned_path(cfg: Config) -> Path:

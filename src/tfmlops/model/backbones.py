@@ -105,7 +105,9 @@ def _download(backbone: str, timeout: float) -> Path:
         with urllib.request.urlopen(url, timeout=timeout) as response, \
                 tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
             shutil.copyfileobj(response, tmp)
-        if _md5(Path(tmp.name)) != app.md5:
+        with open(tmp.name, "rb") as f:  # Keras publishes md5 hashes of its files
+            md5 = hashlib.file_digest(f, "md5").hexdigest()
+        if md5 != app.md5:
             Path(tmp.name).unlink(missing_ok=True)
             raise OSError("the downloaded file's md5 does not match Keras' hash")
         os.replace(tmp.name, path)
@@ -116,14 +118,6 @@ def _download(backbone: str, timeout: float) -> Path:
             f"{path.parent} and could not be downloaded ({reason}); copy it to {path} or set "
             "model.backbone_weights to the path of a local copy") from None
     return path
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()  # noqa: S324 - Keras publishes md5 hashes of its files
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------ building

@@ -30,6 +30,7 @@ from tfmlops.compress.measure import SPARSITY_COLUMNS, gzip_bytes, sparsity_tabl
 from tfmlops.compress.schedule import pruning_steps
 from tfmlops.config import Config
 from tfmlops.files import write_csv
+from tfmlops.model.artifacts import trained_config
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statisti
 
 
 def run(cfg: Config) -> dict:
-    tcfg = source.trained(cfg)  # DataError (exit 2) before TensorFlow loads
+    tcfg = trained_config(cfg)  # DataError (exit 2) before TensorFlow loads
     steps = pruning_steps(cfg.prune, source.train_split_size(cfg), tcfg.train.batch_size)
     upstream = {"prepare": run_dir(cfg, "prepare"), "train": cfg.paths.train}
     params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],

@@ -32,6 +32,7 @@ from tfmlops.compress.frontier import FRONTIER_COLUMNS, QAT_VARIANT, required_na
 from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import write_csv, write_json
+from tfmlops.model.artifacts import trained_config
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def run(cfg: Config) -> dict:
 
 
 def _check(cfg: Config) -> Config:
-    tcfg = source.trained(cfg)
+    tcfg = trained_config(cfg)
     source.pruned_path(cfg)
     q = cfg.quantize
     available = source.train_split_size(cfg)

@@ -58,9 +58,7 @@ log = logging.getLogger(__name__)
 # In paths.tuner: tune's timed decisions, per architecture (its trials and final round
 # share them); tune copies the file to paths.tuned, where train reads the one it trained.
 PRECISION_CACHE = PRECISION  # tune and train write their timed decisions here
-JIT = {"auto": "auto", "true": True, "false": False}
-# tf_keras (multi-worker path) takes a bool or None (its own default) for `auto`.
-JIT_TF_KERAS = {"auto": None, "true": True, "false": False}
+JIT = {"true": True, "false": False}  # `auto`: Keras 3's "auto", tf_keras' None (its default)
 TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
 
 MONITOR = "val_loss"  # smoother than val_accuracy on a small validation split
@@ -106,23 +104,20 @@ def setup(cfg: Config, merged: Config, prepared) -> Setup:
 
     tf_config = os.environ.get("TF_CONFIG")
     kind = dist.resolve_strategy(merged.train.strategy, tf_config, dist.visible_gpus())
-    if kind == "multi_worker" and dist.cluster_tasks(tf_config) > 1:
+    # where Keras 3 cannot fit (model/strategy.check_supported): tf_keras
+    across = kind == "multi_worker" and dist.cluster_tasks(tf_config) > 1
+    if across:
         tracking.preflight(cfg)  # the chief's store is away: fail now, before any worker waits
         if merged.train.optimizer.name not in TF_KERAS_OPTIMIZERS:
             raise ConfigError(
                 f"train.optimizer.name: {merged.train.optimizer.name} is not available in "
                 f"tf_keras, which multi-worker training uses; use one of "
                 f"{', '.join(TF_KERAS_OPTIMIZERS)}")
-        import tensorflow as tf
         import tf_keras as keras
-
-        strategy, across = tf.distribute.MultiWorkerMirroredStrategy(), True
     else:
         import keras
-
-        dist.check_supported(kind, tf_config)
-        dist.prepare_devices(kind, merged.train.replicas)
-        strategy, across = dist.make_strategy(kind, merged.train.replicas), False
+    dist.prepare_devices(kind, merged.train.replicas)
+    strategy = dist.make_strategy(kind, merged.train.replicas)
     placement = dist.strategy_placement(strategy, kind)
     return Setup(keras, strategy, placement, checked_global_batch(merged, placement, prepared),
                  tracking.is_chief(), across)
@@ -158,19 +153,26 @@ def op_determinism(enabled: bool):
             tf_config.disable_op_determinism()
 
 
-def datasets(merged: Config, prepared, global_batch: int):
-    """(train, val, steps per epoch): the batches train fits on, in its order."""
+def steps(prepared, batch_size: int, split: str = "train") -> int:
+    """Batches of `split` per epoch."""
+    return math.ceil(prepared.counts[split] / batch_size)
+
+
+def sized(merged: Config, prepared, split: str, batch_size: int, **kwargs):
+    """A split's batches, of known length: Keras shows real progress and does not warn at
+    the end of epoch 1 that the input ran out of data."""
     import tensorflow as tf
 
     from tfmlops.data import pipeline
 
-    steps_per_epoch = math.ceil(prepared.counts["train"] / global_batch)
-    # Known lengths: Keras shows real progress and does not warn at the end of epoch 1.
-    cardinality = tf.data.experimental.assert_cardinality
-    train_ds = pipeline_train(merged, prepared, global_batch).apply(cardinality(steps_per_epoch))
-    val_ds = pipeline.dataset(merged, prepared, "val", batch_size=global_batch).apply(
-        cardinality(math.ceil(prepared.counts["val"] / global_batch)))
-    return train_ds, val_ds, steps_per_epoch
+    ds = pipeline.dataset(merged, prepared, split, batch_size=batch_size, **kwargs)
+    return ds.apply(tf.data.experimental.assert_cardinality(steps(prepared, batch_size, split)))
+
+
+def datasets(merged: Config, prepared, global_batch: int):
+    """(train, val, steps per epoch): the batches train fits on, in its order."""
+    return (sized(merged, prepared, "train", global_batch, training=True),
+            sized(merged, prepared, "val", global_batch), steps(prepared, global_batch))
 
 
 def built_model(merged: Config, prepared, keras, *, pretrained: bool = True):
@@ -196,18 +198,15 @@ def compile_model(model, merged: Config, prepared, keras, total_steps: int,
     model.compile(optimizer=make_optimizer(t.optimizer, schedule, keras),
                   loss=make_loss(t.loss, prepared.num_classes, keras),
                   metrics=["accuracy"],  # by keyword: the third positional is loss_weights
-                  jit_compile=(JIT if is_keras3(keras) else JIT_TF_KERAS)[t.jit_compile])
+                  jit_compile=JIT.get(t.jit_compile, "auto" if is_keras3(keras) else None))
     return model
 
 
 def compiled_model(merged: Config, prepared, keras, total_steps: int, *, pretrained: bool = True):
-    """Build and compile inside the strategy scope and dtype policy of the caller.
-
-    `keras` is Keras 3 or tf_keras (multi-worker training): the same build and compile.
-    One phase, everything trainable: `fit_in_phases` freezes and recompiles.
-    """
-    model = built_model(merged, prepared, keras, pretrained=pretrained)
-    return compile_model(model, merged, prepared, keras, total_steps)
+    """Build and compile inside the strategy scope and dtype policy of the caller: one
+    phase, everything trainable (`fit_in_phases` freezes and recompiles)."""
+    return compile_model(built_model(merged, prepared, keras, pretrained=pretrained), merged,
+                         prepared, keras, total_steps)
 
 
 @dataclass(frozen=True)
@@ -239,13 +238,15 @@ def phases(merged: Config, epochs: int | None = None) -> list[Phase]:
     return out
 
 
-def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, fit_one,
-                  plan: list[Phase], done: int = 0):
-    """Run `plan`: per phase, set what trains, recompile, `fit_one(phase)` (a keras
-    History). Phases a resumed run has finished (`done` epochs) are skipped. Returns the
-    last fit's History, its `history` holding the epochs of every phase run."""
+def fit_in_phases(model, merged: Config, prepared, keras, data: tuple, plan: list[Phase],
+                  callbacks, verbose: int, done: int = 0):
+    """Run `plan` on `data` (train, val, steps per epoch: `datasets`): per phase, set what
+    trains, recompile, fit with `callbacks(phase)`. Phases a resumed run has finished
+    (`done` epochs) are skipped. Returns the last fit's History, its `history` holding the
+    epochs of every phase run."""
     from tfmlops.model import backbones
 
+    train_ds, val_ds, steps_per_epoch = data
     result, history = None, {}
     for phase in plan:
         if phase.last <= done:
@@ -257,7 +258,9 @@ def fit_in_phases(model, merged: Config, prepared, keras, steps_per_epoch: int, 
                          f"{trainable} backbone layers trainable, learning rate x{phase.lr_factor:g}")
         compile_model(model, merged, prepared, keras, steps_per_epoch * (phase.last - phase.first),
                       phase.lr_factor)
-        result = fit_one(phase)
+        result = model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
+                           initial_epoch=phase.first, callbacks=callbacks(phase), verbose=verbose,
+                           shuffle=False)  # the dataset shuffles itself (seeded)
         for key, values in result.history.items():
             history.setdefault(key, []).extend(values)
     if merged.model.backbone != "none":
@@ -284,12 +287,11 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
 
     def measure() -> dict[str, float]:
         # One replica at the per-replica batch: what the bf16 units change is per device.
-        train_ds = pipeline_train(merged, prepared, batch_size)
-        steps = math.ceil(prepared.counts["train"] / batch_size)
         return precision.time_policies(
-            lambda: compiled_model(merged, prepared, keras, steps * merged.train.epochs,
+            lambda: compiled_model(merged, prepared, keras,
+                                   steps(prepared, batch_size) * merged.train.epochs,
                                    pretrained=False),  # timing: the weights' values do not matter
-            next(iter(train_ds)), keras)
+            next(iter(sized(merged, prepared, "train", batch_size, training=True))), keras)
 
     decision, now = precision.decide_cached(merged.train.precision, key, flags,
                                             measure if timed else None, cache_file, write,
@@ -298,12 +300,6 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
     if now:
         log.info(decision.line(merged.train.precision))
     return decision
-
-
-def pipeline_train(merged: Config, prepared, batch_size: int):
-    from tfmlops.data import pipeline
-
-    return pipeline.dataset(merged, prepared, "train", batch_size=batch_size, training=True)
 
 
 def log_precision(run, decision) -> None:
@@ -584,7 +580,7 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
     from tfmlops.progress import keras_verbose
 
     keras = run_setup.keras
-    train_ds, val_ds, steps_per_epoch = datasets(merged, prepared, run_setup.global_batch)
+    train_ds, _, steps_per_epoch = data = datasets(merged, prepared, run_setup.global_batch)
     plan = phases(merged)
     resolved = {}
     if run_setup.across_workers:
@@ -598,9 +594,8 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         plan = [Phase(1, 0, merged.train.epochs, None)]
     with precision.global_policy(policy, keras):
         with run_setup.strategy.scope():
-            model = built_model(merged, prepared, keras)
             # compiled once here for the checks below; each phase recompiles in the scope
-            compile_model(model, merged, prepared, keras, steps_per_epoch * merged.train.epochs)
+            model = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
         scaled = loss_scaling(model, policy, keras)
         run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
                                      "loss_scaling": scaled, "fine_tune_phases": len(plan),
@@ -608,21 +603,17 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         recorder = _recorder_class(keras)(where.history, prepared.counts["train"], run,
                                           resumed.rows)
 
-        def fit_one(phase: Phase):
+        def callbacks(phase: Phase) -> list:
             recorder.phase = phase.number if len(plan) > 1 else None
-            callbacks = training_callbacks(
+            return training_callbacks(
                 keras, merged.train, where, profiling.keras_profile_batch(cfg, steps_per_epoch),
                 recorder, resumed.best_so_far if run_setup.across_workers
                 else best_val_loss(recorder.rows))
-            return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
-                             initial_epoch=phase.first, callbacks=callbacks,
-                             verbose=keras_verbose() if run_setup.chief else 0,
-                             shuffle=False)  # the dataset shuffles itself (seeded)
 
         started = time.perf_counter()
         with run_setup.strategy.scope():  # each phase compiles: its optimizer's variables here
-            fit_in_phases(model, merged, prepared, keras, steps_per_epoch, fit_one, plan,
-                          resumed.done)
+            fit_in_phases(model, merged, prepared, keras, data, plan, callbacks,
+                          keras_verbose() if run_setup.chief else 0, resumed.done)
         return Fitted(model, recorder.rows, time.perf_counter() - started)
 
 
@@ -641,18 +632,15 @@ def final_model(fitted: Fitted, merged: Config, prepared, run_setup: Setup, best
     import keras
     import tf_keras
 
-    from tfmlops.model.builder import build_model
-
     weights = fitted.model.get_weights()
     if not run_setup.chief:
         return None  # no collective op is left: the chief finishes alone
-    local = build_model(merged.model, tf_keras, prepared.input_shape, prepared.num_classes,
-                        input_stats=(prepared.mean, prepared.std))
+    local = built_model(merged, prepared, tf_keras, pretrained=False)
     local.set_weights(weights)
     if best.is_file():
         local.load_weights(best)
-    steps_per_epoch = math.ceil(prepared.counts["train"] / run_setup.global_batch)
-    twin = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs,
+    twin = compiled_model(merged, prepared, keras,
+                          steps(prepared, run_setup.global_batch) * merged.train.epochs,
                           pretrained=False)  # it receives the trained weights
     twin.set_weights(local.get_weights())
     # Built (zero slots), so loading the saved file finds the optimizer variables it expects.

@@ -5,7 +5,6 @@ the classification report, plots, the history CSV, the suspected label errors
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict
@@ -19,7 +18,7 @@ from tfmlops.data import pipeline
 from tfmlops.files import pyplot, write_csv, write_json, write_png
 from tfmlops.model.artifacts import MODEL_FILE, write_resolved
 from tfmlops.training import label_issues
-from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, metrics_of
+from tfmlops.training.fit import HISTORY_COLUMNS, Resume, Setup, clear, log_precision, metrics_of, sized
 
 OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
            "classification_report.json", "confusion_matrix.png", "training_curves.png")
@@ -35,8 +34,6 @@ def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes
               resumed: Resume) -> None:
     """Into the just-opened run: the precision decision, placement, tune merge, dataset,
     and a killed run's epochs (so this run holds the whole curve)."""
-    from tfmlops.training.fit import log_precision
-
     placement = run_setup.placement
     run.log_params({
         "resolved": {
@@ -78,14 +75,10 @@ def evaluate_test(model, merged: Config, prepared, global_batch: int):
     """(Keras metrics on the test split, its labels, predicted classes, the suspected label
     errors of val and test), read batch by batch from the TFRecords: memory does not grow
     with the splits. The test predictions serve both the report and the label issues."""
-    import tensorflow as tf
-
     from tfmlops.data.stored_split import StoredSplit
 
-    steps = math.ceil(prepared.counts["test"] / global_batch)  # known: Keras does not warn
-    test_ds = pipeline.dataset(merged, prepared, "test", batch_size=global_batch)
-    test = model.evaluate(test_ds.apply(tf.data.experimental.assert_cardinality(steps)),
-                          verbose=0, return_dict=True)
+    test = model.evaluate(sized(merged, prepared, "test", global_batch), verbose=0,
+                          return_dict=True)
     worst = label_issues.Worst(merged.train.label_issues)
     y_test, predicted = label_issues.scan(model, StoredSplit.of(prepared, "test"), "test",
                                           global_batch, worst)

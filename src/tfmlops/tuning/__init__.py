@@ -43,8 +43,4 @@ KERASTUNER_ORACLE_IP / KERASTUNER_ORACLE_PORT): the chief ("chief" in the
 tuner id) serves the oracle, owns the parent run (tagged with the search key)
 and writes every output; each worker finds that open run by its tags
 (tracking.attach_run) and nests its trials under it, writing no output.
-
-The search itself is in tuning/ (oracles, hypermodel, the one tuner every
-role builds, records, reports, the final round); keras-tuner is imported
-only inside `run`.
 """

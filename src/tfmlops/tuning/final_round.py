@@ -110,10 +110,9 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
         decision = fit.decide_precision(merged, prepared, t.batch_size,
                                         cache_file=Path(merged.paths.tuner) / fit.PRECISION_CACHE)
         fit.log_precision(child, decision)
-        policy = decision.policy
         keras.utils.set_random_seed(merged.seed)
-        with precision.global_policy(policy, keras):
-            train_ds, val_ds, steps = fit.datasets(merged, prepared, t.batch_size)
+        with precision.global_policy(decision.policy, keras):
+            data = fit.datasets(merged, prepared, t.batch_size)
             model = fit.built_model(merged, prepared, keras)
             if max_params and model.count_params() > max_params:  # as the search fails it
                 raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
@@ -122,15 +121,13 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
             log_epochs = keras.callbacks.LambdaCallback(
                 on_epoch_end=lambda epoch, logs: child.log_metrics(dict(logs or {}), step=epoch))
 
-            def fit_one(phase):  # train's phases (fine-tuning), one history across them
-                callbacks = [log_epochs, *fit.stopping_callbacks(
+            def callbacks(phase):  # fresh each phase, as train's
+                return [log_epochs, *fit.stopping_callbacks(
                     t.early_stopping_patience, t.reduce_lr_on_plateau, keras)]
-                return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
-                                 initial_epoch=phase.first, callbacks=callbacks,
-                                 verbose=keras_verbose(), shuffle=False)
 
-            plan = fit.phases(merged)
-            return fit.fit_in_phases(model, merged, prepared, keras, steps, fit_one, plan).history
+            # train's phases (fine-tuning), one history across them
+            return fit.fit_in_phases(model, merged, prepared, keras, data, fit.phases(merged),
+                                     callbacks, keras_verbose()).history
 
 
 def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
@@ -172,9 +169,7 @@ def pick_winner(cfg: Config, entries: list[FinalEntry]) -> FinalEntry:
     champion = entries[0] if entries[0] in scored else None
     challengers = [e for e in scored if e is not champion]
     best = max(challengers, key=lambda e: (sign * e.score, -e.val_loss), default=None)
-    if champion is None:
-        return best
-    if best is not None and beats_beyond_noise(best, champion, sign):
+    if champion is None or (best is not None and beats_beyond_noise(best, champion, sign)):
         return best
     return champion
 
@@ -190,9 +185,8 @@ def beats_beyond_noise(challenger: FinalEntry, champion: FinalEntry, sign: int) 
 
 
 def final_round_rows(entries: list[FinalEntry]) -> list[dict[str, Any]]:
-    return [{"candidate": e.name, "trial": e.trial_id, "score": e.score, "val_loss": e.val_loss,
-             "epochs": e.epochs, "best_epoch": e.best_epoch, "seconds": e.seconds,
-             "error": e.error} for e in entries]
+    return [{"candidate": e.name, "trial": e.trial_id, **{k: getattr(e, k) for k in COLUMNS[2:]}}
+            for e in entries]
 
 
 def final_round_metrics(entries: list[FinalEntry] | None, winner: FinalEntry | None) -> dict:

@@ -4,9 +4,7 @@ project's tf.data pipeline. Imports Keras and keras-tuner: import this module la
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-import warnings
 from pathlib import Path
 
 import keras
@@ -14,7 +12,6 @@ import keras_tuner as kt
 
 from tfmlops import profiling
 from tfmlops.config import Config
-from tfmlops.data import pipeline
 from tfmlops.model import precision, search_space
 from tfmlops.training import fit
 
@@ -48,9 +45,11 @@ class TrialModel(kt.HyperModel):
     def declare_hyperparameters(self, hp):
         search_space.declare(hp, self.cfg.tune.space)
 
+    def _trial_cfg(self, hp) -> Config:
+        return search_space.config_from_values(self.cfg, search_space.declare(hp, self.cfg.tune.space))
+
     def build(self, hp):
-        trial_cfg = search_space.config_from_values(
-            self.cfg, search_space.declare(hp, self.cfg.tune.space))
+        trial_cfg = self._trial_cfg(hp)
         # train.precision as train resolves it (`timed`: once per architecture and batch,
         # the file shared with the final round and a resumed search); before the seed.
         policy = fit.decide_precision(
@@ -62,30 +61,20 @@ class TrialModel(kt.HyperModel):
 
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), verbose=2,
             **kwargs):
-        trial_cfg = search_space.config_from_values(
-            self.cfg, search_space.declare(hp, self.cfg.tune.space))
-        t = trial_cfg.train
-        train_ds, val_ds = self._data(t.batch_size)
-        steps = math.ceil(self.prepared.counts["train"] / t.batch_size)
-        extra = self._callbacks(steps)
-
-        def fit_one(phase):
-            # Each phase compiles a fresh optimizer whose schedule spans the epochs it
-            # runs (a hyperband round that continues an earlier trial starts one too).
-            with warnings.catch_warnings():
-                # tf.data of unknown length: Keras warns at the end of each first epoch
-                warnings.filterwarnings("ignore", message="Your input ran out of data")
-                return model.fit(train_ds, validation_data=val_ds, epochs=phase.last,
-                                 initial_epoch=max(phase.first, initial_epoch),
-                                 callbacks=[*callbacks, *extra],
-                                 verbose=verbose, shuffle=False)  # the pipeline shuffles
-
-        # train's fine-tuning phases over this fit's epochs (none without a backbone)
-        plan = fit.phases(trial_cfg, epochs)
-        plan = [dataclasses.replace(p, first=max(p.first, initial_epoch)) for p in plan]
+        trial_cfg = self._trial_cfg(hp)
+        batch_size = trial_cfg.train.batch_size
+        if batch_size not in self._datasets:
+            self._datasets[batch_size] = fit.datasets(self.cfg, self.prepared, batch_size)
+        data = self._datasets[batch_size]
+        extra = self._callbacks(data[2])
+        # train's fine-tuning phases over this fit's epochs (none without a backbone). Each
+        # phase compiles a fresh optimizer whose schedule spans the epochs it runs (a
+        # hyperband round that continues an earlier trial starts one too).
+        plan = [dataclasses.replace(p, first=max(p.first, initial_epoch))
+                for p in fit.phases(trial_cfg, epochs)]
         # the tuner scores the trial on every epoch of both phases: the History holds them all
-        return fit.fit_in_phases(model, trial_cfg, self.prepared, keras, steps, fit_one, plan,
-                                 done=initial_epoch)
+        return fit.fit_in_phases(model, trial_cfg, self.prepared, keras, data, plan,
+                                 lambda phase: [*callbacks, *extra], verbose, done=initial_epoch)
 
     def _callbacks(self, steps: int) -> list:
         """NaN and deadline stops, early stopping, and a profile of the first trial run."""
@@ -103,12 +92,3 @@ class TrialModel(kt.HyperModel):
                 log_dir=str(self.profiled_dir), write_graph=False, histogram_freq=0,
                 profile_batch=profiling.keras_profile_batch(self.cfg, steps)))
         return extra
-
-    def _data(self, batch_size: int):
-        if batch_size not in self._datasets:
-            self._datasets[batch_size] = (
-                pipeline.dataset(self.cfg, self.prepared, "train", batch_size=batch_size,
-                                 training=True),
-                pipeline.dataset(self.cfg, self.prepared, "val", batch_size=batch_size),
-            )
-        return self._datasets[batch_size]
