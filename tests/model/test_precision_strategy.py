@@ -231,16 +231,6 @@ def test_strategy_resolution(setting, tf_config, gpus, expected):
     assert resolve_strategy(setting, tf_config, gpus) == expected
 
 
-def test_multi_worker_fit_across_workers_is_refused_with_the_upstream_issue():
-    from tfmlops.model.strategy import check_supported
-
-    with pytest.raises(ConfigError, match="keras-team/keras#20585"):
-        check_supported("multi_worker", cluster(2))
-    check_supported("multi_worker", cluster(1))  # one worker: Keras 3 fit works
-    check_supported("multi_worker", None)
-    check_supported("default", cluster(3))
-
-
 def test_bad_tf_config_is_a_config_error():
     assert cluster_tasks(None) == 0
     with pytest.raises(ConfigError, match="TF_CONFIG"):

@@ -47,25 +47,6 @@ def resolve_strategy(setting: str, tf_config: str | None, gpus: int) -> str:
     return "mirrored" if gpus > 1 else "default"
 
 
-def check_supported(kind: str, tf_config: str | None) -> None:
-    """Refuse, before any work, a setup Keras 3's `fit` is known to break on.
-
-    Verified here (Keras 3.15.1, TF 2.21, two local workers): `fit` under a
-    MultiWorkerMirroredStrategy spanning several workers fails, first when it
-    reduces the first batch for its symbolic build, then when it averages the
-    per-replica metrics (keras-team/keras#20585, open). One worker works.
-    stages/train.py therefore sends runs with several workers to
-    tf_keras fit on the same strategy (training/fit.setup) instead of calling this.
-    """
-    workers = cluster_tasks(tf_config)
-    if kind == "multi_worker" and workers > 1:
-        raise ConfigError(
-            f"train.strategy: multi_worker across {workers} workers (TF_CONFIG) is not "
-            "supported by Keras 3 fit yet (keras-team/keras#20585); train on one machine "
-            "(strategy: mirrored or default) or unset TF_CONFIG"
-        )
-
-
 def visible_gpus() -> int:
     import tensorflow as tf
 

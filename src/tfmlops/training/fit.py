@@ -104,7 +104,9 @@ def setup(cfg: Config, merged: Config, prepared) -> Setup:
 
     tf_config = os.environ.get("TF_CONFIG")
     kind = dist.resolve_strategy(merged.train.strategy, tf_config, dist.visible_gpus())
-    # where Keras 3 cannot fit (model/strategy.check_supported): tf_keras
+    # Keras 3's fit breaks under a MultiWorkerMirroredStrategy spanning several workers
+    # (keras-team/keras#20585, verified with Keras 3.15.1 and TF 2.21; one worker works):
+    # those runs fit with tf_keras on the same strategy
     across = kind == "multi_worker" and dist.cluster_tasks(tf_config) > 1
     if across:
         tracking.preflight(cfg)  # the chief's store is away: fail now, before any worker waits
