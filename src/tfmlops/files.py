@@ -66,6 +66,14 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def read_json(path: str | Path, default: Any) -> Any:
+    """The JSON in `path`; `default` when it is missing or unreadable (a kill mid-write)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
 def write_json(path: str | Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=True, default=_default) + "\n")
 

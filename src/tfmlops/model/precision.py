@@ -205,26 +205,17 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
     memo = f"{setting}:{key}:{margin:g}" if timed else f"{setting}:{key}"
     if memo in _decided:
         return _decided[memo], False
-    stored = _read(file).get(memo) if timed else None
+    from tfmlops.files import read_json, write_json  # a damaged cache only costs a new timing
+
+    stored = read_json(file, {}).get(memo) if timed else None
     if stored is not None:
         _decided[memo] = Decision(**stored)
         return _decided[memo], False
     decision = decide_policy(setting, gpus(), flags, measure if timed else None, spec, margin)
     _decided[memo] = decision
     if timed and write:
-        from tfmlops.files import write_json
-
-        write_json(file, {**_read(file), memo: asdict(decision)})
+        write_json(file, {**read_json(file, {}), memo: asdict(decision)})
     return decision, True
-
-
-def _read(file: str | Path | None) -> dict:
-    if file is None or not Path(file).is_file():
-        return {}
-    try:
-        return json.loads(Path(file).read_text())
-    except (OSError, ValueError):  # a damaged cache only costs a new timing
-        return {}
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ from tfmlops import profiling, tracking
 from tfmlops.artifacts import PRECISION
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
-from tfmlops.files import TEMP_PATTERN, write_json
+from tfmlops.files import TEMP_PATTERN, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +400,7 @@ def finished_epochs(backup_dir: str | Path, keras=None) -> int:
     if not (Path(backup_dir) / BACKUP_WEIGHTS).is_file():
         return 0
     try:  # no or an unreadable metadata file: {} (a kill mid-write)
-        return int(_read_json(Path(backup_dir) / BACKUP_META, {})["epoch"])
+        return int(read_json(Path(backup_dir) / BACKUP_META, {})["epoch"])
     except (ValueError, KeyError, TypeError):
         return 0
 
@@ -418,23 +418,15 @@ def chief_finished_epochs(backup_dir: str | Path) -> int:
         return 0
 
 
-def _read_json(path: Path, default):
-    """The JSON in `path`; `default` when it is missing or unreadable (a kill mid-write)."""
-    try:
-        return json.loads(path.read_text()) if path.is_file() else default
-    except (OSError, ValueError):
-        return default
-
-
 def history_rows(backup_dir: str | Path) -> list[dict]:
-    return sorted(_read_json(Path(backup_dir) / HISTORY_FILE, []), key=lambda r: r["epoch"])
+    return sorted(read_json(Path(backup_dir) / HISTORY_FILE, []), key=lambda r: r["epoch"])
 
 
 def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
     """Keep a backup made with the same params and data; wipe any other. True if kept."""
     folder = Path(backup_dir)
     keep = (finished_epochs(folder, keras) > 0
-            and _read_json(folder / FINGERPRINT_FILE, None) == fingerprint)
+            and read_json(folder / FINGERPRINT_FILE, None) == fingerprint)
     if not keep:
         clear(folder)
         write_json(folder / FINGERPRINT_FILE, fingerprint)
