@@ -42,7 +42,7 @@ from tfmlops.errors import TrackingUnavailable
 from tfmlops.files import write_bytes
 from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, Unsendable, apply
 from tfmlops.tracking.retry import error_code, first_line
-from tfmlops.tracking.uri import current_uri, ensure_reachable, redact, tracking_uri, use_uri
+from tfmlops.tracking.uri import ensure_reachable, redact, tracking_uri, use_uri
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,9 @@ class Outbox:
     `.files/<uuid>` folder is its own, so they never overwrite each other.
     """
 
-    def __init__(self, path: Path, store: str | None = None):
+    def __init__(self, path: Path, store: str = ""):
         self.path = path
-        # the store the run lives in (the one MLflow points at when the run opens)
-        self.store = redact(store or current_uri() or "")
+        self.store = redact(store)  # the store the run lives in
 
     def queue(self, run_id: str, op: str, payload: dict[str, Any]) -> str | None:
         """Queue one op (copying the file an `artifact` op names); the problem if it cannot be."""
