@@ -22,6 +22,7 @@ import os
 import socket
 from pathlib import Path
 
+from tfmlops.files import _alive
 from tfmlops.files import boot_id as _boot_id
 from tfmlops.files import pid_namespace as _pid_namespace
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
@@ -48,7 +49,7 @@ def owner_gone(tags: dict[str, str]) -> bool:
     pid = tags.get(OWNER + "pid", "")
     if not judged_here(tags) or not pid.isdigit():
         return False
-    if not _exists(int(pid)):
+    if not _alive(int(pid)):
         return True
     started = tags.get(OWNER + "start", "")
     return bool(started) and _start_time(int(pid)) not in ("", started)  # pid reused
@@ -115,16 +116,6 @@ def _goes_with(child, parent_owner: tuple[str, ...]) -> bool:
     if OWNER + "pid" not in tags or _owner(tags) == parent_owner:
         return True
     return judged_here(tags) and owner_gone(tags)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by another user
-        return True
-    return True
 
 
 def _start_time(pid: int) -> str:
