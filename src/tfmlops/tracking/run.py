@@ -57,7 +57,7 @@ from tfmlops.tracking.uri import (
 log = logging.getLogger(__name__)
 
 # Beside the outbox (local state, never in git): this machine's sightings of other
-# machines' heartbeats (heartbeat.Sightings).
+# machines' heartbeats (heartbeat.silent_runs).
 SIGHTINGS = "heartbeats_seen.json"
 
 
