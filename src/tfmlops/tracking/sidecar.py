@@ -380,10 +380,16 @@ class SidecarRun(_PipedRun):
         return SidecarModel(self)
 
     def end(self, status: str = "FINISHED") -> None:
-        """End the run with `status` and wait for the sidecar to finish (a FINISHED run
-        of a detaching stage: hand it over, see `_detach`)."""
+        """End the run with `status` and wait for the sidecar to finish. A FINISHED run of
+        a detaching stage is handed over, its end too: this process does not wait for the
+        sidecar, which holds the delivery lock and removes the hard links once the run ends."""
         if status == "FINISHED" and self._detach_log is not None:
-            self._detach()
+            self._process.send("detach", {"scratch": str(self._model_dir)})
+            self._process.send("end", "FINISHED")
+            self._process.close()
+            log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
+                     "log %s); later stages wait for it", self.stage, self._process.proc.pid,
+                     self._detach_log)
             return
         started = time.perf_counter()
         try:
@@ -415,16 +421,6 @@ class SidecarRun(_PipedRun):
         """Wait until the run is open (its run file written); a detaching stage does not."""
         if self.run_id is None and self._detach_log is None:
             self.run_id = self._process.reply("opened")
-
-    def _detach(self) -> None:
-        """Hand the run over and its end; this process does not wait for the sidecar,
-        which holds the delivery lock and removes the hard links once the run ends."""
-        self._process.send("detach", {"scratch": str(self._model_dir)})
-        self._process.send("end", "FINISHED")
-        self._process.close()
-        log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
-                 "log %s); later stages wait for it", self.stage, self._process.proc.pid,
-                 self._detach_log)
 
 
 class SidecarChild(_PipedRun):
