@@ -17,7 +17,7 @@ from tfmlops.config import load_config
 
 def main(params: str, index: int, steps: int, start_file: Path) -> None:
     cfg = load_config(params)
-    tracking._import_mlflow()  # the slow import, before the start line
+    tracking.import_mlflow()  # the slow import, before the start line
     print("ready", flush=True)
     while not start_file.exists():
         time.sleep(0.01)

@@ -49,8 +49,6 @@ from tfmlops.tracking.uri import (
     use_uri,
 )
 
-_import_mlflow = import_mlflow  # the old private name, still used by tests/infra/concurrent_writer.py
-
 __all__ = [
     "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
     "attach_run", "data_version", "dvc_data_hashes", "ensure_reachable", "git_state",

@@ -14,7 +14,7 @@ start and end times are the client's; the times the store does stamp itself
 last_updated_timestamp_ms on finalize or delete; a registered model's or version's
 last_updated_time) belong to objects users see, and renewing them would rename
 experiments or churn the registry. So the time is the closer's own: it keeps what
-it saw of each counter, and when, in a small local file (`Sightings`), and calls a
+it saw of each counter, and when, in a small local file (`silent_runs`), and calls a
 run dead only when, over more than the threshold on its own clock, the counter did
 not change. Both sightings come from one machine's boot-time clock (the file
 records the boot, and forgets its sightings after a reboot). The cost: a run is
@@ -108,43 +108,34 @@ class _Stopped(Exception):
     """The run ended while a beat was being retried."""
 
 
-class Sightings:
-    """What this machine saw of other machines' heartbeats, and when (its own clock).
+def silent_runs(sightings: Path, boot: str, beats: dict[str, str], threshold_s: float) -> list[str]:
+    """The runs of `beats` (run id -> counter now) whose counter has not changed for
+    longer than `threshold_s`, by what this machine saw of them, and when (its own clock).
 
-    One JSON file: `{"boot": <boot id>, "runs": {run id: [counter, seen at]}}`, where
-    "seen at" is when the counter was first seen at that value. Closers of one repo
-    take its lock in turn.
+    `sightings`, one JSON file: `{"boot": <boot id>, "runs": {run id: [counter, seen at]}}`,
+    where "seen at" is when the counter was first seen at that value; it records what was
+    seen now and forgets runs not in `beats`. Closers of one repo take its lock in turn.
     """
-
-    def __init__(self, path: Path, boot: str):
-        self.path, self.boot = path, boot
-
-    def silent(self, beats: dict[str, str], threshold_s: float) -> list[str]:
-        """The runs of `beats` (run id -> counter now) whose counter has not changed for
-        longer than `threshold_s`. Records what was seen; forgets runs not in `beats`."""
-        with hold_lock(self.path.with_name(self.path.name + ".lock"),
-                       f"waiting for another stage reading {self.path}"):
-            seen = self._load()
-            now = _clock()
-            kept, silent = {}, []
-            for run_id, beat in beats.items():
-                before = seen.get(run_id)
-                if before is None or before[0] != beat:
-                    kept[run_id] = [beat, now]  # new or moved: its silence starts now
-                    continue
-                kept[run_id] = before
-                if now - before[1] > threshold_s:
-                    silent.append(run_id)
-            write_json(self.path, {"boot": self.boot, "runs": kept})
-        return sorted(silent)
-
-    def _load(self) -> dict[str, list]:
+    with hold_lock(sightings.with_name(sightings.name + ".lock"),
+                   f"waiting for another stage reading {sightings}"):
+        seen = {}
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            data = json.loads(self.path.read_text())
-            if data.get("boot") == self.boot:  # a reboot restarts the clock
-                return {k: v for k, v in data.get("runs", {}).items()
+            data = json.loads(sightings.read_text())
+            if data.get("boot") == boot:  # a reboot restarts the clock
+                seen = {k: v for k, v in data.get("runs", {}).items()
                         if isinstance(v, list) and len(v) == 2}
-        return {}
+        now = _clock()
+        kept, silent = {}, []
+        for run_id, beat in beats.items():
+            before = seen.get(run_id)
+            if before is None or before[0] != beat:
+                kept[run_id] = [beat, now]  # new or moved: its silence starts now
+                continue
+            kept[run_id] = before
+            if now - before[1] > threshold_s:
+                silent.append(run_id)
+        write_json(sightings, {"boot": boot, "runs": kept})
+    return sorted(silent)
 
 
 def _clock() -> float:

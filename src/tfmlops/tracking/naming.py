@@ -35,18 +35,6 @@ def stage_run_name(stage: str, params: dict[str, Any]) -> str:
     return f"{stage}-{exp_name}" if exp_name else f"{stage}-{params_digest(params)}"
 
 
-def ensure_experiment_kind(mlflow_client, experiment) -> None:
-    """Tag an existing experiment that lacks its kind (created before this tag existed)."""
-    if EXPERIMENT_KIND_TAG in (experiment.tags or {}):
-        return
-    try:
-        mlflow_client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
-                                         EXPERIMENT_KIND)
-    except Exception as exc:  # noqa: BLE001 - a UI hint never stops a stage's run
-        log.warning("tfmlops: could not tag experiment %s with %s: %s", experiment.name,
-                    EXPERIMENT_KIND_TAG, str(exc).splitlines()[0] if str(exc) else exc)
-
-
 def experiment_id_of(mlflow, name: str, uri: str) -> str:
     """The id of experiment `name`, created (with its kind tag) if missing."""
     mlflow_client = mlflow.MlflowClient()
@@ -60,5 +48,10 @@ def experiment_id_of(mlflow, name: str, uri: str) -> str:
             exp = mlflow_client.get_experiment_by_name(name)
             if exp is None:
                 raise
-    ensure_experiment_kind(mlflow_client, exp)
+    if EXPERIMENT_KIND_TAG not in (exp.tags or {}):  # created before this tag existed
+        try:
+            mlflow_client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except Exception as exc:  # noqa: BLE001 - a UI hint never stops a stage's run
+            log.warning("tfmlops: could not tag experiment %s with %s: %s", exp.name,
+                        EXPERIMENT_KIND_TAG, str(exc).splitlines()[0] if str(exc) else exc)
     return exp.experiment_id

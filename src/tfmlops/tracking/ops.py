@@ -17,8 +17,6 @@ from typing import Any
 # `create_run` is the outbox's own: a child run (trial, finalist) opened while the
 # store was away, created by `sync`, which then sends its calls (outbox.py).
 REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end", "create_run"}
-# Ops sent as one `log_batch` (asynchronously inside a stage's run: run.py).
-BATCH_OPS = ("params", "metrics", "tags")
 # A run opened while the store was away has this local id until `sync` creates it.
 PENDING = "pending-"
 # Error codes of a store that answered and refused: sending again would be refused
@@ -35,8 +33,18 @@ class Unsendable(Exception):
 
 def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
     """Send one op of run `run_id` through an MlflowClient."""
-    if op in BATCH_OPS:
-        client.log_batch(run_id, **batch_of(op, payload))
+    if op == "metrics":  # params, metrics and tags: one `log_batch` each
+        from mlflow.entities import Metric
+
+        stamp = payload.get("timestamp") or now_ms()  # stamped when measured
+        step = payload.get("step") or 0
+        client.log_batch(run_id, metrics=[Metric(k, v, stamp, step)
+                                          for k, v in payload["metrics"].items()])
+    elif op in ("params", "tags"):
+        from mlflow.entities import Param, RunTag
+
+        entity = Param if op == "params" else RunTag
+        client.log_batch(run_id, **{op: [entity(k, v) for k, v in payload.items()]})
     elif op == "artifact":
         path = Path(payload["path"])
         if path.is_dir():
@@ -53,21 +61,6 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
         client.set_terminated(run_id, payload["status"])
     else:
         raise ValueError(f"unknown outbox op {op}")
-
-
-def batch_of(op: str, payload: dict[str, Any]) -> dict[str, list]:
-    """The `log_batch` keyword arguments of a params, metrics or tags op."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    if op == "metrics":
-        stamp = payload.get("timestamp") or now_ms()  # stamped when measured
-        step = payload.get("step") or 0
-        return {"metrics": [Metric(k, v, stamp, step) for k, v in payload["metrics"].items()]}
-    if op == "params":
-        return {"params": [Param(k, v) for k, v in payload.items()]}
-    if op == "tags":
-        return {"tags": [RunTag(k, v) for k, v in payload.items()]}
-    raise ValueError(f"{op} is not a batch op")
 
 
 def now_ms() -> int:

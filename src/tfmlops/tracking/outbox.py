@@ -42,7 +42,7 @@ from tfmlops.errors import TrackingUnavailable
 from tfmlops.files import write_bytes
 from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, Unsendable, apply
 from tfmlops.tracking.retry import error_code, first_line
-from tfmlops.tracking.uri import current_uri, ensure_reachable, redact, tracking_uri, use_uri
+from tfmlops.tracking.uri import ensure_reachable, redact, tracking_uri, use_uri
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,9 @@ class Outbox:
     `.files/<uuid>` folder is its own, so they never overwrite each other.
     """
 
-    def __init__(self, path: Path, store: str | None = None):
+    def __init__(self, path: Path, store: str = ""):
         self.path = path
-        # the store the run lives in (the one MLflow points at when the run opens)
-        self.store = redact(store or current_uri() or "")
+        self.store = redact(store)  # the store the run lives in
 
     def queue(self, run_id: str, op: str, payload: dict[str, Any]) -> str | None:
         """Queue one op (copying the file an `artifact` op names); the problem if it cannot be."""
@@ -161,32 +160,28 @@ def sync(cfg: Config) -> dict[str, int]:
     client = use_uri(uri).MlflowClient()
     with _one_sync(folder):
         for path in files:
-            done = _Replay(client, path, uri, totals["calls"]).run()
-            for key in ("calls", "rejected", "other_store"):
-                totals[key] += done[key]
+            _Replay(client, path, uri, totals).run()
     return totals
 
 
 class _Replay:
-    """The replay of one queue file."""
+    """The replay of one queue file, counted into `totals` (sync's)."""
 
-    def __init__(self, client, path: Path, uri: str, sent_before: int):
-        self.client, self.path, self.store = client, path, redact(uri)
-        self.sent_before = sent_before
+    def __init__(self, client, path: Path, uri: str, totals: dict[str, int]):
+        self.client, self.path, self.store, self.totals = client, path, redact(uri), totals
         self.ids: dict[str, str] = {}  # local id of a queued child run -> its real id
         self.rejected: list[dict[str, Any]] = []
         self.elsewhere: list[dict[str, Any]] = []  # lines of another store, kept
         self.taken = 0  # bytes of the file this replay read: what is after came meanwhile
         self.sent_files: list[Path] = []  # copies of artifacts sent, removed at the end
 
-    def run(self) -> dict[str, int]:
+    def run(self) -> None:
         with _locked(self.path, create=False) as fd:
             if fd is None:  # gone since it was listed
-                return {"calls": 0, "rejected": 0, "other_store": 0}
+                return
             data = self.path.read_bytes()
         self.taken = len(data)
         entries = self._read(data.decode(errors="replace"))
-        sent = 0
         for i, entry in enumerate(entries):
             if entry.get("store", self.store) != self.store:
                 self.elsewhere.append(entry)
@@ -194,7 +189,7 @@ class _Replay:
             entry = self._mapped(entry)
             try:
                 self._send(entry)
-                sent += 1
+                self.totals["calls"] += 1
                 if entry["op"] == "artifact":
                     self.sent_files.append(Path(entry["payload"]["path"]))
             except Exception as exc:  # noqa: BLE001 - a refusal is set aside, anything else stops
@@ -203,14 +198,15 @@ class _Replay:
                     raise TrackingUnavailable(
                         f"sync stopped at {self.path.name} call {i + 1} ({entry['op']} of run "
                         f"{entry['run_id']}) on {self.store}: {first_line(exc)}; "
-                        f"{self.sent_before + sent} calls sent, {len(entries) - i} kept; fix "
+                        f"{self.totals['calls']} calls sent, {len(entries) - i} kept; fix "
                         "the store and run `tfmlops sync` again") from None
                 # Unsendable is our own one-line message: kept whole (a long path would be
                 # cut by first_line's limit, hiding "not sent").
                 self._reject(entry, str(exc) if isinstance(exc, Unsendable)
                              else f"refused by {self.store}: {first_line(exc)}")
         self._finish(self.elsewhere)
-        return {"calls": sent, "rejected": len(self.rejected), "other_store": len(self.elsewhere)}
+        self.totals["rejected"] += len(self.rejected)
+        self.totals["other_store"] += len(self.elsewhere)
 
     def _read(self, text: str) -> list[dict[str, Any]]:
         """The file's entries; a line that is not one (torn by a kill) is set aside."""

@@ -1,8 +1,8 @@
 """A stage's MLflow run: open it, record into it safely, close it.
 
 Owns `StageRun` (every call retried, then queued in the outbox: a logging failure
-never destroys a stage's outputs), `_NullRun` (tracking off, or not the chief),
-`stage_run` (the context manager every stage opens: tags, params, lineage file)
+never destroys a stage's outputs; without a run id, tracking off or not the chief, it
+records nothing), `stage_run` (the context manager every stage opens: tags, params, lineage file)
 and `attach_run` (a tuner worker records into the run its chief opened).
 
 What keeps tracking cheap (issue 16): the model is logged in a thread
@@ -57,7 +57,7 @@ from tfmlops.tracking.uri import (
 log = logging.getLogger(__name__)
 
 # Beside the outbox (local state, never in git): this machine's sightings of other
-# machines' heartbeats (heartbeat.Sightings).
+# machines' heartbeats (heartbeat.silent_runs).
 SIGHTINGS = "heartbeats_seen.json"
 
 
@@ -282,7 +282,7 @@ class ModelLogging:
 def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
     """`mlflow.tensorflow.log_model` into `run_id`, from any thread (no fluent run)."""
     mlflow = import_mlflow()
-    from mlflow.models import Model, infer_signature
+    from mlflow.models import infer_signature
 
     kwargs = dict(kwargs)
     example = kwargs.get("input_example")
@@ -291,9 +291,8 @@ def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
     # The flavour's log_model is Model.log(flavor=mlflow.tensorflow); called directly it
     # takes validate_serving_input, whose check reloads the model just saved (~1 s),
     # needless when the signature already says what the input is.
-    Model.log(artifact_path=None, name="model", flavor=_TensorflowFlavor(mlflow.tensorflow),
-              run_id=run_id, model_id=keras_file.new_logged_model(run_id), model=model,
-              validate_serving_input=kwargs.get("signature") is None, **kwargs)
+    keras_file.log_model(run_id, _TensorflowFlavor(mlflow.tensorflow), model=model,
+                         validate_serving_input=kwargs.get("signature") is None, **kwargs)
 
 
 class _TensorflowFlavor:
@@ -306,13 +305,6 @@ class _TensorflowFlavor:
 
     def save_model(self, path, mlflow_model=None, validate_serving_input=True, **kwargs):
         return self._module.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
-
-
-class _NullRun(StageRun):
-    """Tracking off (params) or not the chief: the same interface, no calls."""
-
-    def __init__(self, cfg: Config, stage: str):
-        super().__init__(cfg, stage, None, None)
 
 
 def model_requirements() -> list[str]:
@@ -364,9 +356,8 @@ def stage_run(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.tracking.enabled or not is_chief():
-        run = _NullRun(cfg, stage)
         write_run_file(out_dir, stage, None, None, facts)
-        yield run
+        yield StageRun(cfg, stage, None, None)  # tracking off or not the chief: no calls
         return
 
     uri = tracking_uri(cfg)
@@ -377,7 +368,7 @@ def stage_run(
     close_orphans(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
                   cfg.tracking.retries + 1)
     write_run_file(out_dir, stage, run_id, uri, facts)
-    run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}")))
+    run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"), uri))
     run.heartbeat = Heartbeat(run.run_id, cfg.tracking.retries + 1).start()
     try:
         run.log_params(params)
@@ -451,7 +442,7 @@ def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.
     or no such run within `wait_s` seconds: a run that records nothing.
     """
     if not cfg.tracking.enabled:
-        return _NullRun(cfg, stage)
+        return StageRun(cfg, stage, None, None)
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow_client = use_uri(uri).MlflowClient()
@@ -465,10 +456,10 @@ def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.
         if runs:
             run_id = runs[0].info.run_id
             # One queue file per worker process: workers never append to the same file.
-            outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}-{os.getpid()}"))
+            outbox = Outbox(outbox_path(cfg, f"{stage}-{run_id}-{os.getpid()}"), uri)
             return StageRun(cfg, stage, run_id, outbox)
         if time.monotonic() >= give_up:
             log.warning("tfmlops: no open MLflow run of %s with %s after %.0f s; "
                         "this process records nothing", stage, tags, wait_s)
-            return _NullRun(cfg, stage)
+            return StageRun(cfg, stage, None, None)
         time.sleep(min(2.0, max(give_up - time.monotonic(), 0.1)))

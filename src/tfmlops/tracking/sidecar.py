@@ -186,9 +186,9 @@ class _Process:
         self._gone: str | None = None  # why no reply can come any more, once known
         # replies read while waiting for another one: {(kind, nested run's key): body}
         self._early: dict[tuple[str, int | None], Any] = {}
-        if hold is None:
+        if hold is None:  # it imports MLflow at once (with `hold`, only as the run opens)
             self._launch()
-        self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
+            self.send("warm", {"uri": tracking_uri(cfg), "experiment": cfg.tracking.experiment})
 
     def _launch(self) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -380,10 +380,16 @@ class SidecarRun(_PipedRun):
         return SidecarModel(self)
 
     def end(self, status: str = "FINISHED") -> None:
-        """End the run with `status` and wait for the sidecar to finish (a FINISHED run
-        of a detaching stage: hand it over, see `_detach`)."""
+        """End the run with `status` and wait for the sidecar to finish. A FINISHED run of
+        a detaching stage is handed over, its end too: this process does not wait for the
+        sidecar, which holds the delivery lock and removes the hard links once the run ends."""
         if status == "FINISHED" and self._detach_log is not None:
-            self._detach()
+            self._process.send("detach", {"scratch": str(self._model_dir)})
+            self._process.send("end", "FINISHED")
+            self._process.close()
+            log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
+                     "log %s); later stages wait for it", self.stage, self._process.proc.pid,
+                     self._detach_log)
             return
         started = time.perf_counter()
         try:
@@ -415,16 +421,6 @@ class SidecarRun(_PipedRun):
         """Wait until the run is open (its run file written); a detaching stage does not."""
         if self.run_id is None and self._detach_log is None:
             self.run_id = self._process.reply("opened")
-
-    def _detach(self) -> None:
-        """Hand the run over and its end; this process does not wait for the sidecar,
-        which holds the delivery lock and removes the hard links once the run ends."""
-        self._process.send("detach", {"scratch": str(self._model_dir)})
-        self._process.send("end", "FINISHED")
-        self._process.close()
-        log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
-                 "log %s); later stages wait for it", self.stage, self._process.proc.pid,
-                 self._detach_log)
 
 
 class SidecarChild(_PipedRun):
@@ -531,8 +527,7 @@ class _Replies(logging.Handler):
             self.send("log", record)
 
 
-def _inbox(conn: Connection, replies: _Replies,
-           on_detach: Callable[[], None] = lambda: None) -> queue.Queue:
+def _inbox(conn: Connection, replies: _Replies, on_detach: Callable[[], None]) -> queue.Queue:
     """Read the stage's calls as they come, so its writes never wait on the pipe. A
     `detach` takes effect here, at once (the main thread may be importing MLflow), and
     `on_detach` runs then."""
@@ -600,12 +595,11 @@ def _let_go_of_a_piped_stderr(path: Path, to_stderr: logging.Handler) -> None:
 
 def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> None:
     """Open the stage's run and replay its calls into it until it ends. `hands_over`:
-    its records go to tracking.log (`_log_to_file`), and MLflow is imported only as the
-    run opens; otherwise they go to the stage, and MLflow is imported at once."""
+    its records go to tracking.log (`_log_to_file`); otherwise they go to the stage."""
     kind, start = calls.get()
-    if kind == "warm":
-        if not hands_over:
-            _warm(**start)
+    if kind == "warm":  # MLflow imported and the experiment found (or made) before the run is asked for
+        with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
+            experiment_id_of(use_uri(start["uri"]), start["experiment"], start["uri"])
         kind, start = calls.get()
     if kind != "start":  # the stage ended before it opened its run
         return
@@ -619,8 +613,16 @@ def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> No
                        start["params"], facts=start["facts"]) as run:
             replies.send("opened", run.run_id)
             _yield_cpu()
-            status = _replay(run, calls, replies)
-            _end(run, status, replies)  # does not return
+            run.end(_replay(run, calls, replies))  # every call sent, its end written
+            warn_queued(run, tracking_uri(run.cfg))
+            replies.send("ended", {"queued": run.queued, "errors": run.errors})
+            # Exit now: what stage_run and the interpreter would do next saves nothing
+            # more, and the teardown with MLflow loaded took 1.7 s that the stage waited for.
+            for folder in _scratch:
+                shutil.rmtree(folder, ignore_errors=True)
+            logging.shutdown()  # a detached run's tracking.log
+            sys.stderr.flush()
+            os._exit(0)
     except KeyboardInterrupt:  # the stage is gone: stage_run ended its run KILLED
         pass
     except TrackingUnavailable as exc:
@@ -629,31 +631,11 @@ def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> No
         replies.send("unavailable", str(exc))
 
 
-def _end(run: StageRun, status: str, replies: _Replies) -> None:
-    """End the run (every call sent, its end written), tell the stage, and exit: what
-    stage_run and the interpreter would do next saves nothing more, and the teardown
-    with MLflow loaded took 1.7 s that the stage waited for."""
-    run.end(status)
-    warn_queued(run, tracking_uri(run.cfg))
-    replies.send("ended", {"queued": run.queued, "errors": run.errors})
-    for folder in _scratch:
-        shutil.rmtree(folder, ignore_errors=True)
-    logging.shutdown()  # a detached run's tracking.log
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def _yield_cpu() -> None:
     """Run at NICENESS from now on (once: nice values add up)."""
     with contextlib.suppress(OSError):
         if os.getpriority(os.PRIO_PROCESS, 0) < NICENESS:
             os.nice(NICENESS)
-
-
-def _warm(uri: str, experiment: str) -> None:
-    """MLflow imported and the experiment found (or made) before the run is asked for."""
-    with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
-        experiment_id_of(use_uri(uri), experiment, uri)
 
 
 def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
@@ -717,7 +699,7 @@ def main(argv: list[str]) -> int:
             log.exception("tfmlops: the tracking sidecar failed after its stage had gone on")
         replies.send("failed", f"the tracking sidecar failed: {type(exc).__name__}: {exc}")
         return 1
-    finally:  # a run that ended went through `_end`, which removed them
+    finally:  # a run that ended removed them in `serve`, before its exit
         for folder in _scratch:
             shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -22,9 +22,10 @@ import os
 import socket
 from pathlib import Path
 
+from tfmlops.files import _alive
 from tfmlops.files import boot_id as _boot_id
 from tfmlops.files import pid_namespace as _pid_namespace
-from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Sightings, stale_after_s
+from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, silent_runs, stale_after_s
 from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.uri import client, repo_root
 
@@ -48,7 +49,7 @@ def owner_gone(tags: dict[str, str]) -> bool:
     pid = tags.get(OWNER + "pid", "")
     if not judged_here(tags) or not pid.isdigit():
         return False
-    if not _exists(int(pid)):
+    if not _alive(int(pid)):
         return True
     started = tags.get(OWNER + "start", "")
     return bool(started) and _start_time(int(pid)) not in ("", started)  # pid reused
@@ -82,7 +83,7 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
                  if HEARTBEAT_TAG in r.data.tags and not judged_here(r.data.tags)}
         if beats:
             threshold = stale_after_s(attempts)
-            for run_id in Sightings(sightings, _boot_id()).silent(beats, threshold):
+            for run_id in silent_runs(sightings, _boot_id(), beats, threshold):
                 reasons[run_id] = f"heartbeat unchanged for over {threshold:.0f} s"
         owners = {r.info.run_id: _owner(r.data.tags) for r in ours if r.info.run_id in reasons}
         # children of a closed run (a trial of a killed search) go with it
@@ -115,16 +116,6 @@ def _goes_with(child, parent_owner: tuple[str, ...]) -> bool:
     if OWNER + "pid" not in tags or _owner(tags) == parent_owner:
         return True
     return judged_here(tags) and owner_gone(tags)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by another user
-        return True
-    return True
 
 
 def _start_time(pid: int) -> str:

@@ -21,7 +21,6 @@ from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.project import SQLITE, repo_root
 
-_uri_set_here: str | None = None  # the URI use_uri last pointed MLflow at
 _echo: str | None = None  # MLFLOW_TRACKING_URI as set_tracking_uri exported it, not the user
 
 # `scheme://user:password@` up to the last "@" of the line (a raw "@", "/", quote or
@@ -147,11 +146,10 @@ def preflight(cfg: Config) -> None:
 
 def use_uri(uri: str):
     """Point MLflow at `uri` (the only place that does) and return the module."""
-    global _uri_set_here, _echo
+    global _echo
     mlflow = import_mlflow()
     exported = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
-    _uri_set_here = uri
     if exported != uri:  # a value the user exported stays the user's choice
         _echo = uri
     db = Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
@@ -179,11 +177,6 @@ def attempt_bound_s() -> float:
     tries = int(bound("MLFLOW_HTTP_REQUEST_MAX_RETRIES")) + 1
     return (tries * bound("MLFLOW_HTTP_REQUEST_TIMEOUT")
             + bound("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR") * 2 ** (tries - 1))
-
-
-def current_uri() -> str | None:
-    """The URI `use_uri` last pointed MLflow at in this process, if any."""
-    return _uri_set_here
 
 
 # MLflow's default is 7 retries and minutes of backoff: bounded here so our
