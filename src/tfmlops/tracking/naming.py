@@ -14,6 +14,7 @@ import logging
 import os
 from typing import Any
 
+from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.uri import artifact_location
 
 log = logging.getLogger(__name__)
@@ -53,5 +54,5 @@ def experiment_id_of(mlflow, name: str, uri: str) -> str:
             mlflow_client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         except Exception as exc:  # noqa: BLE001 - a UI hint never stops a stage's run
             log.warning("tfmlops: could not tag experiment %s with %s: %s", exp.name,
-                        EXPERIMENT_KIND_TAG, str(exc).splitlines()[0] if str(exc) else exc)
+                        EXPERIMENT_KIND_TAG, first_line(exc))  # credentials redacted
     return exp.experiment_id
