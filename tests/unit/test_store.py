@@ -202,6 +202,22 @@ def test_cache_index_holds_a_few_values_per_entry_not_the_header(tmp_path):
     reopened.close()
 
 
+def test_an_entry_reads_back_as_written_with_a_nan_or_a_64_bit_hash(tmp_path):
+    """Headers are parsed by msgspec; what it refuses (NaN, which json.dumps writes) by json."""
+    cache = ImageCache(tmp_path, SPEC)
+    odd = Stored(data=b"x" * 50, encoding="png", sums=(float("nan"), 0.2, 0.3),
+                 brightness=float("inf"), phash=2**64 - 1)
+    cache.put("a" * 64, odd)
+    cache.put("b" * 64, Stored(data=b"y" * 50, encoding="jpeg", sharpness=570.046))
+    cache.close()
+    reopened = ImageCache(tmp_path, SPEC)
+    back = reopened.get("a" * 64)
+    assert np.isnan(back.sums[0]) and back.sums[1:] == (0.2, 0.3)
+    assert (back.brightness, back.phash, back.data) == (float("inf"), 2**64 - 1, b"x" * 50)
+    assert reopened.get("b" * 64) == Stored(data=b"y" * 50, encoding="jpeg", sharpness=570.046)
+    reopened.close()
+
+
 def test_a_cache_entry_with_a_damaged_header_or_reason_is_never_used(tmp_path):
     """The CRC covers the header too: a flipped bit in the facts or the reason makes the
     entry missing (decoded again), and a refused file's entry is checked when scanned."""

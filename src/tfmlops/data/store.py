@@ -27,6 +27,7 @@ import struct
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from tfmlops import faults
@@ -230,6 +231,19 @@ _HEAD = struct.Struct("<II")  # header length, CRC-32C of header and data
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+_DECODE = msgspec.json.Decoder().decode
+
+
+def _header(blob: bytes) -> dict:
+    """An entry's header. msgspec's parser takes 2 us where json's takes 9 (once per held
+    image per run, twice for a written one); json's reads what msgspec refuses (a NaN,
+    which json.dumps writes), so an entry reads as it always did."""
+    try:
+        return _DECODE(blob)
+    except msgspec.DecodeError:
+        return json.loads(blob)
+
+
 class ImageCache:
     """Results by content hash, appended to segment files `<root>/<fingerprint>/NNNNNN.seg`.
 
@@ -267,7 +281,7 @@ class ImageCache:
                 n, crc = _HEAD.unpack(fh.read(_HEAD.size))
                 blob = fh.read(n)
                 try:
-                    head = json.loads(blob)
+                    head = _header(blob)
                     length = int(head["length"])
                     sha, reason = head["sha256"], head.get("reason")
                 except (ValueError, KeyError, TypeError, AttributeError):
@@ -304,7 +318,7 @@ class ImageCache:
         try:
             n, crc = _HEAD.unpack(fh.read(_HEAD.size))
             blob = fh.read(n)
-            head = json.loads(blob)
+            head = _header(blob)
             data = fh.read(head["length"])
             if (len(data) != head["length"] or _crc(blob, data) != crc
                     or head["sha256"] != sha256 or head.get("reason") != reason):

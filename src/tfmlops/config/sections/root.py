@@ -88,9 +88,10 @@ class Config(Section):
         allowed = {("data.image_dir", "paths.builtin", "equals"),
                    ("paths.profiles", "paths.reports", "is inside")}
         keys = list(named)
+        resolved = {k: Path(v).resolve() for k, v in named.items()}  # once: each stage loads it
         for i, a in enumerate(keys):
             for b in keys[i + 1:]:
-                found = _overlap(a, Path(named[a]), b, Path(named[b]))
+                found = _overlap(a, resolved[a], b, resolved[b])
                 if found is None or found in allowed:
                     continue
                 inner, outer, how = found
@@ -114,7 +115,6 @@ class Config(Section):
 
 def _overlap(key_a: str, a: Path, key_b: str, b: Path) -> tuple[str, str, str] | None:
     """(inner key, outer key, "equals" | "is inside") when two resolved paths overlap."""
-    a, b = a.resolve(), b.resolve()
     if a == b:
         return (*sorted((key_a, key_b)), "equals")
     if b in a.parents:
