@@ -6,7 +6,7 @@ thousands of photos, so the two formats are written directly: an Example is
 three protobuf fields (encoded below, byte for byte as protobuf does, keys
 sorted) and a TFRecord is length, masked CRC-32C, data, masked CRC-32C.
 `tf.data.TFRecordDataset` and `tf.train.Example.FromString` read them
-(tests/unit/test_tfrecords.py).
+(tests/unit/test_store.py).
 """
 
 from __future__ import annotations
