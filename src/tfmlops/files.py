@@ -268,10 +268,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # PermissionError: it exists, owned by someone else
-        return True
-    except OverflowError:  # more digits than a pid has: not a name we gave, left alone
-        return True
+    except (OSError, OverflowError):  # PermissionError: it exists, owned by someone
+        return True  # else; OverflowError: more digits than a pid has, not a name we gave
     return True
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from tfmlops import faults
 from tfmlops.config import Config
 from tfmlops.config.machine import cores
-from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
+from tfmlops.data.hash_memo import HashMemo, StatKey, stat_key, trust_cutoff
 from tfmlops.data.images import SPLITS, assign_splits, unsupported
 from tfmlops.data.profile import Profile
 from tfmlops.data.store import (
@@ -279,7 +279,7 @@ def fold(tally: Tally, rel: str, sha: str, label: str, split: str, stored: Store
                        stored.source_bytes))
 
 
-def _stat(path: Path) -> tuple | None:
+def _stat(path: Path) -> StatKey | None:
     """The file's stat key; None if it is gone (or out of reach) since it was listed."""
     try:
         return stat_key(path.stat())
