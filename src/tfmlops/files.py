@@ -144,7 +144,7 @@ def remove_stale_temps(folder: str | Path) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder):
             m = _TEMP.fullmatch(entry.name)
-            if m is None or _alive(int(m["pid"])):
+            if m is None or pid_alive(int(m["pid"])):
                 continue
             if m["machine"] is not None and (m["host"], m["machine"]) != machine_id():
                 continue  # another machine's pid: nothing to judge it by here
@@ -260,7 +260,7 @@ def _sync_tree(folder: Path) -> None:
         sync_dir(root)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists here (one we may not signal counts)."""
     if pid == os.getpid():
         return True

@@ -22,8 +22,8 @@ import os
 import socket
 from pathlib import Path
 
-from tfmlops.files import _alive
 from tfmlops.files import boot_id as _boot_id
+from tfmlops.files import pid_alive
 from tfmlops.files import pid_namespace as _pid_namespace
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, silent_runs, stale_after_s
 from tfmlops.tracking.retry import first_line
@@ -49,7 +49,7 @@ def owner_gone(tags: dict[str, str]) -> bool:
     pid = tags.get(OWNER + "pid", "")
     if not judged_here(tags) or not pid.isdigit():
         return False
-    if not _alive(int(pid)):
+    if not pid_alive(int(pid)):
         return True
     started = tags.get(OWNER + "start", "")
     return bool(started) and _start_time(int(pid)) not in ("", started)  # pid reused
