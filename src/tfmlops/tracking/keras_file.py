@@ -55,29 +55,23 @@ def describe(model, example, saved: str | Path) -> dict[str, Any]:
 
 
 def log_saved(run_id: str, described: dict[str, Any], pip_requirements: list[str]) -> None:
-    """Log the described model into `run_id`, as `mlflow.tensorflow.log_model` does."""
-    from mlflow.models import infer_signature
-
-    # validate_serving_input would reload the model (TensorFlow's import): the
-    # signature already says what the input is.
-    log_model(run_id, _SavedKerasFlavor(described),
-              signature=infer_signature(described["example"], described["output"]),
-              input_example=described["example"], pip_requirements=pip_requirements,
-              validate_serving_input=False)
-
-
-def log_model(run_id: str, flavor, **kwargs) -> None:
-    """`Model.log` of `flavor` into `run_id`, from any thread (no fluent run): its logged
-    model is created in the run's experiment by id (log_model would put it in the default
-    experiment), with the run's params, as log_model does."""
-    from mlflow.models import Model
+    """Log the described model into `run_id`, as `mlflow.tensorflow.log_model` does, from
+    any thread (no fluent run): `Model.log` of the flavour, its logged model created in
+    the run's experiment by id (log_model would put it in the default experiment), with
+    the run's params."""
+    from mlflow.models import Model, infer_signature
 
     run = client().get_run(run_id)
     model_id = import_mlflow().initialize_logged_model(
         name="model", source_run_id=run_id, params=dict(run.data.params),
         experiment_id=run.info.experiment_id).model_id
-    Model.log(artifact_path=None, name="model", flavor=flavor, run_id=run_id, model_id=model_id,
-              **kwargs)
+    # validate_serving_input would reload the model (TensorFlow's import): the
+    # signature already says what the input is.
+    Model.log(artifact_path=None, name="model", flavor=_SavedKerasFlavor(described),
+              run_id=run_id, model_id=model_id,
+              signature=infer_signature(described["example"], described["output"]),
+              input_example=described["example"], pip_requirements=pip_requirements,
+              validate_serving_input=False)
 
 
 class _SavedKerasFlavor:

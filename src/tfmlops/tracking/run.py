@@ -5,9 +5,10 @@ never destroys a stage's outputs; without a run id, tracking off or not the chie
 records nothing), `stage_run` (the context manager every stage opens: tags, params, lineage file)
 and `attach_run` (a tuner worker records into the run its chief opened).
 
-What keeps tracking cheap (issue 16): the model is logged in a thread
-(`start_keras_model`) while the stage works on, with its signature given so MLflow
-does not reload the model to validate the input example. `prepare`, `tune`,
+What keeps tracking cheap (issue 16): the model is logged from the file the stage
+saved, in a thread of the sidecar's run (`start_saved_keras_model`) while the stage
+works on, with its signature given so MLflow does not reload the model to validate
+the input example. `prepare`, `tune`,
 `train`, `prune` and `quantize` keep their runs in a separate process (sidecar.py),
 so theirs never import MLflow. Metrics,
 params and tags are sent synchronously: MLflow's async queue made every stage's end
@@ -121,31 +122,26 @@ class StageRun:
 
     def start_keras_model(self, model, saved_path: str | Path | None = None,
                           **kwargs) -> ModelLogging:
-        """Start logging a Keras model in a thread; the caller goes on working and calls
-        `wait(saved_path)` (the run's end waits too). `input_example` without a
-        `signature`: the signature is computed here from one call of the model, and
-        MLflow's reload of the saved model to validate the example is skipped.
-        `saved_path` (the file the stage saved) is for the sidecar's runs."""
-        # Declared, not inferred: MLflow's inference reloads the model in a fresh
-        # Python (~15 s of TensorFlow import) on every log.
-        kwargs.setdefault("pip_requirements", model_requirements())
-        return self._start_model(lambda: _log_keras_model(model, self.run_id, kwargs))
+        """Nothing to log in a run that records nothing (tracking off, not the chief). A
+        Keras model is logged from its saved file by a run the sidecar keeps
+        (`SidecarRun.start_keras_model`), never with TensorFlow and MLflow in one process."""
+        if self.active:
+            raise TypeError("a Keras model is logged by the tracking sidecar's run "
+                            "(tracking.sidecar_run), not by a run in the stage's process")
+        return ModelLogging(self, None)
 
     def start_saved_keras_model(self, described: dict[str, Any]) -> ModelLogging:
         """Start logging a model from its saved file (`keras_file.describe`), with no
-        TensorFlow in this process: the tracking sidecar's way."""
-        requirements = model_requirements()
-        return self._start_model(lambda: keras_file.log_saved(self.run_id, described,
-                                                              requirements))
-
-    def _start_model(self, log_it) -> ModelLogging:
+        TensorFlow in this process (the tracking sidecar's way); the caller goes on
+        working and calls `wait(saved_path)` (the run's end waits too)."""
         if not self.active:
             return ModelLogging(self, None)
+        requirements = model_requirements()
         bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
         def go(_client):
             try:
-                log_it()
+                keras_file.log_saved(self.run_id, described, requirements)
             except Exception as exc:
                 if is_store_error(exc):
                     raise  # retried, then the caller queues the saved file
@@ -260,7 +256,7 @@ class StageRun:
 
 
 class ModelLogging:
-    """A model being logged in a thread (`StageRun.start_keras_model`)."""
+    """A model being logged in a thread (`StageRun.start_saved_keras_model`)."""
 
     def __init__(self, run: StageRun, job: Background | None):
         self._run, self._job = run, job
@@ -277,34 +273,6 @@ class ModelLogging:
             self._run._queue("artifact", {"path": str(Path(saved_path).resolve()),
                                           "artifact_path": "model_file"})
         return sent
-
-
-def _log_keras_model(model, run_id: str, kwargs: dict[str, Any]) -> None:
-    """`mlflow.tensorflow.log_model` into `run_id`, from any thread (no fluent run)."""
-    mlflow = import_mlflow()
-    from mlflow.models import infer_signature
-
-    kwargs = dict(kwargs)
-    example = kwargs.get("input_example")
-    if kwargs.get("signature") is None and example is not None:
-        kwargs["signature"] = infer_signature(example, model(example, training=False).numpy())
-    # The flavour's log_model is Model.log(flavor=mlflow.tensorflow); called directly it
-    # takes validate_serving_input, whose check reloads the model just saved (~1 s),
-    # needless when the signature already says what the input is.
-    keras_file.log_model(run_id, _TensorflowFlavor(mlflow.tensorflow), model=model,
-                         validate_serving_input=kwargs.get("signature") is None, **kwargs)
-
-
-class _TensorflowFlavor:
-    """mlflow.tensorflow, whose save_model does not take Model.log's own options."""
-
-    __name__ = "mlflow.tensorflow"  # the logged model's flavour name
-
-    def __init__(self, module):
-        self._module = module
-
-    def save_model(self, path, mlflow_model=None, validate_serving_input=True, **kwargs):
-        return self._module.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
 
 
 def model_requirements() -> list[str]:
