@@ -109,6 +109,25 @@ def forge_remote_run(client, experiment_id: str, stage: str) -> str:
     return client.create_run(experiment_id, tags=tags).info.run_id
 
 
+def test_orphans_beyond_one_search_page_are_closed_too(tmp_path, make_cfg, monkeypatch):
+    """More RUNNING runs than one search returns (many killed workers): every orphan is
+    found, page by page. The page is 2 here, so 5 orphans take 3 pages."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(stale, "SEARCH_PAGE", 2)
+    cfg = make_cfg()
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out") as first:
+        pass
+    client = mlflow_client(cfg)
+    experiment_id = client.get_run(first.run_id).info.experiment_id
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead_tags = {**stale.owner_tags(), "tfmlops.owner.pid": str(gone.pid), TAG_STAGE: "prepare"}
+    orphans = [client.create_run(experiment_id, tags=dead_tags).info.run_id for _ in range(5)]
+    with tracking.stage_run(cfg, "prepare", tmp_path / "out"):
+        pass
+    assert {status(client, r) for r in orphans} == {"KILLED"}
+
+
 def test_another_hosts_run_is_closed_once_its_heartbeat_stopped(tmp_path, make_cfg,
                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 OWNER = "tfmlops.owner."
 KILLED_TAG = "tfmlops.killed_reason"
+SEARCH_PAGE = 1000  # runs per search call (the store's own maximum is larger)
 
 
 def owner_tags() -> dict[str, str]:
@@ -75,7 +76,7 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
         experiment_id = mlflow_client.get_run(current_run_id).info.experiment_id
         repo = str(repo_root())
         query = f"tags.`tfmlops.stage` = '{stage}' and attributes.status = 'RUNNING'"
-        running = mlflow_client.search_runs([experiment_id], query, max_results=1000)
+        running = _all_runs(mlflow_client, experiment_id, query)
         ours = [r for r in running if r.info.run_id != current_run_id
                 and r.data.tags.get(OWNER + "repo") == repo]
         reasons = {r.info.run_id: "owner process gone" for r in ours if owner_gone(r.data.tags)}
@@ -102,6 +103,19 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
     if reasons:
         log.warning("tfmlops: %s: %d run(s) left RUNNING by a killed process marked KILLED: %s",
                     stage, len(reasons), ", ".join(sorted(reasons)))
+
+
+def _all_runs(mlflow_client, experiment_id: str, query: str) -> list:
+    """Every run matching `query`, page by page: a store that many killed workers left
+    runs in holds more than one page."""
+    runs, token = [], None
+    while True:
+        page = mlflow_client.search_runs([experiment_id], query, max_results=SEARCH_PAGE,
+                                         page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            return runs
 
 
 def _owner(tags: dict[str, str]) -> tuple[str, ...]:
