@@ -113,8 +113,10 @@ def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
 
     from tfmlops.model.artifacts import load_keras3, trained_model_path
     from tfmlops.registry import PRODUCTION
-    from tfmlops.serving import local_server as server
     from tfmlops.tracking import tracking_uri
+
+    sys.path.insert(0, str(ROOT / "tests"))  # its server helper, shared with the serving tests
+    import local_server as server
 
     save_keras_flavor(load_keras3(trained_model_path(cfg)), tmp / "keras_model", x[:1])
 

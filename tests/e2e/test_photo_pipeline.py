@@ -58,10 +58,10 @@ def test_every_stage_passes_and_the_version_is_promoted(photo_repo):
 
 def test_the_served_model_answers_an_original_photo_as_trains_model_does(photo_repo, tmp_path,
                                                                          monkeypatch):
+    import local_server
     from tfmlops.config import load_config
     from tfmlops.data.pipeline import load_prepared
     from tfmlops.model.artifacts import load_keras3
-    from tfmlops.serving import local_server
     from tfmlops.serving.skew import prepare_inputs
 
     repo, photos, _ = photo_repo

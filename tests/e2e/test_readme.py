@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+import local_server
 from conftest import ROOT, VENV_BIN, dvc, free_port
-from tfmlops.serving import local_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(600
 
 @pytest.fixture(scope="module")
 def server(exported_digits, tmp_path_factory):
-    from tfmlops.serving import local_server
+    import local_server
     from tfmlops.stages import promote
     from tfmlops.tracking import tracking_uri
 

@@ -76,7 +76,7 @@ def test_the_logged_experiment_link_opens_the_runs_table(make_cfg, tmp_path, cap
         page = rendered(experiment_link.replace("http://127.0.0.1:5000", base),
                         tmp_path / "profile")
     finally:
-        from tfmlops.serving import local_server
+        import local_server
 
         local_server.stop(ui)
     assert name in page, "the runs table is not shown: the UI opened another view"

@@ -1,8 +1,8 @@
 """`tfmlops serve` on 127.0.0.1, in its own process group: start, wait, stop.
 
 What the README's serving command does, as the serving tests and
-`benchmarks/serving.py` run it. Its own process group: the uvicorn workers
-it spawns stop with it.
+`benchmarks/serving.py` run it (test and benchmark support, not in the package). Its
+own process group: the uvicorn workers it spawns stop with it.
 """
 
 from __future__ import annotations
