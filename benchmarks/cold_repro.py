@@ -48,8 +48,26 @@ def git(*args: str, cwd: Path) -> str:
                           text=True).stdout.strip()
 
 
+def console_script(copy: Path) -> Path:
+    """A `tfmlops` command for the clone, ahead of the venv's on PATH: the venv's script
+    calls the entry point of the checkout it was installed from (`tfmlops.cli:entry`
+    today), which an older revision may not have; this one calls the clone's own
+    (its pyproject's [project.scripts])."""
+    import tomllib
+
+    target = tomllib.loads((copy / "pyproject.toml").read_text())["project"]["scripts"]["tfmlops"]
+    module, func = target.split(":")
+    script = copy.parent / "bin" / "tfmlops"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f"#!{BIN / 'python'}\nimport sys\nsys.path[0] = {str(BIN)!r}\n"
+                      f"from {module} import {func}\nsys.exit({func}())\n")
+    script.chmod(0o755)
+    return script.parent
+
+
 def run_env(copy: Path) -> dict:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    env = {**os.environ,
+           "PATH": f"{console_script(copy)}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(copy / "src"), "DVC_NO_ANALYTICS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            # Piped stdout is block-buffered: dvc's stage lines would arrive late, in bursts,
            # and the stage times would be wrong.
