@@ -136,6 +136,8 @@ class StageRun:
         working and calls `wait(saved_path)` (the run's end waits too)."""
         if not self.active:
             return ModelLogging(self, None)
+        # Declared, not inferred: MLflow's inference reloads the model in a fresh
+        # Python (~15 s of TensorFlow import) on every log.
         requirements = model_requirements()
         bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
