@@ -4,8 +4,8 @@ Every stage runs as `dvc repro` runs it, `tfmlops <stage>` in a fresh process (s
 the MLflow import is paid each time), on the built-in digits with tiny params, in
 a scratch folder; tracking on records into a SQLite store there. Per round and
 stage, off and on one after the other, their order swapped every round (neither
-side gets the quieter machine), except export, whose on run comes last so that
-promote finds the model it registered. Printed: per stage the median wall time
+side gets the quieter machine), except export beside promote: its on run comes
+last so that promote finds the model it registered. Printed: per stage the median wall time
 on and off over the rounds and their ratio (target: at most +3% each), and the
 ratio of the best times (less sensitive to a busy machine). `promote` has no off
 mode (it needs the registry): its time on is printed alone. Profiling is off in
@@ -16,8 +16,12 @@ A stage's time is until its process exits, what `dvc repro` waits for. prepare h
 its run to its tracking sidecar and exits (tracking.wait: false); when the sidecar
 delivers after that, both times are printed, and the next run starts after delivery.
 
+`--upstream tune,train,prune,quantize` runs those once first, tracking off, so that
+many rounds of one late stage (`--stages export`) cost only its own runs; without
+promote, export's sides alternate too.
+
     .venv/bin/python benchmarks/tracking_overhead.py [--rounds 3] [--stages prepare,train]
-        [--defaults]
+        [--defaults] [--upstream tune,train]
 """
 
 from __future__ import annotations
@@ -99,16 +103,20 @@ def timed(stage: str, params: Path, workdir: Path, env: dict[str, str]) -> float
     return round(seconds, 2)
 
 
-def measure(stages: tuple[str, ...], rounds: int, defaults: bool = False) -> dict:
+def measure(stages: tuple[str, ...], rounds: int, defaults: bool = False,
+            upstream: tuple[str, ...] = ()) -> dict:
     workdir = scratch(defaults=defaults)
     files = param_files(workdir)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     timed("materialize", files["off"], workdir, env)
     timed("prepare", files["off"], workdir, env)  # warm: a first prepare decodes everything
+    for stage in upstream:
+        print(f"  upstream {stage}: {timed(stage, files['off'], workdir, env):.1f} s", flush=True)
     seconds: dict[str, dict[str, list[float]]] = {s: {"off": [], "on": []} for s in stages}
     for n in range(rounds):
         for stage in stages:
-            sides = ("off", "on") if n % 2 == 0 or stage == "export" else ("on", "off")
+            last = stage == "export" and "promote" in stages  # promote reads its version
+            sides = ("off", "on") if n % 2 == 0 or last else ("on", "off")
             for side in ("on",) if stage in ONLY_ON else sides:
                 if stage == "tune":  # a fresh search each time: a finished one would resume
                     shutil.rmtree(workdir / "data" / "tuner", ignore_errors=True)
@@ -134,10 +142,13 @@ def main() -> None:
                         help="comma-separated, in pipeline order (each needs its upstream's)")
     parser.add_argument("--defaults", action="store_true",
                         help="params.yaml's params as `dvc repro` runs them, not the tests' tiny ones")
+    parser.add_argument("--upstream", default="",
+                        help="comma-separated stages run once first, tracking off (not measured)")
     args = parser.parse_args()
     stages = tuple(s for s in args.stages.split(",") if s)
     result = {"benchmark": "tracking_overhead", "params": "defaults" if args.defaults else "tiny",
-              **measure(stages, args.rounds, args.defaults)}
+              **measure(stages, args.rounds, args.defaults,
+                        tuple(s for s in args.upstream.split(",") if s))}
     path = save("tracking_overhead", result)
     lines = [f"{'stage':<10} {'on s':>8} {'off s':>8} {'on/off':>8} {'best on/off':>12}"]
     for r in result["rows"]:

@@ -149,6 +149,31 @@ def test_a_stage_that_fails_ends_its_run_failed(tmp_path, make_cfg):
 
 
 @pytest.mark.slow
+def test_perform_runs_in_the_sidecar_with_its_run_and_raises_what_it_raised(
+        tmp_path, make_cfg, monkeypatch):
+    """export's registration goes this way: the result comes back; a UserError raised
+    there is raised here as itself (its one line and exit code), and the run goes on."""
+    from sidecar_calls import where
+    from tfmlops.errors import DataError
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1]))  # sidecar_calls
+    cfg = make_cfg()
+    with tracking.sidecar_run(cfg, "export", tmp_path / "out") as run:
+        done = run.perform(where, 7)
+        with pytest.raises(DataError, match="^bad value; fix it$"):
+            run.perform(where, "bad")
+        run.set_tags({"after": "yes"})
+    assert done == {"pid": done["pid"], "run_id": run.run_id, "value": 7}
+    assert done["pid"] not in (os.getpid(), None)
+    (finished,) = stage_runs(cfg, "export")
+    assert finished.info.status == "FINISHED" and finished.data.tags["after"] == "yes"
+    # Tracking off: here, with the inactive run.
+    off = make_cfg(tracking={"enabled": False})
+    with tracking.sidecar_run(off, "export", tmp_path / "off") as run:
+        assert run.perform(where, 1) == {"pid": os.getpid(), "run_id": None, "value": 1}
+
+
+@pytest.mark.slow
 def test_nested_runs_kept_by_the_sidecar_are_the_parents_children(tmp_path, make_cfg):
     """tune's trials: nested runs the sidecar opens, their calls interleaved with the
     parent's, a later child's id read before an earlier one's, a figure drawn there."""

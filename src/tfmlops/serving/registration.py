@@ -60,9 +60,10 @@ def export_metrics(rows, parities, serving) -> dict:
     return metrics
 
 
-def register(cfg, run, out: Path, serving, tags: dict, card, example_png) -> dict:
+def register(run, cfg, out: Path, serving, tags: dict, card, example_png) -> dict:
     """Log the served model to MLflow and register a version (the one registered for the
-    same inputs if a run before this one got that far); {name, version, run_id, model_uri}."""
+    same inputs if a run before this one got that far); {name, version, run_id, model_uri}.
+    Called as `run.perform(register, ...)`: in the tracking sidecar, which has the store."""
     name = cfg.promote.registered_model
     if not run.active:
         log.warning("export: tracking is off: the model is not registered "

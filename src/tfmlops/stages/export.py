@@ -55,10 +55,10 @@ def run(cfg: Config) -> dict:
                 "quantize": cfg.paths.tflite}
     params = {"export": cfg.to_dict()["export"],
               "promote.registered_model": cfg.promote.registered_model}
+    # The sidecar keeps the run and registers: the store's client is its import, not ours.
     with harness.stage(cfg, STAGE, output=cfg.paths.export, upstream=upstream,
-                       params=params) as st:
+                       params=params, sidecar=True) as st:
         out, run = st.out, st.run
-        # TensorFlow loads after the run opened: a dead tracking server fails first.
         from tfmlops.data.stored_split import StoredSplit
         from tfmlops.serving import formats as fmt
         from tfmlops.serving.card import model_card
@@ -82,6 +82,7 @@ def run(cfg: Config) -> dict:
         for r in rows:
             r["served"] = r["format"] == serving["runtime"]
 
+        run.wait_open()  # its run id goes into the lineage
         lineage = reg.registry_lineage(cfg, run.run_id)
         data = {"classes": prepared.classes, "image_size": prepared.image_size,
                 "channels": prepared.channels, "counts": prepared.counts,
@@ -92,9 +93,9 @@ def run(cfg: Config) -> dict:
         # Outputs in place first, then register, then name the version beside them: a
         # failure before registration leaves no version without its registered.json.
         final = st.swap()
-        registered = reg.register(cfg, run, final, serving,
-                                  reg.version_tags(rows, parities, serving, lineage, edge), card,
-                                  first_image)
+        registered = run.perform(reg.register, cfg, final, serving,
+                                 reg.version_tags(rows, parities, serving, lineage, edge), card,
+                                 first_image)
         write_json(final / REGISTERED, registered)
 
         metrics = st.report({**reg.export_metrics(rows, parities, serving), **skew_metrics(pairs),

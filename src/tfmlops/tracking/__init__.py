@@ -12,9 +12,9 @@ the next run of their stage (stale.py: on this machine, when the owner process i
 gone; on another, when its heartbeat stopped: heartbeat.py); URIs are written and
 logged without credentials (uri.redact). Tracking's fixed cost is kept out of the
 stage's way: the model logged in a thread (background.py, run.py); the runs of
-`prepare`, `tune` (with its trials' nested runs), `train`, `prune` and `quantize`
-kept by a separate process (sidecar.py, keras_file.py); export and promote
-(registry calls) keep theirs.
+`prepare`, `tune` (with its trials' nested runs), `train`, `prune`, `quantize` and
+`export` (its registration too: `StageRun.perform`) kept by a separate process
+(sidecar.py, keras_file.py); promote (synchronous registry calls) keeps its own.
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.

@@ -9,8 +9,8 @@ What keeps tracking cheap (issue 16): the model is logged from the file the stag
 saved, in a thread of the sidecar's run (`start_saved_keras_model`) while the stage
 works on, with its signature given so MLflow does not reload the model to validate
 the input example. `prepare`, `tune`,
-`train`, `prune` and `quantize` keep their runs in a separate process (sidecar.py),
-so theirs never import MLflow. Metrics,
+`train`, `prune`, `quantize` and `export` keep their runs in a separate process
+(sidecar.py), which opens the store while the stage imports TensorFlow. Metrics,
 params and tags are sent synchronously: MLflow's async queue made every stage's end
 wait about 1 s (its logging thread polls its queue each second before it can stop),
 more than a stage's few synchronous batches cost.
@@ -170,6 +170,12 @@ class StageRun:
                 fn(mlflow)
 
         return self._call(go, what, {})
+
+    def perform(self, fn, *args):
+        """`fn(run, *args)` where the run is kept: here, or in the tracking sidecar
+        (`fn` importable there, `args` and the result picklable), whose process has the
+        store open: a stage's registry work then adds no MLflow client to its own."""
+        return fn(self, *args)
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
         """A nested run the caller ends with `end(status)`.

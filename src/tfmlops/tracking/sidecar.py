@@ -359,6 +359,14 @@ class SidecarRun(_PipedRun):
         """Drawn by the sidecar (`draw` importable there): not in the stage's time."""
         self._process.send("draw", (draw, args, artifact_path))
 
+    def perform(self, fn, *args):
+        """`fn(run, *args)` in the sidecar, with its run; its result, or what it raised."""
+        self._process.send("perform", (fn, args))
+        done, value = self._process.reply("performed")
+        if not done:
+            raise value
+        return value
+
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> SidecarChild:
         """A nested run (a tuner's trial), opened by the sidecar: its calls follow the
         parent's on the same pipe, so they reach the store in the order they were made."""
@@ -657,6 +665,8 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
                 children.pop(body[0]).end(body[1])
             elif kind == "draw":
                 run.log_drawn(*body)
+            elif kind == "perform":
+                replies.send("performed", _performed(run, *body))
             elif kind == "model":
                 job = run.start_saved_keras_model(body)
             elif kind == "model_wait":
@@ -675,6 +685,18 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
     finally:
         for nested in children.values():
             nested.end("KILLED")
+
+
+def _performed(run: StageRun, fn, args: tuple) -> tuple[bool, Any]:
+    """(True, `fn(run, *args)`), or (False, what it raised) for the stage to raise: as
+    raised if it pickles (a UserError keeps its one line and exit code), else its line."""
+    try:
+        return True, fn(run, *args)
+    except Exception as exc:  # noqa: BLE001 - raised in the stage, not here
+        try:
+            return False, pickle.loads(pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            return False, RuntimeError(f"{type(exc).__name__}: {first_line(exc)}")
 
 
 def main(argv: list[str]) -> int:
