@@ -2,6 +2,7 @@
 machine (issue 26: the code after a change should not be slower than before it).
 
     .venv/bin/python benchmarks/cold_repro.py --before af40521 [--after HEAD] [--rounds 2]
+        [--first after]
 
 Each run clones the project at one revision into a fresh temp folder and runs
 `dvc repro` there: no DVC cache, prepare cache, tuner state, mlflow.db or mlruns
@@ -178,6 +179,9 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="git revision of the code before")
     parser.add_argument("--after", default="HEAD", help="git revision of the code after")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--first", choices=("before", "after"), default="before",
+                        help="the revision run first in odd rounds (a round alone: the "
+                             "other order than an earlier one's)")
     args = parser.parse_args()
     revs = {"before": git("rev-parse", "--verify", f"{args.before}^{{commit}}", cwd=ROOT),
             "after": git("rev-parse", "--verify", f"{args.after}^{{commit}}", cwd=ROOT)}
@@ -188,6 +192,8 @@ def main() -> None:
         # before/after, then after/before: a load that drifts over the session weighs
         # on both revisions alike.
         order = ["before", "after"] if round_no % 2 else ["after", "before"]
+        if args.first == "after":
+            order.reverse()
         for label in order:
             sha = revs[label]
             print(f"round {round_no}/{args.rounds}: {label} {sha[:7]} ...", flush=True)

@@ -21,7 +21,7 @@ many rounds of one late stage (`--stages export`) cost only its own runs; withou
 promote, export's sides alternate too.
 
     .venv/bin/python benchmarks/tracking_overhead.py [--rounds 3] [--stages prepare,train]
-        [--defaults] [--upstream tune,train]
+        [--defaults] [--upstream tune,train] [--workdir /tmp/tfmlops-bench-XXXX]
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def timed(stage: str, params: Path, workdir: Path, env: dict[str, str]) -> float
 
 
 def measure(stages: tuple[str, ...], rounds: int, defaults: bool = False,
-            upstream: tuple[str, ...] = ()) -> dict:
-    workdir = scratch(defaults=defaults)
+            upstream: tuple[str, ...] = (), workdir: Path | None = None) -> dict:
+    workdir = scratch(workdir, defaults=defaults)
     files = param_files(workdir)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     timed("materialize", files["off"], workdir, env)
@@ -144,11 +144,13 @@ def main() -> None:
                         help="params.yaml's params as `dvc repro` runs them, not the tests' tiny ones")
     parser.add_argument("--upstream", default="",
                         help="comma-separated stages run once first, tracking off (not measured)")
+    parser.add_argument("--workdir", type=Path,
+                        help="an earlier run's scratch folder, its outputs reused (upstream done)")
     args = parser.parse_args()
     stages = tuple(s for s in args.stages.split(",") if s)
     result = {"benchmark": "tracking_overhead", "params": "defaults" if args.defaults else "tiny",
               **measure(stages, args.rounds, args.defaults,
-                        tuple(s for s in args.upstream.split(",") if s))}
+                        tuple(s for s in args.upstream.split(",") if s), args.workdir)}
     path = save("tracking_overhead", result)
     lines = [f"{'stage':<10} {'on s':>8} {'off s':>8} {'on/off':>8} {'best on/off':>12}"]
     for r in result["rows"]:

@@ -12,8 +12,9 @@ priority (NICENESS).
   nested runs (`SidecarChild`, tune's trials: the sidecar opens them; a child's
   `run_id` waits for its reply, which may come among others). Calls are
   sent over a pipe and return at once; the model goes as its saved file plus what
-  `keras_file.describe` took from it. The run's opening, the model's logging and
-  the end are waited for, so the run file is written before the outputs move, a
+  `keras_file.describe` took from it. The run's opening, the model's logging, a
+  `perform` (export's registration, whose version the stage writes down) and the
+  end are waited for, so the run file is written before the outputs move, a
   model that cannot be logged fails the stage, and the stage ends only when
   everything is in the store or queued in the outbox.
 - `serve()` (the sidecar process, `main`): opens the run with `stage_run`

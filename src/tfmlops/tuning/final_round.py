@@ -134,7 +134,7 @@ def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
                n: int) -> list[TrialRecord]:
     """The best `n` completed trials with distinct values, not the params' own."""
     own = search_space.baseline(cfg)[0]
-    sign = 1 if "accuracy" in cfg.tune.objective else -1
+    sign = cfg.tune.sign
     done = [t for t in trials if t.status == "COMPLETED" and t.score is not None
             and math.isfinite(t.score)]
     done.sort(key=lambda t: (t is not best, -sign * t.score, int(t.trial_id)))
@@ -161,7 +161,7 @@ def pick_winner(cfg: Config, entries: list[FinalEntry]) -> FinalEntry:
     val_loss. A loss objective is continuous: lower, and not worse on val_loss.
     Between challengers, a tie on the objective goes to the lower val_loss.
     """
-    sign = 1 if "accuracy" in cfg.tune.objective else -1
+    sign = cfg.tune.sign
     scored = [e for e in entries if e.error is None and e.score is not None
               and math.isfinite(e.score)]
     if not scored:

@@ -85,7 +85,7 @@ class TrialModel(kt.HyperModel):
         if patience:
             extra.append(keras.callbacks.EarlyStopping(
                 monitor=objective, patience=patience,
-                mode="max" if "accuracy" in objective else "min"))
+                mode=self.cfg.tune.direction))
         if self.cfg.profiling.enabled and self.profiled_dir is None:
             self.profiled_dir = profiling.fresh_profile_dir(self.cfg, STAGE)
             extra.append(keras.callbacks.TensorBoard(

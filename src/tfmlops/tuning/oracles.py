@@ -98,9 +98,8 @@ def make_oracle(cfg: Config):
     """The keras-tuner oracle for `tune.tuner`, seeded, with our budget stop and
     the params' own settings as the first trial of a fresh search."""
     t = cfg.tune
-    direction = "max" if "accuracy" in t.objective else "min"
     common = {
-        "objective": kt.Objective(t.objective, direction),
+        "objective": kt.Objective(t.objective, t.direction),
         # keras-tuner replaces a seed of 0 by a random one: shift to keep 0 reproducible
         "seed": cfg.seed + 1,
         "max_retries_per_trial": 0,

@@ -9,6 +9,7 @@ from typing import Any
 
 from tfmlops import tracking
 from tfmlops.config import Config
+from tfmlops.config.sections.tune import objective_direction
 from tfmlops.model import search_space
 from tfmlops.tuning.records import SearchResult, TrialRecord, last_line
 
@@ -22,7 +23,7 @@ def best_trial(cfg: Config, trials: list[TrialRecord]) -> TrialRecord:
         failed = [t for t in trials if t.message]
         why = f"; the first failure: {last_line(failed[0].message)}" if failed else ""
         raise RuntimeError(f"tune: none of the {len(trials)} trials completed{why}")
-    sign = 1 if "accuracy" in cfg.tune.objective else -1
+    sign = cfg.tune.sign
     # best score; ties go to the earlier trial
     return max(done, key=lambda t: (sign * t.score, -int(t.trial_id)))
 
@@ -66,7 +67,7 @@ def draw_plots(objective: str, tuner: str, rows: list[dict[str, Any]], folder: P
 
     done = [r for r in rows if r["status"] == "COMPLETED" and r["score"] is not None]
     failed = [r for r in rows if r["status"] != "COMPLETED"]
-    better = max if "accuracy" in objective else min
+    better = max if objective_direction(objective) == "max" else min
     best_so_far = list(itertools.accumulate((r["score"] for r in done), better))
 
     fig = Figure(figsize=(7, 4))

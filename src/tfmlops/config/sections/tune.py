@@ -12,6 +12,11 @@ from tfmlops.config.sections.model import Backbone
 from tfmlops.config.sections.train import Optimizer, Schedule, model_or_train_field
 
 
+def objective_direction(objective: str) -> str:
+    """"max" for an accuracy objective, "min" for a loss: the rule all of tuning follows."""
+    return "max" if "accuracy" in objective else "min"
+
+
 class IntRange(Section):
     min: Annotated[Int, Meta(ge=1)] = 1
     max: Int = 1
@@ -118,3 +123,12 @@ class TuneConfig(Section):
     # search goes on: keeps the search within an edge size budget. 0: no limit.
     max_model_params: Annotated[Int, Meta(ge=0)] = 0
     space: SearchSpace = field(default_factory=SearchSpace)
+
+    @property
+    def direction(self) -> str:
+        return objective_direction(self.objective)
+
+    @property
+    def sign(self) -> int:
+        """+1 when a higher objective is better, -1 when a lower one is."""
+        return 1 if self.direction == "max" else -1
