@@ -690,7 +690,10 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
 
 def _performed(run: StageRun, fn, args: tuple) -> tuple[bool, Any]:
     """(True, `fn(run, *args)`), or (False, what it raised) for the stage to raise: as
-    raised if it pickles (a UserError keeps its one line and exit code), else its line."""
+    raised if it survives a pickle round trip (a UserError keeps its one line and exit
+    code), else its line. The round trip, not a dump alone: an exception whose __init__
+    takes other arguments pickles but fails to load, and the stage's reader would get an
+    unreadable reply, which ends the stage instead of raising this."""
     try:
         return True, fn(run, *args)
     except Exception as exc:  # noqa: BLE001 - raised in the stage, not here
