@@ -288,7 +288,7 @@ def test_a_request_of_16_bit_images_is_capped_by_its_decoded_bytes(tmp_path):
               "std": [0.5], "limits": {"max_request_decoded_bytes": 100 * 2**20}}
     predictor = Predictor.__new__(Predictor)  # the caps alone: no runtime is needed
     predictor.channels, predictor.image_size = 1, 8
-    from tfmlops.config.sections import ServingLimits
+    from tfmlops.config import ServingLimits
 
     predictor.limits = ServingLimits(**config["limits"])
     row = {"image": base64.b64encode(png16(np.zeros((4096, 4096)))).decode()}
@@ -305,7 +305,7 @@ def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkey
     import threading
     import time
 
-    from tfmlops.config.sections import ServingLimits
+    from tfmlops.config import ServingLimits
     from tfmlops.serving import predictor as module
 
     inside, most, guard = 0, 0, threading.Lock()

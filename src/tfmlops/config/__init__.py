@@ -16,51 +16,23 @@ import msgspec
 import yaml
 
 from tfmlops.config.messages import one_line
-from tfmlops.config.sections import (
-    BACKBONES,
-    HP_NAMES,
-    IMAGENET,
-    OPTIMIZERS,
-    SCHEDULES,
-    SEARCHED_PARAMS,
-    TFLITE_VARIANTS,
-    AugmentConfig,
-    BlockSpec,
-    Config,
-    DataConfig,
-    ExportConfig,
-    FineTuneConfig,
-    FloatRange,
-    GateConfig,
-    IntRange,
-    LossConfig,
-    ModelSpec,
-    OptimizerConfig,
-    PathsConfig,
-    PipelineConfig,
-    ProfilingConfig,
-    PromoteConfig,
-    PruneConfig,
-    QuantizeConfig,
-    ScheduleConfig,
-    SearchSpace,
-    SplitConfig,
-    StoreConfig,
-    SyntheticConfig,
-    TrackingConfig,
-    TrainConfig,
-    TuneConfig,
-)
+from tfmlops.config.sections.data import SyntheticConfig
+from tfmlops.config.sections.export import ServingLimits
+from tfmlops.config.sections.model import BACKBONES, IMAGENET, BlockSpec, ModelSpec
+from tfmlops.config.sections.promote import GateConfig
+from tfmlops.config.sections.prune import PruneConfig
+from tfmlops.config.sections.root import Config
+from tfmlops.config.sections.shared import TrackingConfig
+from tfmlops.config.sections.train import LossConfig, OptimizerConfig, ScheduleConfig
+from tfmlops.config.sections.tune import HP_NAMES, SEARCHED_PARAMS, FloatRange, IntRange, SearchSpace
 from tfmlops.errors import ConfigError
 
+# What other packages import from here; the rest of each section's names stay in its module.
 __all__ = [
-    "BACKBONES", "HP_NAMES", "IMAGENET", "OPTIMIZERS", "SCHEDULES", "SEARCHED_PARAMS", "TFLITE_VARIANTS",
-    "AugmentConfig", "BlockSpec", "Config", "ConfigError", "DataConfig", "ExportConfig",
-    "FineTuneConfig", "FloatRange", "GateConfig", "IntRange", "LossConfig", "ModelSpec", "OptimizerConfig",
-    "PathsConfig", "PipelineConfig", "ProfilingConfig", "PromoteConfig", "PruneConfig",
-    "QuantizeConfig", "ScheduleConfig", "SearchSpace", "SplitConfig", "StoreConfig", "SyntheticConfig",
-    "TrackingConfig", "TrainConfig", "TuneConfig",
-    "config_from_dict", "flatten", "load_config", "replace", "set_dotted",
+    "BACKBONES", "HP_NAMES", "IMAGENET", "SEARCHED_PARAMS", "BlockSpec", "Config", "ConfigError",
+    "FloatRange", "GateConfig", "IntRange", "LossConfig", "ModelSpec", "OptimizerConfig",
+    "PruneConfig", "ScheduleConfig", "SearchSpace", "ServingLimits", "SyntheticConfig",
+    "TrackingConfig", "config_from_dict", "flatten", "load_config", "replace", "set_dotted",
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -88,11 +60,8 @@ def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """A validated Config from a params tree (missing keys take their defaults)."""
-    if isinstance(raw, Config):
-        return raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f"params: expected a mapping, got {raw!r}")
+    """A validated Config from a params tree (missing keys take their defaults; anything
+    but a mapping is refused as `params: expected a mapping, got ...`)."""
     return _validated(raw, Config)
 
 

@@ -197,7 +197,7 @@ def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None
     (None: their defaults)."""
     import msgspec
 
-    from tfmlops.config.sections import ServingLimits
+    from tfmlops.config import ServingLimits
 
     limits = limits if limits is not None else msgspec.to_builtins(ServingLimits())
 

@@ -34,7 +34,7 @@ REQUEST_HELP = ('send {"dataframe_records": [{"image": "<base64 PNG or JPEG>"}]}
 
 class Predictor:
     def __init__(self, runtime: str, model_path: str | Path, config: dict):
-        from tfmlops.config.sections import ServingLimits
+        from tfmlops.config import ServingLimits
         from tfmlops.runtimes import OnnxModel, TFLiteModel
 
         self.runtime = runtime

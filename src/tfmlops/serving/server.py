@@ -61,7 +61,7 @@ def create_app():
 
 def max_body_bytes(model) -> int:
     """export.serving.max_body_bytes of a tfmlops model (its serving.json), else the default."""
-    from tfmlops.config.sections import ServingLimits
+    from tfmlops.config import ServingLimits
 
     try:
         return int(model.unwrap_python_model().predictor.limits.max_body_bytes)
