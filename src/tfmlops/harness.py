@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import faults
-from tfmlops.artifacts import DELIVERY_LOCK, report_path
+from tfmlops.artifacts import DELIVERY_LOCK, report_path, run_dir
 from tfmlops.errors import UserError
 from tfmlops.files import hold_lock, staging_dir, swap_in, write_json
 
@@ -130,11 +130,12 @@ class Stage:
 
 @contextlib.contextmanager
 def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Path | None = None,
-          upstream: dict[str, str | Path] | None = None, params: dict | None = None,
+          upstream: tuple[str, ...] = (), params: dict | None = None,
           tracked: bool = True, sidecar: bool = False,
           staged: bool = True, detach: bool = False) -> Iterator[Stage]:
     """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
-    instead of the output folder (artifacts.run_dir); `staged=False` writes into `output`
+    instead of the output folder (artifacts.run_dir); `upstream`: the stages whose runs
+    this one's lineage names; `staged=False` writes into `output`
     directly (a non-chief worker's scratch output). `detach` (with `sidecar` and a
     `run_dir`): run as a `tfmlops` command with `tracking.wait: false`, the stage hands
     its finished run to the sidecar and returns without waiting for the store."""
@@ -278,6 +279,7 @@ def _run(cfg, name, folder, upstream, params, tracked, sidecar, facts, hold):
 
     if not tracked:
         return contextlib.nullcontext(NullRun())
+    upstream = {s: run_dir(cfg, s) for s in upstream}  # each stage's folder of its run file
     if sidecar:
         return tracking.sidecar_run(cfg, name, folder, upstream=upstream, params=params,
                                     facts=facts, hold=hold)

@@ -30,7 +30,6 @@ from tfmlops.artifacts import (
     SKEW,
     TAG_PARITY_PASSED,
     TAG_SERVED_RUNTIME,
-    run_dir,
 )
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_json, write_text
@@ -51,12 +50,10 @@ def run(cfg: Config) -> dict:
     prepared = load_prepared(cfg)
     tcfg = trained_config(cfg)  # fails clearly when train has not run
     edge = reg.read_edge(cfg)
-    upstream = {"prepare": run_dir(cfg, "prepare"), "train": cfg.paths.train,
-                "quantize": cfg.paths.tflite}
     params = {"export": cfg.to_dict()["export"],
               "promote.registered_model": cfg.promote.registered_model}
     # The sidecar keeps the run and registers: the store's client is its import, not ours.
-    with harness.stage(cfg, STAGE, output=cfg.paths.export, upstream=upstream,
+    with harness.stage(cfg, STAGE, output=cfg.paths.export, upstream=("prepare", "train", "quantize"),
                        params=params, sidecar=True) as st:
         out, run = st.out, st.run
         from tfmlops.data.stored_split import StoredSplit

@@ -62,7 +62,7 @@ def run(cfg: Config, rollback: bool = False, version: int | None = None,
               "version": version, "force": force}
     # In this process (no sidecar): registry calls stay synchronous, so the decision is
     # recorded before the run ends.
-    with harness.stage(cfg, STAGE, run_dir=out_dir, upstream={"export": cfg.paths.export},
+    with harness.stage(cfg, STAGE, run_dir=out_dir, upstream=("export",),
                        params=params) as st:
         run = st.run
         with registry.promotion_lock() as still_held:

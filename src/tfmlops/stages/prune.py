@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfmlops import harness
-from tfmlops.artifacts import MODEL_FILE, report_path, run_dir
+from tfmlops.artifacts import MODEL_FILE, report_path
 from tfmlops.compress import source
 from tfmlops.compress.measure import SPARSITY_COLUMNS, gzip_bytes, sparsity_table
 from tfmlops.compress.schedule import pruning_steps
@@ -41,12 +41,11 @@ BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statisti
 def run(cfg: Config) -> dict:
     tcfg = trained_config(cfg)  # DataError (exit 2) before TensorFlow loads
     steps = pruning_steps(cfg.prune, source.train_split_size(cfg), tcfg.train.batch_size)
-    upstream = {"prepare": run_dir(cfg, "prepare"), "train": cfg.paths.train}
     params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],
               "schedule_steps": asdict(steps)}
     # The run is kept by the sidecar, which imports MLflow while this process imports
     # TensorFlow (in the block): tracking adds no import of its own to the stage's time.
-    with harness.stage(cfg, STAGE, output=cfg.paths.pruned, upstream=upstream,
+    with harness.stage(cfg, STAGE, output=cfg.paths.pruned, upstream=("prepare", "train"),
                        params=params, sidecar=True) as st:
         from tfmlops.data import pipeline
 

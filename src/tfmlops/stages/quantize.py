@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from tfmlops import harness
-from tfmlops.artifacts import EDGE, FRONTIER_PNG, TAG_EDGE_VARIANT, report_path, run_dir
+from tfmlops.artifacts import EDGE, FRONTIER_PNG, TAG_EDGE_VARIANT, report_path
 from tfmlops.compress import source
 from tfmlops.compress.frontier import FRONTIER_COLUMNS, QAT_VARIANT, required_names, select_edge
 from tfmlops.config import Config
@@ -41,11 +41,9 @@ STAGE = "quantize"
 
 def run(cfg: Config) -> dict:
     tcfg = _check(cfg)  # bad input fails here, before TensorFlow loads
-    upstream = {"prepare": run_dir(cfg, "prepare"), "train": cfg.paths.train,
-                "prune": cfg.paths.pruned}
     params = {"quantize": cfg.to_dict()["quantize"], "model": tcfg.to_dict()["model"]}
     # The sidecar keeps the run: it imports MLflow while this process imports TensorFlow.
-    with harness.stage(cfg, STAGE, output=cfg.paths.tflite, upstream=upstream,
+    with harness.stage(cfg, STAGE, output=cfg.paths.tflite, upstream=("prepare", "train", "prune"),
                        params=params, sidecar=True) as st:
         from tfmlops.compress.plot import frontier_png
         from tfmlops.data import pipeline

@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 from tfmlops import harness, tracking
-from tfmlops.artifacts import run_dir
 from tfmlops.config import Config
 from tfmlops.model import backbones, hparams
 from tfmlops.model.artifacts import MODEL_FILE
@@ -94,8 +93,7 @@ def _fit_and_save(cfg: Config, merged: Config, changes: list, prepared, setup,
                                      cache_file=Path(cfg.paths.tuned) / fit.PRECISION_CACHE))
     setup.keras.utils.set_random_seed(merged.seed)
     output = cfg.paths.train if scratch is None else scratch
-    upstream = {"prepare": run_dir(cfg, "prepare"), "tune": cfg.paths.tuned}
-    with harness.stage(cfg, STAGE, output=output, upstream=upstream, sidecar=True,
+    with harness.stage(cfg, STAGE, output=output, upstream=("prepare", "tune"), sidecar=True,
                        params=results.params(merged), staged=scratch is None) as st:
         profile = st.profile_dir() if scratch is None else scratch / "tb"
         folders = fit.folders(cfg, merged, setup, profile, scratch)

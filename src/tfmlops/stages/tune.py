@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from tfmlops import harness, tracking
-from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report_path, run_dir
+from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report_path
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
 from tfmlops.model import backbones, hparams, search_space
@@ -48,7 +48,7 @@ def run(cfg: Config) -> dict[str, Any]:
     key = search_key(cfg)
     # The run and its trials' nested runs are kept by the sidecar, which imports MLflow
     # while this process imports TensorFlow (in the block).
-    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": run_dir(cfg, "prepare")},
+    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream=("prepare",),
                        params=_params(cfg), sidecar=True) as st:
         from tfmlops.tuning import tuner  # keras-tuner, Keras, TensorFlow
 
@@ -100,7 +100,7 @@ def _run_worker(cfg: Config) -> dict[str, Any]:
 
 def _write_untuned(cfg: Config) -> dict[str, Any]:
     """tune.enabled: false: the params' own settings, no search."""
-    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream={"prepare": run_dir(cfg, "prepare")},
+    with harness.stage(cfg, STAGE, output=cfg.paths.tuned, upstream=("prepare",),
                        params=_params(cfg)) as st:
         out, parent = st.out, st.run
         metrics = st.report({"trials": 0, "trials_run": 0, "search_seconds": 0.0, "enabled": 0})
