@@ -41,9 +41,9 @@ def fresh_profile_dir(cfg: Config, stage: str) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     # Two runs in one second (tests, quick stages) keep apart, the later one after the
     # earlier even when that one was pruned meanwhile (a reused name would sort first).
-    same = [_stamp_key(p.name)[1] for p in parent.iterdir() if _stamp_key(p.name)[0] == stamp]
-    n = max(same) + 1 if same else 0
-    name = stamp if n == 0 else f"{stamp}.{n}"
+    n = max((_stamp_key(p.name)[1] for p in parent.iterdir() if _stamp_key(p.name)[0] == stamp),
+            default=-1) + 1
+    name = f"{stamp}.{n}" if n else stamp
     exp_name = os.environ.get("DVC_EXP_NAME")  # the run's name under `dvc exp run`
     if exp_name:
         name += "-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", exp_name)[:60]
@@ -62,8 +62,7 @@ def _stamp_key(name: str) -> tuple[str, int]:
 def _keep_newest(parent: Path, keep: int) -> None:
     """Remove all but the newest `keep` runs; only run folders this module made (their
     marker and time-stamped name) count, anything else there is left alone."""
-    owned = {p.name for p in owned_children(parent, PROFILE_KIND, RUN_NAME)}
-    runs = sorted((p for p in parent.iterdir() if p.is_dir() and p.name in owned),
+    runs = sorted(owned_children(parent, PROFILE_KIND, RUN_NAME),
                   key=lambda p: _stamp_key(p.name))  # oldest first
     for old in runs[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

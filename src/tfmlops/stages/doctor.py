@@ -71,18 +71,11 @@ def _resolved(cfg: Config, folder: Path) -> dict:
 
     run_id = read_run_file(cfg.paths.train)["run_id"]
     params = use_uri(f"sqlite:///{folder / 'mlflow.db'}").MlflowClient().get_run(run_id).data.params
-    resolved = {k.removeprefix("resolved."): v for k, v in params.items()
-                if k.startswith("resolved.")}
-    return {
-        "precision_policy": resolved.get("precision_policy"),
-        "loss_scaling": resolved.get("loss_scaling"),
-        "strategy": resolved.get("strategy"),
-        "strategy_class": resolved.get("strategy_class"),
-        "replicas": int(resolved.get("replicas", 1)),
-        "jit_compile": resolved.get("jit_compile"),
-        "devices": [d.name for d in tf.config.list_logical_devices()],
-        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
-    }
+    keys = ("precision_policy", "loss_scaling", "strategy", "strategy_class", "jit_compile")
+    return {**{k: params.get(f"resolved.{k}") for k in keys},
+            "replicas": int(params.get("resolved.replicas", 1)),
+            "devices": [d.name for d in tf.config.list_logical_devices()],
+            "gpus": [d.name for d in tf.config.list_physical_devices("GPU")]}
 
 
 def _line(r: dict) -> str:
