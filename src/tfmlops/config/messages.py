@@ -68,15 +68,10 @@ def field_bounds(tp) -> tuple[Any, Any, bool, bool]:
     lo = hi = None
     lo_open = hi_open = False
     for m in _metas(tp):
-        for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True),
-                                     ("le", False, False), ("lt", False, True)):
-            value = getattr(m, attr, None)
-            if value is None:
-                continue
-            if is_lo:
-                lo, lo_open = value, is_open
-            else:
-                hi, hi_open = value, is_open
+        if m.ge is not None or m.gt is not None:
+            lo, lo_open = (m.ge, False) if m.gt is None else (m.gt, True)
+        if m.le is not None or m.lt is not None:
+            hi, hi_open = (m.le, False) if m.lt is None else (m.lt, True)
     return lo, hi, lo_open, hi_open
 
 

@@ -17,23 +17,23 @@ def objective_direction(objective: str) -> str:
     return "max" if "accuracy" in objective else "min"
 
 
-class IntRange(Section):
+class _Range(Section):
+    """A searched range, `min` to `max`: IntRange and FloatRange declare both."""
+
+    def _rules(self):
+        if self.min > self.max:
+            raise Rule(f"{{path}}: min {self.min} > max {self.max}; give min <= max")
+
+
+class IntRange(_Range):
     min: Annotated[Int, Meta(ge=1)] = 1
     max: Int = 1
     step: Annotated[Int, Meta(ge=1)] = 1
 
-    def _rules(self):
-        if self.min > self.max:
-            raise Rule(f"{{path}}: min {self.min} > max {self.max}; give min <= max")
 
-
-class FloatRange(Section):
+class FloatRange(_Range):
     min: Annotated[Float, Meta(ge=0.0)] = 0.0
     max: Float = 0.0
-
-    def _rules(self):
-        if self.min > self.max:
-            raise Rule(f"{{path}}: min {self.min} > max {self.max}; give min <= max")
 
 
 def _nonempty(item):
