@@ -37,9 +37,8 @@ def armed(name: str) -> bool:
 
 
 def stage_point(stage: str, name: str) -> None:
-    """`point(f"{stage}.{name}")` for one of the harness's `STAGE_POINTS`."""
-    if name not in STAGE_POINTS:
-        raise ValueError(f"{name!r} is not one of faults.STAGE_POINTS {STAGE_POINTS}")
+    """`point(f"{stage}.{name}")` for one of the harness's `STAGE_POINTS` (test_prepare_kill
+    reads each call in harness.py)."""
     point(f"{stage}.{name}")
 
 

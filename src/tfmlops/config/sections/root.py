@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -85,21 +86,16 @@ class Config(Section):
         # paths.profiles lies inside paths.reports (plain files, never swapped).
         named = {f"paths.{k}": v for k, v in msgspec.structs.asdict(self.paths).items()}
         named["data.image_dir"] = self.data.image_dir
-        allowed = {("data.image_dir", "paths.builtin", "equals"),
-                   ("paths.profiles", "paths.reports", "is inside")}
-        keys = list(named)
+        allowed = {("data.image_dir", "equals", "paths.builtin"),
+                   ("paths.reports", "holds", "paths.profiles")}
         resolved = {k: Path(v).resolve() for k, v in named.items()}  # once: each stage loads it
-        for i, a in enumerate(keys):
-            for b in keys[i + 1:]:
-                found = _overlap(a, resolved[a], b, resolved[b])
-                if found is None or found in allowed:
-                    continue
-                inner, outer, how = found
-                first, verb, second = (outer, "holds", inner) if how == "is inside" \
-                    else (inner, "equals", outer)
-                raise Rule(f"{first}: {named[first]!r} {verb} {second} {named[second]!r}; give "
-                           "each of paths.* and data.image_dir its own folder, none inside "
-                           "another")
+        for a, b in itertools.combinations(named, 2):
+            found = _overlap(a, resolved[a], b, resolved[b])
+            if found is None or found in allowed:
+                continue
+            first, verb, second = found
+            raise Rule(f"{first}: {named[first]!r} {verb} {second} {named[second]!r}; give "
+                       "each of paths.* and data.image_dir its own folder, none inside another")
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -114,13 +110,14 @@ class Config(Section):
 
 
 def _overlap(key_a: str, a: Path, key_b: str, b: Path) -> tuple[str, str, str] | None:
-    """(inner key, outer key, "equals" | "is inside") when two resolved paths overlap."""
+    """(key, "equals" | "holds", key) when two resolved paths overlap."""
     if a == b:
-        return (*sorted((key_a, key_b)), "equals")
+        first, second = sorted((key_a, key_b))
+        return first, "equals", second
     if b in a.parents:
-        return key_a, key_b, "is inside"
+        return key_b, "holds", key_a
     if a in b.parents:
-        return key_b, key_a, "is inside"
+        return key_a, "holds", key_b
     return None
 
 
