@@ -168,7 +168,7 @@ def _expected(tp) -> str:
     tp = _bare(tp)
     members = [_bare(a) for a in _union(tp)]
     if float in members:
-        return "a number"  # Int | Float
+        return "a number"  # int | float
     if is_section(tp):
         return "a mapping"
     return WRONG_TYPE.get(typing.get_origin(tp) or tp, "another type")

@@ -14,9 +14,6 @@ from tfmlops.config.messages import Rule
 
 # Values are taken as written (msgspec.convert(..., strict=True)): no "yes" for true,
 # no "3", 3.0 or true for 3; an integer is taken as a float. inf and nan: Section.
-Int = int
-Bool = bool
-Float = float
 Text = Annotated[str, Meta(min_length=1)]
 _restoring = threading.local()
 

@@ -8,7 +8,7 @@ from msgspec import Meta, field
 
 from tfmlops.config.machine import check_data
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Bool, Float, Int, Section, Text, copies
+from tfmlops.config.sections.base import Section, Text, copies
 
 Severity = Literal["error", "warn", "off"]  # error fails prepare, warn logs a line, off: no check
 
@@ -16,14 +16,14 @@ Severity = Literal["error", "warn", "off"]  # error fails prepare, warn logs a l
 class SyntheticConfig(Section):
     """The built-in RGB shapes dataset, used for scale and RGB tests."""
 
-    count: Annotated[Int, Meta(ge=20, le=10_000_000)] = 1200
-    image_size: Annotated[Int, Meta(ge=8, le=1024)] = 32
-    classes: Annotated[Int, Meta(ge=2, le=6)] = 4
+    count: Annotated[int, Meta(ge=20, le=10_000_000)] = 1200
+    image_size: Annotated[int, Meta(ge=8, le=1024)] = 32
+    classes: Annotated[int, Meta(ge=2, le=6)] = 4
 
 
 class SplitConfig(Section):
-    val: Annotated[Float, Meta(gt=0.0, le=0.5)] = 0.15
-    test: Annotated[Float, Meta(gt=0.0, le=0.5)] = 0.15
+    val: Annotated[float, Meta(gt=0.0, le=0.5)] = 0.15
+    test: Annotated[float, Meta(gt=0.0, le=0.5)] = 0.15
     # A class with no image in some split (too few images: 3 reach every split):
     # error stops prepare naming the class; warn logs that and goes on.
     too_few: Literal["error", "warn"] = "error"
@@ -38,10 +38,10 @@ class StoreConfig(Section):
 
     # The stored short side in pixels (aspect kept, never enlarged); 0: data.image_size,
     # what training reads. A margin above it keeps detail for zoom augmentation.
-    short_side: Annotated[Int, Meta(ge=0, le=8192)] = 0
+    short_side: Annotated[int, Meta(ge=0, le=8192)] = 0
     # auto: JPEG for JPEG/MPO sources (photos), PNG for the others (small, lossless).
     encoding: Literal["auto", "jpeg", "png"] = "auto"
-    jpeg_quality: Annotated[Int, Meta(ge=50, le=100)] = 90
+    jpeg_quality: Annotated[int, Meta(ge=50, le=100)] = 90
 
 
 class LeakageConfig(Section):
@@ -49,12 +49,12 @@ class LeakageConfig(Section):
 
     # Hamming distance between two 64-bit pHashes that makes a pair near-duplicates. The
     # search splits the hash into max_distance + 1 chunks: above 8 it nears all pairs.
-    max_distance: Annotated[Int, Meta(ge=0, le=8)] = 4
+    max_distance: Annotated[int, Meta(ge=0, le=8)] = 4
     # Share of the val and test images with a near-duplicate in another split that is
     # tolerated; above it, `severity` applies.
-    max_share: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.01
+    max_share: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01
     severity: Severity = "warn"  # off: not searched
-    listed: Annotated[Int, Meta(ge=0, le=100_000)] = 100  # pairs named in data_profile.json
+    listed: Annotated[int, Meta(ge=0, le=100_000)] = 100  # pairs named in data_profile.json
 
 
 class SeverityConfig(Section):
@@ -69,18 +69,18 @@ class SeverityConfig(Section):
 
 
 class TinyConfig(Section):
-    side: Annotated[Int, Meta(ge=1, le=8192)] = 32  # a source short side below this is tiny
-    max_share_change: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.02  # over the reference's share
+    side: Annotated[int, Meta(ge=1, le=8192)] = 32  # a source short side below this is tiny
+    max_share_change: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.02  # over the reference's share
 
 
 class ContractConfig(Section):
     """The data contract `prepare` checks: profile, leakage, drift against a reference."""
 
-    profile: Bool = True  # false: no profile, no leakage search, no drift check
+    profile: bool = True  # false: no profile, no leakage search, no drift check
     # The accepted profile (`tfmlops accept-reference`), a dependency of prepare in dvc.yaml.
     reference: Text = "data/reference_profile.json"
-    max_class_share_change: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.05
-    max_feature_distance: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.15  # Jensen-Shannon, base 2
+    max_class_share_change: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
+    max_feature_distance: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.15  # Jensen-Shannon, base 2
     tiny: TinyConfig = field(default_factory=TinyConfig)
     leakage: LeakageConfig = field(default_factory=LeakageConfig)
     severity: SeverityConfig = field(default_factory=SeverityConfig)
@@ -101,13 +101,13 @@ class DataConfig(Section):
     # `materialize` stage writes the built-in dataset; point it at your own.
     image_dir: Text = "data/builtin"
     builtin: Literal["digits", "synthetic"] = "digits"
-    image_size: Annotated[Int, Meta(ge=8, le=1024)] = 32
+    image_size: Annotated[int, Meta(ge=8, le=1024)] = 32
     channels: Literal[1, 3] = 1  # strict: true and 1.0 are refused
     split: SplitConfig = field(default_factory=SplitConfig)
-    max_bad_fraction: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.05
-    shards: Annotated[Int, Meta(ge=1, le=1024)] = 2
+    max_bad_fraction: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
+    shards: Annotated[int, Meta(ge=1, le=1024)] = 2
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    workers: Annotated[Int, Meta(ge=0, le=1024)] = 0  # prepare's decoding processes; 0: every core
+    workers: Annotated[int, Meta(ge=0, le=1024)] = 0  # prepare's decoding processes; 0: every core
     store: StoreConfig = field(default_factory=StoreConfig)
     contract: ContractConfig = field(default_factory=ContractConfig)
     # local: this machine's process pool and prepare_cache (incremental); beam: Apache Beam

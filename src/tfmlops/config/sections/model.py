@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Bool, Float, Int, Section, Text, copies
+from tfmlops.config.sections.base import Section, Text, copies
 
 Backbone = Literal["none", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
                    "resnet50"]
@@ -18,9 +18,9 @@ IMAGENET = "imagenet"  # model.backbone_weights: Keras' own ImageNet weights
 
 
 class BlockSpec(Section):
-    filters: Annotated[Int, Meta(ge=1, le=4096)] = 32
-    kernel_size: Annotated[Int, Meta(ge=1, le=15)] = 3
-    separable: Bool = False
+    filters: Annotated[int, Meta(ge=1, le=4096)] = 32
+    kernel_size: Annotated[int, Meta(ge=1, le=15)] = 3
+    separable: bool = False
 
 
 class ModelSpec(Section):
@@ -33,16 +33,16 @@ class ModelSpec(Section):
     # backbone without its top (Keras' *_notop.h5 or a saved .weights.h5), or null.
     backbone_weights: Text | None = None
     blocks: list[BlockSpec] = copies(BlockSpec(32, 3, False), BlockSpec(64, 3, False))
-    convs_per_block: Annotated[Int, Meta(ge=1, le=4)] = 2
-    batch_norm: Bool = True
+    convs_per_block: Annotated[int, Meta(ge=1, le=4)] = 2
+    batch_norm: bool = True
     # Keras' default 0.99 averages ~100 steps: too slow for short runs on small
     # data (validation then sees stale statistics and scores near chance).
-    bn_momentum: Annotated[Float, Meta(ge=0.0, lt=1.0)] = 0.9
-    dropout: Annotated[Float, Meta(ge=0.0, le=0.9)] = 0.25
+    bn_momentum: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.9
+    dropout: Annotated[float, Meta(ge=0.0, le=0.9)] = 0.25
     pooling: Literal["max", "avg"] = "max"
-    head_units: Annotated[Int, Meta(ge=0, le=8192)] = 128
+    head_units: Annotated[int, Meta(ge=0, le=8192)] = 128
     activation: Literal["relu", "relu6", "swish", "gelu", "elu"] = "relu"
-    squeeze_excite: Bool = False
+    squeeze_excite: bool = False
 
     def _rules(self):
         # A missing weights file would fail only when the first model is built, minutes into

@@ -7,15 +7,15 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, field
 
-from tfmlops.config.sections.base import Bool, Float, Int, Section
+from tfmlops.config.sections.base import Section
 
 
 class AugmentConfig(Section):
-    enabled: Bool = False
-    flip: Bool = False  # digits are not mirror-symmetric: off by default
-    rotation: Annotated[Float, Meta(ge=0.0, le=0.5)] = 0.05  # fraction of a full turn
-    zoom: Annotated[Float, Meta(ge=0.0, le=0.9)] = 0.1
-    translate: Annotated[Float, Meta(ge=0.0, le=0.5)] = 0.1
+    enabled: bool = False
+    flip: bool = False  # digits are not mirror-symmetric: off by default
+    rotation: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.05  # fraction of a full turn
+    zoom: Annotated[float, Meta(ge=0.0, le=0.9)] = 0.1
+    translate: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.1
 
 
 # pipeline settings that change speed, not batches: a backup, a tuner state or a
@@ -24,18 +24,18 @@ SPEED_ONLY = ("autotune", "cache", "cache_budget_mb")
 
 
 class PipelineConfig(Section):
-    shuffle_buffer: Annotated[Int, Meta(ge=1, le=10_000_000)] = 2048
+    shuffle_buffer: Annotated[int, Meta(ge=1, le=10_000_000)] = 2048
     # Where the decoded split is kept after the first epoch. auto: memory when
     # the train split's decoded float32 images fit cache_budget_mb, else a file
     # under paths.cache; memory | disk | off force one. The old true/false still mean
     # memory/off (YAML reads a bare `off` as false too): _rules turns them into these.
     cache: Literal["auto", "memory", "disk", "off"] | bool = "auto"
-    cache_budget_mb: Annotated[Int, Meta(ge=0, le=10_000_000)] = 1024
-    deterministic: Bool = True
+    cache_budget_mb: Annotated[int, Meta(ge=0, le=10_000_000)] = 1024
+    deterministic: bool = True
     # tf.data's autotuner records every element; once the cache serves the
     # epochs that cost halves steady-state throughput on 2 cores, so parallel
     # stages default to one call per core instead (benchmarks/input_pipeline.py).
-    autotune: Bool = False
+    autotune: bool = False
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def without_speed_settings(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from tfmlops.config.messages import Rule
-from tfmlops.config.sections.base import Bool, Float, Int, Section, Text, copies
+from tfmlops.config.sections.base import Section, Text, copies
 
 FLOAT32 = "float32"  # no optimization
 DYNAMIC = "dynamic"  # int8 weights, float activations at run time
@@ -37,20 +37,20 @@ def _only_of(key: str, names: list, allowed: tuple, what: str) -> None:
 
 
 class QuantizeConfig(Section):
-    representative_samples: Annotated[Int, Meta(ge=1, le=10_000_000)] = 200
-    qat: Bool = False
-    qat_epochs: Annotated[Int, Meta(ge=1, le=1000)] = 2
-    qat_learning_rate: Annotated[Float, Meta(gt=0.0, le=1.0)] = 1e-4
-    accuracy_budget: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.01  # points lost vs Keras, as a fraction
+    representative_samples: Annotated[int, Meta(ge=1, le=10_000_000)] = 200
+    qat: bool = False
+    qat_epochs: Annotated[int, Meta(ge=1, le=1000)] = 2
+    qat_learning_rate: Annotated[float, Meta(gt=0.0, le=1.0)] = 1e-4
+    accuracy_budget: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01  # points lost vs Keras, as a fraction
     # The edge variant: the smallest file within the budget, or the fastest (p50).
     edge_pick: Literal["smallest", "fastest"] = "smallest"
     required: list[Text] = copies("int8")  # variants whose failure fails the stage
     # The variants converted from each model (trained and pruned); every conversion is
     # evaluated and timed, so a shorter list is a faster stage.
     variants: list[Text] = copies(*CONVERTED_VARIANTS)
-    latency_runs: Annotated[Int, Meta(ge=1, le=1_000_000)] = 200
-    latency_warmup: Annotated[Int, Meta(ge=0, le=1_000_000)] = 20
-    threads: Annotated[Int, Meta(ge=1, le=256)] = 1
+    latency_runs: Annotated[int, Meta(ge=1, le=1_000_000)] = 200
+    latency_warmup: Annotated[int, Meta(ge=0, le=1_000_000)] = 20
+    threads: Annotated[int, Meta(ge=1, le=256)] = 1
 
     def _rules(self):
         _only_of("required", self.required, TFLITE_VARIANTS, "a variant")

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import Meta, field
 
 from tfmlops.config.messages import Rule, field_bounds, field_info
-from tfmlops.config.sections.base import Int, Section
+from tfmlops.config.sections.base import Section
 from tfmlops.config.sections.data import DataConfig
 from tfmlops.config.sections.export import ExportConfig
 from tfmlops.config.sections.model import BlockSpec, ModelSpec
@@ -28,7 +28,7 @@ MAX_FILTERS = field_bounds(field_info(BlockSpec, ["filters"]))[1]  # a block's w
 
 
 class Config(Section):
-    seed: Annotated[Int, Meta(ge=0, le=2**31 - 1)] = 42
+    seed: Annotated[int, Meta(ge=0, le=2**31 - 1)] = 42
     paths: PathsConfig = field(default_factory=PathsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)

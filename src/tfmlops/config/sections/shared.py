@@ -6,29 +6,29 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from tfmlops.config.sections.base import Bool, Float, Int, Section, Text
+from tfmlops.config.sections.base import Section, Text
 
 
 class TrackingConfig(Section):
-    enabled: Bool = True
+    enabled: bool = True
     experiment: Text = "tfmlops"
     # Used only when MLFLOW_TRACKING_URI is unset; relative sqlite paths are
     # resolved against the repository root (never a `dvc exp --temp` copy).
     uri: Text = "sqlite:///mlflow.db"
-    connect_timeout_s: Annotated[Float, Meta(ge=0.1, le=600.0)] = 5.0
-    retries: Annotated[Int, Meta(ge=0, le=20)] = 3
+    connect_timeout_s: Annotated[float, Meta(ge=0.1, le=600.0)] = 5.0
+    retries: Annotated[int, Meta(ge=0, le=20)] = 3
     # false: `tfmlops prepare` exits once its sidecar process holds its run; the sidecar
     # delivers it to the store afterwards (later stages wait for it). true, and under
     # `dvc exp run`: it waits.
-    wait: Bool = False
+    wait: bool = False
 
 
 class ProfilingConfig(Section):
-    enabled: Bool = True
-    start_step: Annotated[Int, Meta(ge=1, le=1_000_000)] = 5  # skip warm-up and tracing steps
-    steps: Annotated[Int, Meta(ge=1, le=1000)] = 3
+    enabled: bool = True
+    start_step: Annotated[int, Meta(ge=1, le=1_000_000)] = 5  # skip warm-up and tracing steps
+    steps: Annotated[int, Meta(ge=1, le=1000)] = 3
     # Runs kept per stage under paths.profiles/<stage>/, for TensorBoard side by side.
-    keep_runs: Annotated[Int, Meta(ge=1, le=1000)] = 5
+    keep_runs: Annotated[int, Meta(ge=1, le=1000)] = 5
 
 
 class PathsConfig(Section):

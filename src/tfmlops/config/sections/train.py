@@ -10,7 +10,7 @@ import msgspec
 from msgspec import Meta, field
 
 from tfmlops.config.messages import Rule, field_info, is_section, reason
-from tfmlops.config.sections.base import Bool, Float, Int, Section, copies
+from tfmlops.config.sections.base import Section, copies
 from tfmlops.config.sections.model import ModelSpec
 
 Optimizer = Literal["adam", "adamw", "rmsprop", "sgd", "lamb"]
@@ -23,20 +23,20 @@ SCHEDULES = typing.get_args(Schedule)
 
 class OptimizerConfig(Section):
     name: Optimizer = "adam"
-    learning_rate: Annotated[Float, Meta(gt=0.0, le=10.0)] = 0.002
-    weight_decay: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.0001
-    momentum: Annotated[Float, Meta(ge=0.0, lt=1.0)] = 0.9
-    clipnorm: Annotated[Float, Meta(gt=0.0, le=1e6)] | None = None  # null: no clipping
+    learning_rate: Annotated[float, Meta(gt=0.0, le=10.0)] = 0.002
+    weight_decay: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0001
+    momentum: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.9
+    clipnorm: Annotated[float, Meta(gt=0.0, le=1e6)] | None = None  # null: no clipping
 
 
 class ScheduleConfig(Section):
     name: Schedule = "cosine_warmup"
-    warmup_fraction: Annotated[Float, Meta(ge=0.0, le=0.9)] = 0.1
-    decay_rate: Annotated[Float, Meta(gt=0.0, le=1.0)] = 0.5
-    alpha: Annotated[Float, Meta(ge=0.0, le=1.0)] = 0.01  # cosine floor as a fraction of the peak
-    boundaries: list[Float] = copies(0.5, 0.75)  # fractions of the total steps
+    warmup_fraction: Annotated[float, Meta(ge=0.0, le=0.9)] = 0.1
+    decay_rate: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5
+    alpha: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.01  # cosine floor as a fraction of the peak
+    boundaries: list[float] = copies(0.5, 0.75)  # fractions of the total steps
     # multipliers of the peak, len(boundaries)+1; 0 or less would stop or reverse descent
-    factors: list[Annotated[Float, Meta(gt=0.0, le=1000.0)]] = copies(1.0, 0.1, 0.01)
+    factors: list[Annotated[float, Meta(gt=0.0, le=1000.0)]] = copies(1.0, 0.1, 0.01)
 
     def _rules(self):  # piecewise steps
         if len(self.factors) != len(self.boundaries) + 1:
@@ -49,19 +49,19 @@ class ScheduleConfig(Section):
 
 class LossConfig(Section):
     name: Literal["crossentropy", "focal"] = "crossentropy"
-    label_smoothing: Annotated[Float, Meta(ge=0.0, le=0.5)] = 0.0
-    gamma: Annotated[Float, Meta(ge=0.0, le=10.0)] = 2.0
+    label_smoothing: Annotated[float, Meta(ge=0.0, le=0.5)] = 0.0
+    gamma: Annotated[float, Meta(ge=0.0, le=10.0)] = 2.0
 
 
 class FineTuneConfig(Section):
     """Two-phase transfer learning; only used when model.backbone is not none."""
 
-    enabled: Bool = True  # false: one phase, the whole backbone trainable
-    head_epochs: Annotated[Int, Meta(ge=0, le=10_000)] = 5  # phase 1: backbone frozen, head only
+    enabled: bool = True  # false: one phase, the whole backbone trainable
+    head_epochs: Annotated[int, Meta(ge=0, le=10_000)] = 5  # phase 1: backbone frozen, head only
     # phase 2: the top layers of the backbone trainable: a count (int) or a fraction
     # of its layers (float in [0, 1]); BatchNormalization stays in inference mode.
-    unfreeze: Annotated[Int, Meta(ge=0, le=10_000)] | Annotated[Float, Meta(ge=0, le=10_000)] = 0.25
-    lr_factor: Annotated[Float, Meta(gt=0.0, le=10.0)] = 0.1  # phase 2 learning rate = this x peak
+    unfreeze: Annotated[int, Meta(ge=0, le=10_000)] | Annotated[float, Meta(ge=0, le=10_000)] = 0.25
+    lr_factor: Annotated[float, Meta(gt=0.0, le=10.0)] = 0.1  # phase 2 learning rate = this x peak
 
     def _rules(self):  # a count or a fraction
         if isinstance(self.unfreeze, float) and self.unfreeze > 1.0:
@@ -70,25 +70,25 @@ class FineTuneConfig(Section):
 
 
 class TrainConfig(Section):
-    epochs: Annotated[Int, Meta(ge=1, le=10_000)] = 20
-    batch_size: Annotated[Int, Meta(ge=1, le=65_536)] = 64  # per replica
+    epochs: Annotated[int, Meta(ge=1, le=10_000)] = 20
+    batch_size: Annotated[int, Meta(ge=1, le=65_536)] = 64  # per replica
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    reduce_lr_on_plateau: Bool = False  # only with schedule.name == constant
-    early_stopping_patience: Annotated[Int, Meta(ge=0, le=10_000)] = 6  # 0 turns it off
+    reduce_lr_on_plateau: bool = False  # only with schedule.name == constant
+    early_stopping_patience: Annotated[int, Meta(ge=0, le=10_000)] = 6  # 0 turns it off
     # auto: from the hardware and the architecture (never timed); timed: the faster on
     # this machine, float32 unless bf16 is faster by more than precision_margin.
     precision: Literal["auto", "timed", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
     # above the spread of two timings of one policy (benchmarks/precision.py noise)
-    precision_margin: Annotated[Float, Meta(ge=0.0, le=10.0)] = 0.15
+    precision_margin: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.15
     strategy: Literal["auto", "default", "mirrored", "multi_worker"] = "auto"
-    replicas: Annotated[Int, Meta(ge=1, le=64)] = 1
+    replicas: Annotated[int, Meta(ge=1, le=64)] = 1
     jit_compile: Literal["auto", "true", "false"] = "false"
-    use_tuned: Bool = True
+    use_tuned: bool = True
     # val and test images the model finds least likely to carry their label, kept in
     # reports/label_issues.csv and a contact sheet; 0 turns it off
-    label_issues: Annotated[Int, Meta(ge=0, le=10_000)] = 50
+    label_issues: Annotated[int, Meta(ge=0, le=10_000)] = 50
     fine_tune: FineTuneConfig = field(default_factory=FineTuneConfig)
     # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that
     # win over the tune stage's best hyperparameters.

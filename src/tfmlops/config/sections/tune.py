@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from msgspec import Meta, field
 
 from tfmlops.config.messages import Rule, field_bounds
-from tfmlops.config.sections.base import Bool, Float, Int, Section, copies
+from tfmlops.config.sections.base import Section, copies
 from tfmlops.config.sections.model import Backbone
 from tfmlops.config.sections.train import Optimizer, Schedule, model_or_train_field
 
@@ -26,14 +26,14 @@ class _Range(Section):
 
 
 class IntRange(_Range):
-    min: Annotated[Int, Meta(ge=1)] = 1
-    max: Int = 1
-    step: Annotated[Int, Meta(ge=1)] = 1
+    min: Annotated[int, Meta(ge=1)] = 1
+    max: int = 1
+    step: Annotated[int, Meta(ge=1)] = 1
 
 
 class FloatRange(_Range):
-    min: Annotated[Float, Meta(ge=0.0)] = 0.0
-    max: Float = 0.0
+    min: Annotated[float, Meta(ge=0.0)] = 0.0
+    max: float = 0.0
 
 
 def _nonempty(item):
@@ -41,10 +41,10 @@ def _nonempty(item):
     return Annotated[list[item], Meta(min_length=1)]
 
 
-_Filters = _nonempty(Annotated[Int, Meta(ge=1, le=4096)])
-_HeadUnits = _nonempty(Annotated[Int, Meta(ge=1, le=8192)])
-_BatchSizes = _nonempty(Annotated[Int, Meta(ge=1, le=65_536)])
-_Flags = _nonempty(Bool)
+_Filters = _nonempty(Annotated[int, Meta(ge=1, le=4096)])
+_HeadUnits = _nonempty(Annotated[int, Meta(ge=1, le=8192)])
+_BatchSizes = _nonempty(Annotated[int, Meta(ge=1, le=65_536)])
+_Flags = _nonempty(bool)
 _Optimizers = _nonempty(Optimizer)
 _Schedules = _nonempty(Schedule)
 _Backbones = _nonempty(Backbone)
@@ -108,20 +108,20 @@ SEARCHED_PARAMS = {
 
 
 class TuneConfig(Section):
-    enabled: Bool = True
+    enabled: bool = True
     tuner: Literal["hyperband", "bayesian", "random"] = "hyperband"
     objective: Literal["val_accuracy", "val_loss"] = "val_accuracy"
-    max_trials: Annotated[Int, Meta(ge=1, le=100_000)] = 12
-    max_epochs: Annotated[Int, Meta(ge=1, le=10_000)] = 6
-    budget_minutes: Annotated[Float, Meta(gt=0.0, le=100_000.0)] = 30.0  # a guard, not a setting
-    early_stopping_patience: Annotated[Int, Meta(ge=0, le=1000)] = 2
-    hyperband_factor: Annotated[Int, Meta(ge=2, le=100)] = 3
+    max_trials: Annotated[int, Meta(ge=1, le=100_000)] = 12
+    max_epochs: Annotated[int, Meta(ge=1, le=10_000)] = 6
+    budget_minutes: Annotated[float, Meta(gt=0.0, le=100_000.0)] = 30.0  # a guard, not a setting
+    early_stopping_patience: Annotated[int, Meta(ge=0, le=1000)] = 2
+    hyperband_factor: Annotated[int, Meta(ge=2, le=100)] = 3
     # The params' own settings and the search's best N are trained at
     # train.epochs; the winner (ties: the params') is the tuned configuration.
-    final_candidates: Annotated[Int, Meta(ge=0, le=100)] = 1
+    final_candidates: Annotated[int, Meta(ge=0, le=100)] = 1
     # A trial whose model has more parameters fails (recorded FAILED) and the
     # search goes on: keeps the search within an edge size budget. 0: no limit.
-    max_model_params: Annotated[Int, Meta(ge=0)] = 0
+    max_model_params: Annotated[int, Meta(ge=0)] = 0
     space: SearchSpace = field(default_factory=SearchSpace)
 
     @property
