@@ -7,7 +7,6 @@ import msgspec
 import pytest
 
 from tfmlops.compress import frontier
-from tfmlops.compress.variants import TFLITE_VARIANTS
 from tfmlops.config import (
     HP_NAMES,
     SEARCHED_PARAMS,
@@ -19,6 +18,7 @@ from tfmlops.config import (
     replace,
 )
 from tfmlops.config.messages import field_info
+from tfmlops.config.sections.quantize import QAT_VARIANT, TFLITE_VARIANTS
 from tfmlops.model import search_space
 
 
@@ -124,7 +124,7 @@ def test_searched_names_are_the_search_space_fields_and_set_real_keys():
 
 def test_variant_names_are_one_list():
     assert set(frontier.variants("pruned")) | {"qat_int8"} == set(TFLITE_VARIANTS)
-    assert frontier.QAT_VARIANT == "pruned_qat_int8"
+    assert QAT_VARIANT == "pruned_qat_int8"
 
 
 def test_blocks_too_wide_to_double_are_not_the_searched_shape():

@@ -1,7 +1,6 @@
 """Model compression shared by the `prune` and `quantize` stages.
 
-Pure helpers (no TensorFlow): `variants` (the TFLite variant names, which
-config validates), `schedule` (pruning steps from params),
+Pure helpers (no TensorFlow): `schedule` (pruning steps from params),
 `measure` (sparsity tables, gzip sizes), `frontier` (variant rows, the edge
 pick). TensorFlow/tfmot helpers, imported only by those two stages (they run
 with TF_USE_LEGACY_KERAS=1): `source` (the trained and pruned models in

@@ -14,9 +14,9 @@ from pathlib import Path
 from tfmlops import profiling
 from tfmlops.artifacts import MODEL_FILE
 from tfmlops.compress import source
-from tfmlops.compress.frontier import QAT_VARIANT, SOURCES, ratio, variants
+from tfmlops.compress.frontier import SOURCES, ratio, variants
 from tfmlops.compress.measure import gzip_bytes
-from tfmlops.compress.variants import INT8
+from tfmlops.config.sections.quantize import INT8, QAT_VARIANT
 
 log = logging.getLogger(__name__)
 

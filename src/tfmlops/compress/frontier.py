@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from tfmlops.compress.variants import BASE_VARIANTS, PRUNED_ONLY_VARIANTS, QAT_VARIANT
-
-__all__ = ["BASE_VARIANTS", "PRUNED_ONLY_VARIANTS", "QAT_VARIANT"]  # quantize reads them here
+from tfmlops.config.sections.quantize import BASE_VARIANTS, PRUNED_ONLY_VARIANTS
 
 FRONTIER_COLUMNS = ("variant", "accuracy", "agreement", "bytes", "gzip_bytes", "p50_ms", "p95_ms")
 SOURCES = ("pruned", "trained")  # the pruned model first: the pipeline's main product

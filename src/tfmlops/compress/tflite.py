@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tfmlops.compress.variants import CONVERTED_VARIANTS, FLOAT16, FLOAT32, INT8, INT8_SPARSE
+from tfmlops.config.sections.quantize import CONVERTED_VARIANTS, FLOAT16, FLOAT32, INT8, INT8_SPARSE
 
 
 def representative(images: np.ndarray) -> Callable[[], Iterator[list[np.ndarray]]]:

@@ -28,8 +28,9 @@ from pathlib import Path
 from tfmlops import harness
 from tfmlops.artifacts import EDGE, FRONTIER_PNG, TAG_EDGE_VARIANT, report_path
 from tfmlops.compress import source
-from tfmlops.compress.frontier import FRONTIER_COLUMNS, QAT_VARIANT, required_names, select_edge
+from tfmlops.compress.frontier import FRONTIER_COLUMNS, required_names, select_edge
 from tfmlops.config import Config
+from tfmlops.config.sections.quantize import QAT_VARIANT
 from tfmlops.errors import DataError
 from tfmlops.files import write_csv, write_json
 from tfmlops.model.artifacts import trained_config

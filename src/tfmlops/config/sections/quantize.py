@@ -1,7 +1,7 @@
 """quantize: the TFLite variants built from each model and how they are judged.
 
 The variant names live here, the one list config validates, compress/tflite
-converts and quantize builds (compress/variants.py re-exports them for those)."""
+converts and quantize builds."""
 
 from __future__ import annotations
 
