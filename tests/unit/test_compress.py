@@ -10,7 +10,7 @@ import pytest
 
 from tfmlops.compress.frontier import required_names, select_edge, variants
 from tfmlops.compress.measure import gzip_bytes, sparsity_table, zero_fraction
-from tfmlops.compress.schedule import pruning_steps
+from tfmlops.compress.pruning import pruning_steps
 from tfmlops.config import ConfigError, PruneConfig, config_from_dict
 
 

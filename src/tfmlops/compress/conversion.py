@@ -3,6 +3,14 @@
 The stage (stages/quantize.py) decides what to build and evaluates it; this module
 converts each source x variant (a converter refusal is reported per variant, not
 raised), fine-tunes and converts the QAT model, and writes quantize.json's figures.
+
+QAT is pruning-preserving quantization-aware training of the pruned model (tfmot).
+Every layer tfmot's default 8-bit registry supports is annotated (plus
+BatchNormalization, which tfmot folds into the convolution before it); the
+rest stay float and are named. `Default8BitPrunePreserveQuantizeScheme`
+keeps the pruned zeros at zero through the fine-tune. BatchNormalization is
+frozen (inference mode): `prune` re-estimated its statistics exactly, and a
+short fine-tune would leave them trailing behind the weights.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ def qat_variant(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dic
     """Optional QAT INT8 of the pruned model; a failure is reported, not raised."""
     if not cfg.quantize.qat:
         return None
-    from tfmlops.compress import qat, tflite
+    from tfmlops.compress import tflite
     from tfmlops.data import pipeline
     from tfmlops.model.optim import make_loss
     from tfmlops.progress import keras_verbose
@@ -56,18 +64,20 @@ def qat_variant(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dic
     keras = source.tf_keras_module()
     report: dict = {"scheme": "Default8BitPrunePreserveQuantizeScheme"}
     try:
-        model, left_float = qat.quantize_aware(pruned, keras)
+        model, left_float = quantize_aware(pruned, keras)
         report["left_float"] = left_float
         train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
                                  training=True)
-        loss = make_loss(tcfg.train.loss, prepared.num_classes, keras)
         steps = math.ceil(prepared.counts["train"] / tcfg.train.batch_size)
         profile = profiling.keras_profile_batch(cfg, steps)
         callbacks = [keras.callbacks.TensorBoard(
             str(profile_dir), profile_batch=profile)] if profile and profile_dir else []
-        report["fit"] = qat.fine_tune(model, train, cfg.quantize.qat_epochs,
-                                      cfg.quantize.qat_learning_rate, loss, keras,
-                                      keras_verbose(), callbacks)
+        model.compile(optimizer=keras.optimizers.Adam(cfg.quantize.qat_learning_rate),
+                      loss=make_loss(tcfg.train.loss, prepared.num_classes, keras),
+                      metrics=["accuracy"])
+        history = model.fit(train, epochs=cfg.quantize.qat_epochs, verbose=keras_verbose(),
+                            callbacks=callbacks)
+        report["fit"] = {k: float(v[-1]) for k, v in history.history.items()}
         data = tflite.convert(model, INT8, calibration)
     except Exception as exc:  # noqa: BLE001 - an unsupported model is reported
         failed[QAT_VARIANT] = tflite.converter_message(exc)
@@ -76,6 +86,36 @@ def qat_variant(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dic
     (out / f"{QAT_VARIANT}.tflite").write_bytes(data)
     built.append(QAT_VARIANT)
     return report
+
+
+def quantize_aware(model, keras) -> tuple[object, list[str]]:
+    """(the QAT model, names of weighted layers left unquantized)."""
+    import tensorflow_model_optimization as tfmot
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_registry as registry_module,
+    )
+
+    from tfmlops.model.custom import custom_objects
+
+    q = tfmot.quantization.keras
+    registry = registry_module.Default8BitQuantizeRegistry()
+    left_float: list[str] = []
+
+    def annotate(layer):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False  # carried into the clone by its config
+        if registry.supports(layer) or isinstance(layer, keras.layers.BatchNormalization):
+            return q.quantize_annotate_layer(layer)
+        if layer.weights:
+            left_float.append(layer.name)
+        return layer
+
+    annotated = keras.models.clone_model(model, clone_function=annotate)
+    with q.quantize_scope(custom_objects(keras)):
+        qat_model = q.quantize_apply(
+            annotated, tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
+        )
+    return qat_model, left_float
 
 
 def quantize_metrics(cfg, details: dict, failed: dict, reference_accuracy: float, edge: dict,

@@ -25,9 +25,8 @@ from pathlib import Path
 
 from tfmlops import harness
 from tfmlops.artifacts import MODEL_FILE, report_path
-from tfmlops.compress import source
+from tfmlops.compress import pruning, source
 from tfmlops.compress.measure import SPARSITY_COLUMNS, gzip_bytes, sparsity_table
-from tfmlops.compress.schedule import pruning_steps
 from tfmlops.config import Config
 from tfmlops.files import write_csv
 from tfmlops.model.artifacts import trained_config
@@ -40,7 +39,7 @@ BN_CALIBRATION_IMAGES = 4096  # train images that re-estimate BatchNorm statisti
 
 def run(cfg: Config) -> dict:
     tcfg = trained_config(cfg)  # DataError (exit 2) before TensorFlow loads
-    steps = pruning_steps(cfg.prune, source.train_split_size(cfg), tcfg.train.batch_size)
+    steps = pruning.pruning_steps(cfg.prune, source.train_split_size(cfg), tcfg.train.batch_size)
     params = {"prune": cfg.to_dict()["prune"], "model": tcfg.to_dict()["model"],
               "schedule_steps": asdict(steps)}
     # The run is kept by the sidecar, which imports MLflow while this process imports
@@ -65,7 +64,6 @@ def run(cfg: Config) -> dict:
 
 def _prune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple[dict, list]:
     from tfmlops import profiling
-    from tfmlops.compress import pruning
     from tfmlops.data import pipeline
     from tfmlops.model.optim import make_loss
     from tfmlops.progress import keras_verbose
