@@ -9,7 +9,7 @@ import pytest
 from tfmlops.config import config_from_dict
 from tfmlops.model import search_space
 from tfmlops.tuning.final_round import FinalEntry, finalists, pick_winner
-from tfmlops.tuning.records import TrialRecord
+from tfmlops.tuning.search import TrialRecord
 
 CFG = config_from_dict({"tune": {"space": {"batch_size": [32, 64]}}})
 

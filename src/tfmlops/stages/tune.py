@@ -26,7 +26,7 @@ from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
 from tfmlops.model import backbones, hparams, search_space
-from tfmlops.tuning import final_round, outputs, report
+from tfmlops.tuning import final_round, report
 from tfmlops.tuning.search import distributed_role, search_key
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def run(cfg: Config) -> dict[str, Any]:
         best_cfg = winner.config if winner else search_space.config_from_values(cfg, best.values)
         rows = report.trial_rows(cfg, result.trials)
         write_csv(_csv_path(cfg), rows, report.columns())
-        write_text(out / BEST_HPARAMS, outputs.best_text(cfg, best, key, best_cfg, winner,
+        write_text(out / BEST_HPARAMS, report.best_text(cfg, best, key, best_cfg, winner,
                                                        result.stop_reason == "budget"))
         hparams.write_searched(cfg, out, tracking.data_version(cfg))
         metrics = st.report({**report.search_metrics(result, best),
@@ -70,7 +70,7 @@ def run(cfg: Config) -> dict[str, Any]:
         if final:
             write_csv(out / FINAL_ROUND, final_round.final_round_rows(final),
                       final_round.COLUMNS)
-        outputs.pass_on_precision(cfg, out)
+        report.pass_on_precision(cfg, out)
 
         parent.log_params({"best": {k: best.values[k] for k in search_space.HP_NAMES
                                     if k in best.values}})
@@ -85,7 +85,7 @@ def run(cfg: Config) -> dict[str, Any]:
         parent.log_artifact(hparams.best_path(cfg), "tune")
         if final:
             parent.log_artifact(final_dir / FINAL_ROUND, "tune")
-    outputs.log_summary(cfg, metrics, best, best_cfg, winner)
+    report.log_summary(cfg, metrics, best, best_cfg, winner)
     return metrics
 
 
@@ -105,7 +105,7 @@ def _write_untuned(cfg: Config) -> dict[str, Any]:
         out, parent = st.out, st.run
         metrics = st.report({"trials": 0, "trials_run": 0, "search_seconds": 0.0, "enabled": 0})
         parent.set_tags({"tfmlops.tune.enabled": "false"})
-        text = outputs.header("tune.enabled: false: the settings of params.yaml, no search")
+        text = report.header("tune.enabled: false: the settings of params.yaml, no search")
         write_text(out / BEST_HPARAMS, text + yaml.safe_dump(hparams.tuned_tree(cfg),
                                                                    sort_keys=False))
         hparams.write_searched(cfg, out, tracking.data_version(cfg))

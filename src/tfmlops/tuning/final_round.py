@@ -21,7 +21,7 @@ from typing import Any
 from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.model import hparams, search_space
-from tfmlops.tuning.records import TrialRecord, last_line
+from tfmlops.tuning.search import TrialRecord, last_line
 
 log = logging.getLogger(__name__)
 

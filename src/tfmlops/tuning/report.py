@@ -1,17 +1,26 @@
-"""What a search reports: its best trial, metrics, the trials table and plots."""
+"""What a search reports: its best trial, metrics, the trials table and plots,
+best_hparams.yaml's text, precision decisions passed on to train, and the summary line."""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tfmlops import tracking
+from tfmlops.artifacts import PRECISION
 from tfmlops.config import Config
 from tfmlops.config.sections.tune import objective_direction
-from tfmlops.model import search_space
-from tfmlops.tuning.records import SearchResult, TrialRecord, last_line
+from tfmlops.model import hparams, search_space
+from tfmlops.tuning import final_round
+from tfmlops.tuning.search import SearchResult, TrialRecord, last_line, project_name
+
+log = logging.getLogger(__name__)
 
 FIXED_COLUMNS = ("trial", "baseline", "score", "status", "epochs", "best_epoch", "seconds")
 
@@ -94,3 +103,45 @@ def draw_plots(objective: str, tuner: str, rows: list[dict[str, Any]], folder: P
     ax.legend()
     fig.savefig(folder / "tune_score_vs_learning_rate.png")
     return folder
+
+
+def log_summary(cfg: Config, metrics: dict, best: TrialRecord, best_cfg: Config,
+                winner: final_round.FinalEntry | None) -> None:
+    if metrics["budget_exhausted"]:
+        log.warning(f"tune: the budget of {cfg.tune.budget_minutes:g} min cut the search short "
+                    f"after {metrics['trials']} trials: its result depends on this machine's "
+                    "speed; raise tune.budget_minutes for a reproducible search")
+    chosen = (f"; final round at train's length: {winner.name} wins with "
+              f"{cfg.tune.objective} {winner.score:.4f}" if winner else "")
+    log.info(f"tune: best {cfg.tune.objective} {best.score:.4f} (trial {best.trial_id}) of "
+             f"{metrics['trials']} trials ({metrics['trials_failed']} failed, "
+             f"{metrics['trials_run']} run now) in {metrics['search_seconds']:.0f} s{chosen} -> "
+             f"{hparams.best_path(cfg)}: {len(best_cfg.model.blocks)} blocks, "
+             f"{best_cfg.train.optimizer.name} lr {best_cfg.train.optimizer.learning_rate:.2g}, "
+             f"{best_cfg.train.schedule.name}, batch {best_cfg.train.batch_size}")
+
+
+def best_text(cfg: Config, best: TrialRecord, key: str, chosen: Config,
+              winner: final_round.FinalEntry | None, cut_short: bool) -> str:
+    head = (f"best trial {best.trial_id} of search {project_name(cfg, key)}: "
+            f"{cfg.tune.objective} {best.score:.6g}")
+    if cut_short:
+        head += (f"\n# cut short by tune.budget_minutes ({cfg.tune.budget_minutes:g}): "
+                 "a faster or slower machine searches further or less far")
+    if winner is not None:
+        head += (f"\n# final round at train's length: {winner.name} wins "
+                 f"({cfg.tune.objective} {winner.score:.6g})")
+    return header(head) + yaml.safe_dump(hparams.tuned_tree(chosen), sort_keys=False)
+
+
+def pass_on_precision(cfg: Config, out: Path) -> None:
+    """The timed precision decisions (`timed`, a CPU with bf16 units) beside best_hparams.yaml:
+    train reads the one of the architecture it trains, as the final round trained it."""
+    decisions = Path(cfg.paths.tuner) / PRECISION
+    if decisions.is_file():
+        shutil.copyfile(decisions, out / PRECISION)
+
+
+def header(text: str) -> str:
+    return (f"# {text}\n"
+            "# train merges: params.yaml <- this file (train.use_tuned) <- train.overrides\n")

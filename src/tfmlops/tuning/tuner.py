@@ -17,10 +17,9 @@ from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.files import write_json
 from tfmlops.model import search_space
-from tfmlops.tuning import records
 from tfmlops.tuning.hypermodel import TrialModel
 from tfmlops.tuning.oracles import make_oracle
-from tfmlops.tuning.search import project_name
+from tfmlops.tuning.search import ENDED, TRIAL_FILE, SearchResult, last_line, project_name, record
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +81,14 @@ class TrackedTuner(kt.Tuner):
         status = "FINISHED" if ended.status == "COMPLETED" else "FAILED"
         child.set_tags({"tfmlops.tune.status": ended.status})
         if ended.message:
-            child.set_tags({"tfmlops.tune.error": records.last_line(ended.message)})
+            child.set_tags({"tfmlops.tune.error": last_line(ended.message)})
         if ended.score is not None and status == "FINISHED":
             child.log_metrics({"score": ended.score, "best_epoch": ended.best_step or 0})
         child.log_metrics({"seconds": seconds})
         child.end(status)
         self.ran_now.append(trial.trial_id)
         side = {"seconds": round(seconds, 2), "run_id": child.run_id, "tuner_id": self.tuner_id}
-        write_json(Path(self.get_trial_dir(trial.trial_id)) / records.TRIAL_FILE, side)
+        write_json(Path(self.get_trial_dir(trial.trial_id)) / TRIAL_FILE, side)
 
     def close_open_trial(self):
         """End the child run of a trial interrupted by an exception or a kill."""
@@ -131,10 +130,10 @@ def _search(tuner: TrackedTuner, cfg: Config) -> None:
         tuner.close_open_trial()
 
 
-def search(cfg: Config, parent: tracking.StageRun, key: str) -> records.SearchResult:
+def search(cfg: Config, parent: tracking.StageRun, key: str) -> SearchResult:
     """Run (or resume) the search (single process or chief); every trial of it, old and new."""
     tuner, oracle = build_tuner(cfg, parent, key)
-    ended_before = {i for i, t in oracle.trials.items() if t.status in records.ENDED}
+    ended_before = {i for i, t in oracle.trials.items() if t.status in ENDED}
     log.info(f"tune: {cfg.tune.tuner} search in {tuner.project_dir} "
              f"({len(ended_before)} trials finished before, "
              f"budget {cfg.tune.budget_minutes:g} min)")
@@ -142,12 +141,12 @@ def search(cfg: Config, parent: tracking.StageRun, key: str) -> records.SearchRe
     _search(tuner, cfg)
     seconds = time.perf_counter() - started
     in_trial_order = sorted(oracle.trials.values(), key=lambda t: (int(t.trial_id), t.trial_id))
-    trials = [records.record(tuner.project_dir, t, oracle.baseline) for t in in_trial_order]
+    trials = [record(tuner.project_dir, t, oracle.baseline) for t in in_trial_order]
     # ended now, by this process or (on a chief) by any worker
     ran_now = [t.trial_id for t in trials
-               if t.status in records.ENDED and t.trial_id not in ended_before]
+               if t.status in ENDED and t.trial_id not in ended_before]
     stop = oracle.stop_reason or ("budget" if tuner.hypermodel.cut_short else "done")
-    return records.SearchResult(trials, ran_now, seconds, stop, tuner.hypermodel.profiled_dir)
+    return SearchResult(trials, ran_now, seconds, stop, tuner.hypermodel.profiled_dir)
 
 
 def work(cfg: Config, parent: tracking.StageRun, key: str) -> dict:
