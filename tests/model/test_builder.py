@@ -49,7 +49,7 @@ def test_custom_layer_and_loss_round_trip_with_safe_mode(tmp_path):
     from tfmlops.config import LossConfig
     from tfmlops.model.artifacts import load_keras3
     from tfmlops.model.builder import build_model
-    from tfmlops.model.optim import make_loss
+    from tfmlops.model.custom import make_loss
 
     model = build_model(SPECS["separable_se_avg"], keras, INPUT, 10)
     model.compile(optimizer="adam", loss=make_loss(LossConfig(name="focal", label_smoothing=0.1),

@@ -61,7 +61,7 @@ def tiny_batch_and_model(prepared_digits, batch_size=32):
 
     from tfmlops.data import pipeline
     from tfmlops.model.builder import build_model
-    from tfmlops.model.optim import make_optimizer
+    from tfmlops.model.custom import make_optimizer
 
     prepared = pipeline.load_prepared(prepared_digits)
     batch = next(iter(pipeline.dataset(prepared_digits, prepared, "train",
@@ -254,7 +254,7 @@ def test_one_mixed_precision_training_step(policy, compute):
     import keras
 
     from tfmlops.model.builder import build_model
-    from tfmlops.model.optim import make_optimizer
+    from tfmlops.model.custom import make_optimizer
     from tfmlops.model.precision import global_policy, uses_loss_scaling
 
     with global_policy(policy, keras):

@@ -58,7 +58,7 @@ def qat_variant(cfg, tcfg, prepared, pruned, calibration, out: Path, failed: dic
         return None
     from tfmlops.compress import tflite
     from tfmlops.data import pipeline
-    from tfmlops.model.optim import make_loss
+    from tfmlops.model.custom import make_loss
     from tfmlops.progress import keras_verbose
 
     keras = source.tf_keras_module()

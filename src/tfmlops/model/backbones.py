@@ -73,13 +73,10 @@ DOWNLOAD_TIMEOUT_S = 5.0
 
 # ------------------------------------------------------------- weights files
 
-def keras_cache() -> Path:
-    """Keras' own cache of downloaded weights (keras.utils.get_file's default)."""
-    return Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "models"
-
-
 def imagenet_path(backbone: str) -> Path:
-    return keras_cache() / APPS[backbone].weights_file
+    """In Keras' own cache of downloaded weights (keras.utils.get_file's default)."""
+    cache = Path(os.environ.get("KERAS_HOME") or Path.home() / ".keras") / "models"
+    return cache / APPS[backbone].weights_file
 
 
 def ensure_weights(spec: ModelSpec, backbones=None, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:

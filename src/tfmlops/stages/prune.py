@@ -65,7 +65,7 @@ def run(cfg: Config) -> dict:
 def _prune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple[dict, list]:
     from tfmlops import profiling
     from tfmlops.data import pipeline
-    from tfmlops.model.optim import make_loss
+    from tfmlops.model.custom import make_loss
     from tfmlops.progress import keras_verbose
     from tfmlops.runtimes import accuracy
 

@@ -193,7 +193,7 @@ def compile_model(model, merged: Config, prepared, keras, total_steps: int,
                   lr_factor: float = 1.0):
     """Compile with train's optimizer, schedule (peak x `lr_factor`) and loss; a fresh
     optimizer each call (a fine-tuning phase changes which variables it trains)."""
-    from tfmlops.model.optim import make_loss, make_optimizer, make_schedule
+    from tfmlops.model.custom import make_loss, make_optimizer, make_schedule
 
     t = merged.train
     schedule = make_schedule(t.schedule, t.optimizer.learning_rate * lr_factor, total_steps, keras)
