@@ -75,7 +75,7 @@ SERVED_NAME = {"onnx": "onnxruntime_float32", "tflite": "tflite_float32",
 def parity(fns: dict, x: np.ndarray, atol: float) -> dict:
     """Each runtime's probabilities on the whole test split against Keras'."""
     from tfmlops.runtimes import top1_agreement
-    from tfmlops.serving.parity import compare
+    from tfmlops.serving.skew import compare
 
     reference = np.concatenate([fns["tf_function"](x[i:i + 64]) for i in range(0, len(x), 64)])
     out = {}

@@ -8,7 +8,7 @@ import pytest
 from tfmlops.config import GateConfig, replace
 from tfmlops.evaluation import paired_interval, summarize
 from tfmlops.gate import VersionMetrics, evaluate_gate
-from tfmlops.serving.parity import compare
+from tfmlops.serving.skew import compare
 
 GATE = GateConfig(min_accuracy=0.9, max_regression=0.01, max_size_bytes=1000,
                   max_latency_ms=5.0, require_parity=True)

@@ -21,12 +21,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from tfmlops.artifacts import MODEL_FILE, SERVING
-from tfmlops.config import Config
+from tfmlops.config import Config, ServingLimits
 from tfmlops.errors import DataError
 from tfmlops.files import write_json
+from tfmlops.runtimes import OnnxModel, TFLiteModel, accuracy, latency_ms
+from tfmlops.serving import skew
+from tfmlops.serving.mlflow_model import request_example, save_serving_model
+from tfmlops.serving.predictor import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +84,6 @@ def reload_check(saved: Path, split, keras_probs, classes, atol: float):
     """Reload the SavedModel in a fresh process; both signatures must match Keras; the
     bytes signature's parity. The process reads the test split from its TFRecords itself,
     batch by batch."""
-    from tfmlops.serving.parity import compare
-
     with tempfile.TemporaryDirectory(prefix="tfmlops-reload-") as tmp:
         write_json(Path(tmp) / "split.json", split.to_dict())
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
@@ -93,8 +96,8 @@ def reload_check(saved: Path, split, keras_probs, classes, atol: float):
             raise DataError(f"the SavedModel did not reload in a fresh process ({last})")
         with np.load(Path(tmp) / "out.npz", allow_pickle=False) as result:
             got = {k: result[k] for k in result.files}
-    floats = compare("saved_model", keras_probs, got["float_probabilities"], atol)
-    encoded = compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)
+    floats = skew.compare("saved_model", keras_probs, got["float_probabilities"], atol)
+    encoded = skew.compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)
     expected = np.asarray(classes)[np.argmax(keras_probs, axis=1)]
     for c in (floats, encoded):
         if not c.passed:
@@ -128,10 +131,7 @@ def to_onnx(model, path: Path, input_shape, opset: int) -> None:
 def check_onnx(path: Path, split, keras_probs, atol: float):
     """ONNX Runtime on the whole test split (`StoredSplit`) against Keras; DataError saying
     by how much."""
-    from tfmlops.runtimes import OnnxModel
-    from tfmlops.serving.parity import compare
-
-    result = compare("onnx", keras_probs, split.predict(OnnxModel(str(path)).predict), atol)
+    result = skew.compare("onnx", keras_probs, split.predict(OnnxModel(str(path)).predict), atol)
     if not result.passed:
         raise DataError(f"{result.describe()}; raise export.atol only if that is acceptable")
     return result
@@ -144,8 +144,6 @@ def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
     runtime over the test split (`StoredSplit`) batch by batch."""
     import tensorflow as tf
 
-    from tfmlops.runtimes import OnnxModel, TFLiteModel, accuracy, latency_ms
-    from tfmlops.serving.parity import compare
     from tfmlops.serving.signatures import FLOAT_SIGNATURE
 
     runs = cfg.export.latency_runs
@@ -173,7 +171,7 @@ def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
         row = {"format": name, "file": _rel(files[name], out), "bytes": _size(files[name]),
                "accuracy": accuracy(probs[name], y), **latency_ms(call[name], x1, runs, warmup)}
         if name != "keras":
-            p = compare(name, keras_probs, probs[name], cfg.export.atol)
+            p = skew.compare(name, keras_probs, probs[name], cfg.export.atol)
             parities.append(p)
             row.update(max_abs_diff=p.max_abs_diff, top1_mismatches=p.top1_mismatches,
                        parity=p.passed)
@@ -195,12 +193,7 @@ def choose_serving(rows: list[dict], parities) -> dict:
 def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None = None) -> None:
     """serving.json: what the served model needs, with `export.serving`'s request caps
     (None: their defaults)."""
-    import msgspec
-
-    from tfmlops.config import ServingLimits
-
     limits = limits if limits is not None else msgspec.to_builtins(ServingLimits())
-
     write_json(out / SERVING, {
         "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,
         "image_size": prepared.image_size, "channels": prepared.channels,
@@ -213,8 +206,6 @@ def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y
     """The served MLflow model saved and loaded back as `mlflow models serve` loads it,
     checked on the stored test images, then the skew report written to `report_path`:
     (the served row, the skew pairs)."""
-    from tfmlops.serving.mlflow_model import request_example, save_serving_model
-
     log.info("export: checking the served MLflow model (%s) on the test split's stored "
              "images", serving["runtime"])
     first, _ = split.first
@@ -235,16 +226,10 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
     Its latency is one request row end to end in-process (base64 image -> label),
     which is what the gate's latency budget limits.
     """
-    from tfmlops.runtimes import accuracy, latency_ms
-    from tfmlops.serving.mlflow_model import request_example
-    from tfmlops.serving.parity import compare
-    from tfmlops.serving.predictor import Predictor
-    from tfmlops.serving.skew import pyfunc_probabilities
-
     limits = cfg.export.serving  # rows per request: image rows its caps always admit
     rows = max(1, min(limits.max_rows, limits.max_request_pixels // limits.max_image_pixels))
-    probs = split.predict_encoded(lambda encoded: pyfunc_probabilities(served, encoded, rows))
-    p = compare("served_pyfunc", keras_probs, probs, cfg.export.atol)
+    probs = split.predict_encoded(lambda encoded: skew.pyfunc_probabilities(served, encoded, rows))
+    p = skew.compare("served_pyfunc", keras_probs, probs, cfg.export.atol)
     parities.append(p)
     if not p.passed:
         raise DataError(f"the served model's decoding or preprocessing drifted from training: "
@@ -262,8 +247,6 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
 def check_skew(cfg, prepared, model, served, parities) -> tuple[list, dict]:
     """Every pair of the skew report (`serving.skew`), the source pair included; fails on
     a gated pair out of bounds, naming it."""
-    from tfmlops.serving import skew
-
     by = {p.runtime: p for p in parities}
     pairs = [skew.Pair(name, by[name]) for name in
              ("saved_model", "saved_model_bytes", "served_pyfunc", "onnx")]

@@ -23,24 +23,60 @@ report to its MLflow run (`skew.json`):
 
 The quantized edge TFLite is reported, never gated. A gated pair out of bounds
 fails `export` with one line naming the pair.
+
+Parity (`compare`: also export's check of each runtime) means: on every test image
+ the largest absolute difference between the two probability vectors is
+at most `atol`, and the top-1 class is the same.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tfmlops.artifacts import read_manifest
 from tfmlops.errors import DataError
-from tfmlops.serving.parity import Parity, compare
 
 log = logging.getLogger(__name__)
 
 EXIF_ORIENTATION = 0x0112
 HEADER_SCAN_FACTOR = 8  # headers read per sampled source, to find the EXIF-rotated ones
+
+
+@dataclass(frozen=True)
+class Parity:
+    runtime: str
+    images: int
+    max_abs_diff: float
+    top1_mismatches: int
+    atol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.atol and self.top1_mismatches == 0
+
+    def describe(self) -> str:
+        verdict = "ok" if self.passed else "FAILED"
+        over = self.max_abs_diff - self.atol
+        by = f" (over by {over:.3g})" if over > 0 else ""
+        return (f"{self.runtime} parity {verdict}: max |{self.runtime} - keras| = "
+                f"{self.max_abs_diff:.3g} vs atol {self.atol:g}{by}, "
+                f"{self.top1_mismatches} of {self.images} top-1 labels differ")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def compare(runtime: str, reference: np.ndarray, candidate: np.ndarray, atol: float) -> Parity:
+    """`candidate` probabilities [N, K] against the Keras `reference` [N, K]."""
+    if reference.shape != candidate.shape:
+        raise ValueError(f"{runtime}: output shape {candidate.shape} != keras {reference.shape}")
+    diff = float(np.max(np.abs(reference.astype(np.float64) - candidate.astype(np.float64))))
+    mismatches = int(np.sum(np.argmax(reference, axis=1) != np.argmax(candidate, axis=1)))
+    return Parity(runtime, int(len(reference)), diff, mismatches, float(atol))
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,6 @@ def run(cfg: Config) -> dict:
         out, run = st.out, st.run
         from tfmlops.data.stored_split import StoredSplit
         from tfmlops.serving import formats as fmt
-        from tfmlops.serving.card import model_card
 
         model = fmt.float32_model(trained_model_path(cfg), tcfg, prepared)
         # The test split is read batch by batch by every check, never held whole.
@@ -84,7 +83,7 @@ def run(cfg: Config) -> dict:
         data = {"classes": prepared.classes, "image_size": prepared.image_size,
                 "channels": prepared.channels, "counts": prepared.counts,
                 "version": tracking.data_version(cfg), "mean": prepared.mean, "std": prepared.std}
-        card = model_card(cfg.promote.registered_model, data, rows,
+        card = reg.model_card(cfg.promote.registered_model, data, rows,
                           [p.to_dict() for p in parities], edge, serving, lineage)
         write_text(out / MODEL_CARD, card)
         # Outputs in place first, then register, then name the version beside them: a
