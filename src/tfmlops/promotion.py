@@ -9,15 +9,19 @@ returns the decision record `stages/promote.py` logs and writes.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 from dataclasses import asdict
 from pathlib import Path
 
+from tfmlops.artifacts import EVALUATION, TAG_PROMOTE, report_path
 from tfmlops.config import Config
 from tfmlops.errors import DataError
+from tfmlops.files import write_json
 from tfmlops.gate import VersionMetrics, evaluate_gate
 from tfmlops.registry import CANDIDATE, PREVIOUS, PRODUCTION
+from tfmlops.tracking import stage_runs
 
 
 def dvc_experiment() -> str | None:
@@ -103,9 +107,6 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
 def record_evaluation(cfg: Config, run, evaluation: dict) -> dict:
     """reports/promote_evaluation.json and the promote run's artifacts (that JSON, the
     plots, the per-image table) and metrics; returns the digest promote.json keeps."""
-    from tfmlops.artifacts import EVALUATION, report_path
-    from tfmlops.files import write_json
-
     files = evaluation.pop("files", [])
     path = write_json(report_path(cfg.paths.reports, EVALUATION), evaluation)
     for file in [path, *files]:
@@ -176,11 +177,6 @@ HISTORY_COLUMNS = ("time", "user", "action", "outcome", "from", "to", "candidate
 def history(cfg: Config) -> list[dict]:
     """Every promote run of the params' registered model, oldest first: who, when, which
     action, from which @production version to which, and why (its decision's summary)."""
-    import datetime
-
-    from tfmlops.artifacts import TAG_PROMOTE
-    from tfmlops.tracking import stage_runs
-
     rows = []
     model = {"promote.registered_model": cfg.promote.registered_model}
     for run in stage_runs(cfg, "promote", params=model):

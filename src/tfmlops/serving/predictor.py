@@ -78,7 +78,7 @@ class Predictor:
         if len(rows) > cap.max_rows:
             raise RequestError(f"{len(rows)} rows in one request; send at most {cap.max_rows} "
                                "(export.serving.max_rows)")
-        parsed = [self._checked(i, row, self._parse) for i, row in enumerate(rows)]
+        parsed = [self._checked(i, self._parse, row) for i, row in enumerate(rows)]
         total = sum(cost[0] for kind, _, cost in parsed if kind == "image")
         if total > cap.max_request_pixels:
             raise RequestError(f"the request's images claim {total:,} pixels in all; send at most "
@@ -90,10 +90,11 @@ class Predictor:
                                f"most {cap.max_request_decoded_bytes:,} per request "
                                "(export.serving.max_request_decoded_bytes): fewer, smaller or "
                                "8-bit images")
-        return np.stack([self._checked(i, p, self._finish) for i, p in enumerate(parsed)])
+        return np.stack([self._checked(i, self.image_input, value) if kind == "image" else value
+                         for i, (kind, value, _) in enumerate(parsed)])
 
     @staticmethod
-    def _checked(i: int, item, step):
+    def _checked(i: int, step, item):
         try:
             return step(item)
         except RequestError as exc:
@@ -116,10 +117,6 @@ class Predictor:
         if pixels is not None:
             return "pixels", self._pixels(pixels), (0, 0)
         raise RequestError(f"has neither 'image' nor 'pixels'; {REQUEST_HELP}")
-
-    def _finish(self, parsed: tuple[str, object, tuple[int, int]]) -> np.ndarray:
-        kind, value, _ = parsed
-        return self.image_input(value) if kind == "image" else value
 
     def _pixels(self, pixels) -> np.ndarray:
         h, w, c = shape = (self.image_size, self.image_size, self.channels)

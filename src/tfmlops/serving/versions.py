@@ -186,12 +186,9 @@ def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
              *(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
                                 out_dir / CONFUSION_PNG.format(version=role)) for role in runs)]
     first = runs["candidate"]
-
-    def name(i: int) -> str:
-        return classes[i] if i >= 0 else ev.UNKNOWN
-
+    names = [*classes, ev.UNKNOWN]  # a prediction of -1 (a class the split lacks): the last
     rows = ({"sha256": sha, "label": classes[first.labels[i]],
-             **{f"{role}_predicted": name(p.predicted[i]) for role, p in runs.items()},
+             **{f"{role}_predicted": names[p.predicted[i]] for role, p in runs.items()},
              **{f"{role}_confidence": f"{p.confidence[i]:.6f}" for role, p in runs.items()}}
             for i, sha in enumerate(first.sha256))
     columns = ["sha256", "label", *[f"{r}_{k}" for r in runs for k in ("predicted", "confidence")]]
