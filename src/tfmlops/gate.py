@@ -56,18 +56,14 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
     mine, theirs = ev.get("candidate"), ev.get("production") if production else None
     accuracy, tag, label = ((mine["accuracy"], "", f"accuracy on {mine['images']} test images")
                             if mine is not None else (c.accuracy, "serving.accuracy", "accuracy"))
-    checks = [_bound("min_accuracy", c, accuracy, gate.min_accuracy, tag, at_least=True, label=label)]
-    if production is not None and ev.get("paired") is not None:
-        checks.append(_paired(gate, production, ev["paired"]))
-    else:
-        checks.append(_regression(gate, c, production))
-    checks += [_class_recall(gate, mine), _class_drop(gate, production, mine, theirs),
-               _ece(gate, mine)]
-    checks.append(_bound("max_size_bytes", c, c.bytes, gate.max_size_bytes, "serving.bytes",
-                         at_least=False, label="size", unit=" bytes", spec=(",.0f", ",")))
-    checks.append(_bound("max_latency_ms", c, c.latency_ms, gate.max_latency_ms,
-                         "serving.latency_p50_ms", at_least=False, label="p50 latency",
-                         unit=" ms", spec=(".3f", "g")))
+    checks = [
+        _bound("min_accuracy", c, accuracy, gate.min_accuracy, tag, at_least=True, label=label),
+        _regression(gate, c, production, ev.get("paired")),
+        _class_recall(gate, mine), _class_drop(gate, production, mine, theirs), _ece(gate, mine),
+        _bound("max_size_bytes", c, c.bytes, gate.max_size_bytes, "serving.bytes",
+               at_least=False, label="size", unit=" bytes", spec=(",.0f", ",")),
+        _bound("max_latency_ms", c, c.latency_ms, gate.max_latency_ms, "serving.latency_p50_ms",
+               at_least=False, label="p50 latency", unit=" ms", spec=(".3f", "g"))]
     if not gate.require_parity:
         checks.append(Check("parity", True, c.parity, None, "parity not required"))
     else:
@@ -171,10 +167,14 @@ def _bound(name: str, v: VersionMetrics, value: float | None, limit: float, tag:
     return Check(name, ok, value, limit, text)
 
 
-def _regression(gate: GateConfig, c: VersionMetrics, production: VersionMetrics | None) -> Check:
+def _regression(gate: GateConfig, c: VersionMetrics, production: VersionMetrics | None,
+                paired: dict | None) -> Check:
+    """On the same images (`paired`) when both were evaluated, else from export's tags."""
     if production is None:
         return Check("max_regression", True, None, gate.max_regression,
                      "no other version holds @production: nothing to compare with")
+    if paired is not None:
+        return _paired(gate, production, paired)
     if c.accuracy is None or production.accuracy is None:
         return _missing("max_regression", c if c.accuracy is None else production,
                         "serving.accuracy")

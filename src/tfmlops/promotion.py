@@ -43,13 +43,11 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
 
     metrics = VersionMetrics.from_tags(candidate, registry.tags(candidate))
     production = registry.alias(PRODUCTION)
-    against = None
-    if production and production != candidate:
-        against = VersionMetrics.from_tags(production, registry.tags(production))
-    evaluation = None
-    if cfg.promote.gate.evaluate:
-        evaluation = evaluate_versions(cfg, registry, candidate, against and production,
-                                       out_dir or Path(cfg.paths.reports) / "promote")
+    against = (VersionMetrics.from_tags(production, registry.tags(production))
+               if production and production != candidate else None)
+    evaluation = (evaluate_versions(cfg, registry, candidate, against and production,
+                                    out_dir or Path(cfg.paths.reports) / "promote")
+                  if cfg.promote.gate.evaluate else None)
     checks = evaluate_gate(cfg.promote.gate, metrics, against, evaluation)
     failed = [c for c in checks if not c.passed]
     still_held()

@@ -175,8 +175,7 @@ class Registry:
         me = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         lease_s = float(self.cfg.promote.lock_lease_s)
         self._acquire(lock, me, lease_s, wait_s)
-        lease = _Lease(self, lock, me, lease_s)
-        self._lease = lease
+        self._lease = lease = _Lease(self, lock, me, lease_s)
         try:
             yield lease.check
         finally:
