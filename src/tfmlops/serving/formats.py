@@ -31,7 +31,6 @@ from tfmlops.files import write_json
 from tfmlops.runtimes import OnnxModel, TFLiteModel, accuracy, latency_ms
 from tfmlops.serving import skew
 from tfmlops.serving.mlflow_model import request_example, save_serving_model
-from tfmlops.serving.predictor import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -212,14 +211,13 @@ def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y
     with tempfile.TemporaryDirectory(prefix="tfmlops-served-") as tmp:
         served = save_serving_model(out, serving["file"], request_example(first),
                                     Path(tmp) / "model")
-        row = check_served(cfg, out, serving, served, split, y, keras_probs, parities)
+        row = check_served(cfg, serving, served, split, y, keras_probs, parities)
         pairs, report = check_skew(cfg, prepared, model, served, parities)
     write_json(report_path, report)
     return row, pairs
 
 
-def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
-                 parities) -> dict:
+def check_served(cfg, serving: dict, served, split, y, keras_probs, parities) -> dict:
     """The served MLflow model (`served`, loaded back by `mlflow.pyfunc.load_model`) on
     the stored test bytes vs Keras on the pipeline's tensors.
 
@@ -234,10 +232,9 @@ def check_served(cfg, out: Path, serving: dict, served, split, y, keras_probs,
     if not p.passed:
         raise DataError(f"the served model's decoding or preprocessing drifted from training: "
                         f"{p.describe()}")
-    predictor = Predictor.from_files(out / serving["file"], out / SERVING)
-    row = [request_example(split.first[0])]
+    predict_rows = served.unwrap_python_model().predictor.predict_rows  # the served model's own
     runs = cfg.export.latency_runs
-    timing = latency_ms(predictor.predict_rows, row, runs, max(1, runs // 10))
+    timing = latency_ms(predict_rows, [request_example(split.first[0])], runs, max(1, runs // 10))
     serving["latency_p50_ms"] = timing["p50_ms"]
     return {"format": "served_pyfunc", "file": serving["file"], "bytes": serving["bytes"],
             "accuracy": accuracy(probs, y), **timing, "max_abs_diff": p.max_abs_diff,
