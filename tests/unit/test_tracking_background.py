@@ -9,7 +9,7 @@ from conftest import mlflow_client, stage_runs
 from tfmlops import tracking
 from tfmlops.artifacts import MODEL_FILE
 from tfmlops.tracking import keras_file
-from tfmlops.tracking.background import Background
+from tfmlops.tracking.run import Background
 
 pytestmark = pytest.mark.timeout(300)
 

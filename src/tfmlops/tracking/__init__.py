@@ -11,7 +11,7 @@ failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed
 the next run of their stage (stale.py: on this machine, when the owner process is
 gone; on another, when its heartbeat stopped: heartbeat.py); URIs are written and
 logged without credentials (uri.redact). Tracking's fixed cost is kept out of the
-stage's way: the model logged in a thread (background.py, run.py); the runs of
+stage's way: the model logged in a thread (run.py); the runs of
 `prepare`, `tune` (with its trials' nested runs), `train`, `prune`, `quantize` and
 `export` (its registration too: `StageRun.perform`) kept by a separate process
 (sidecar.py, keras_file.py); promote (synchronous registry calls) keeps its own.

@@ -8,6 +8,7 @@ those runs, oldest first; `mlflow.user` says who ran it.
 from __future__ import annotations
 
 from tfmlops.artifacts import TAG_STAGE
+from tfmlops.tracking.stale import all_runs
 from tfmlops.tracking.uri import ensure_reachable, tracking_uri, use_uri
 
 
@@ -22,12 +23,5 @@ def stage_runs(cfg, stage: str, params: dict[str, str] | None = None) -> list[di
         return []
     query = " and ".join([f"tags.`{TAG_STAGE}` = '{stage}'",
                           *(f"params.`{k}` = '{v}'" for k, v in (params or {}).items())])
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment.experiment_id], query, max_results=1000,
-                                  order_by=["attributes.start_time ASC"], page_token=token)
-        runs += [{"run_id": r.info.run_id, "status": r.info.status,
-                  "start_time": r.info.start_time, "tags": dict(r.data.tags)} for r in page]
-        token = page.token
-        if not token:
-            return runs
+    return [{"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
+             "tags": dict(r.data.tags)} for r in all_runs(client, experiment.experiment_id, query)]

@@ -26,9 +26,10 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,6 @@ from tfmlops.artifacts import TAG_STAGE
 from tfmlops.config import Config, flatten
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking import keras_file
-from tfmlops.tracking.background import Background, is_store_error
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import experiment_id_of, stage_run_name
@@ -138,16 +138,20 @@ class StageRun:
             return ModelLogging(self, None)
         # Declared, not inferred: MLflow's inference reloads the model in a fresh
         # Python (~15 s of TensorFlow import) on every log.
-        requirements = model_requirements()
+        requirements = pinned_requirements("mlflow", "tensorflow", "keras", "numpy")
         bad: list[BaseException] = []  # not a store problem: raised by wait(), not queued
 
         def go(_client):
             try:
                 keras_file.log_saved(self.run_id, described, requirements)
             except Exception as exc:
-                if is_store_error(exc):
-                    raise  # retried, then the caller queues the saved file
-                bad.append(exc)
+                from mlflow.exceptions import MlflowException
+
+                # The store refused or could not be reached (MLflow's errors, network and
+                # file errors): retried, then the caller queues the saved file.
+                if isinstance(exc, (MlflowException, OSError)):
+                    raise
+                bad.append(exc)  # a bug or a model that cannot be saved
 
         def job() -> bool:
             sent = self._call(go, "model", {})
@@ -283,9 +287,28 @@ class ModelLogging:
         return sent
 
 
-def model_requirements() -> list[str]:
-    """What a logged Keras model needs to load (its pip requirements, pinned)."""
-    return pinned_requirements("mlflow", "tensorflow", "keras", "numpy")
+class Background:
+    """`fn()` in a daemon thread; `join()` waits and raises whatever `fn` raised, so a
+    failure there fails the stage instead of vanishing with the thread."""
+
+    def __init__(self, fn: Callable[[], Any], name: str):
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._fn = fn
+        self._thread = threading.Thread(target=self._run, name=f"tfmlops-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            self.error = exc
+
+    def join(self) -> Any:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 def pinned_requirements(*names: str) -> list[str]:

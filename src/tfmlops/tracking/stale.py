@@ -76,7 +76,7 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
         experiment_id = mlflow_client.get_run(current_run_id).info.experiment_id
         repo = str(repo_root())
         query = f"tags.`tfmlops.stage` = '{stage}' and attributes.status = 'RUNNING'"
-        running = _all_runs(mlflow_client, experiment_id, query)
+        running = all_runs(mlflow_client, experiment_id, query)
         ours = [r for r in running if r.info.run_id != current_run_id
                 and r.data.tags.get(OWNER + "repo") == repo]
         reasons = {r.info.run_id: "owner process gone" for r in ours if owner_gone(r.data.tags)}
@@ -105,13 +105,13 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
                     stage, len(reasons), ", ".join(sorted(reasons)))
 
 
-def _all_runs(mlflow_client, experiment_id: str, query: str) -> list:
-    """Every run matching `query`, page by page: a store that many killed workers left
-    runs in holds more than one page."""
+def all_runs(mlflow_client, experiment_id: str, query: str) -> list:
+    """Every run matching `query`, oldest first, page by page: a store that many killed
+    workers left runs in holds more than one page."""
     runs, token = [], None
     while True:
         page = mlflow_client.search_runs([experiment_id], query, max_results=SEARCH_PAGE,
-                                         page_token=token)
+                                         order_by=["attributes.start_time ASC"], page_token=token)
         runs += page
         token = page.token
         if not token:
