@@ -30,8 +30,7 @@ from tfmlops.tracking.lineage import (
     linked_run_id,
     read_run_file,
 )
-from tfmlops.tracking.ops import REPLAYABLE
-from tfmlops.tracking.outbox import OUTBOX_DIR, sync
+from tfmlops.tracking.outbox import sync
 from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run
 from tfmlops.tracking.sidecar import discard_early as discard_sidecar
 from tfmlops.tracking.sidecar import sidecar_run
@@ -45,15 +44,13 @@ from tfmlops.tracking.uri import (
     redact,
     repo_root,
     tracking_uri,
-    ui_url,
     use_uri,
 )
 
 __all__ = [
-    "OUTBOX_DIR", "REPLAYABLE", "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location",
-    "attach_run", "data_version", "dvc_data_hashes", "ensure_reachable", "git_state",
-    "import_mlflow", "is_chief", "linked_run_id",
-    "pinned_requirements", "preflight", "read_run_file", "redact", "repo_root", "sidecar_run",
-    "start_sidecar", "discard_sidecar", "stage_run", "stage_runs", "sync", "tracking_uri",
-    "ui_url", "use_uri",
+    "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location", "attach_run",
+    "data_version", "dvc_data_hashes", "ensure_reachable", "git_state", "import_mlflow",
+    "is_chief", "linked_run_id", "pinned_requirements", "preflight", "read_run_file", "redact",
+    "repo_root", "sidecar_run", "start_sidecar", "discard_sidecar", "stage_run", "stage_runs",
+    "sync", "tracking_uri", "use_uri",
 ]

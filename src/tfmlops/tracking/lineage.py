@@ -19,7 +19,7 @@ from typing import Any
 
 from tfmlops import artifacts
 from tfmlops.config import Config
-from tfmlops.files import write_text
+from tfmlops.files import read_json, write_text
 from tfmlops.tracking.stale import owner_tags
 from tfmlops.tracking.uri import redact, repo_root
 
@@ -53,13 +53,7 @@ def read_run_file(folder: str | Path) -> dict[str, Any]:
     """The `mlflow_run.json` in `folder`, or {} if it is missing or unreadable; once the
     run a stage handed over to be delivered is in the store (wait_delivered)."""
     wait_delivered(folder)
-    path = Path(folder) / RUN_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+    return read_json(Path(folder) / RUN_FILE, {})
 
 
 def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bool:

@@ -24,16 +24,13 @@ EXPERIMENT_KIND = "custom_model_development"  # the UI's "Model training" view
 DIGEST_CHARS = 6
 
 
-def params_digest(params: dict[str, Any]) -> str:
-    """A short, stable hash of the params a stage reads (same params, same digest)."""
-    blob = json.dumps(params, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:DIGEST_CHARS]
-
-
 def stage_run_name(stage: str, params: dict[str, Any]) -> str:
-    """`train-<dvc exp name>` under `dvc exp run`, else `train-3f9a1c` (params digest)."""
-    exp_name = os.environ.get("DVC_EXP_NAME")
-    return f"{stage}-{exp_name}" if exp_name else f"{stage}-{params_digest(params)}"
+    """`train-<dvc exp name>` under `dvc exp run`, else `train-3f9a1c`: a short, stable hash
+    of the params the stage reads (same params, same name)."""
+    if exp_name := os.environ.get("DVC_EXP_NAME"):
+        return f"{stage}-{exp_name}"
+    blob = json.dumps(params, sort_keys=True, default=str).encode()
+    return f"{stage}-{hashlib.sha256(blob).hexdigest()[:DIGEST_CHARS]}"
 
 
 def experiment_id_of(mlflow, name: str, uri: str) -> str:

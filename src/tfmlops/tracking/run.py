@@ -323,8 +323,7 @@ def pinned_requirements(*names: str) -> list[str]:
 
 
 def _param_value(v: Any) -> str:
-    text = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
-    return text[:6000]
+    return (json.dumps(v) if isinstance(v, (list, dict)) else str(v))[:6000]
 
 
 def _is_number(v: Any) -> bool:

@@ -162,8 +162,7 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
     # running stages in one process) may have exited: a fresh one then.
     process = early if early is not None and early.alive() else _Process(cfg, hold)
     process.send("start", {"cfg": cfg, "stage": stage, "out_dir": str(out_dir), "facts": facts,
-                           "upstream": upstream,
-                           "params": params if params is not None else cfg.to_dict(),
+                           "upstream": upstream, "params": params,  # None: stage_run's default
                            "level": logging.getLogger("tfmlops").getEffectiveLevel()})
     run = SidecarRun(cfg, stage, process, detach_log=None if hold is None
                      else Path(hold).with_name(DETACHED_LOG))

@@ -22,9 +22,7 @@ import os
 import socket
 from pathlib import Path
 
-from tfmlops.files import boot_id as _boot_id
-from tfmlops.files import pid_alive
-from tfmlops.files import pid_namespace as _pid_namespace
+from tfmlops.files import boot_id, pid_alive, pid_namespace
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, silent_runs, stale_after_s
 from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.uri import client, repo_root
@@ -40,7 +38,7 @@ def owner_tags() -> dict[str, str]:
     """The tags naming this process as a run's owner."""
     pid = os.getpid()
     return {f"{OWNER}{k}": v for k, v in {
-        "host": socket.gethostname(), "boot": _boot_id(), "pidns": _pid_namespace(),
+        "host": socket.gethostname(), "boot": boot_id(), "pidns": pid_namespace(),
         "pid": str(pid), "start": _start_time(pid), "repo": str(repo_root()),
     }.items()}
 
@@ -84,7 +82,7 @@ def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: in
                  if HEARTBEAT_TAG in r.data.tags and not judged_here(r.data.tags)}
         if beats:
             threshold = stale_after_s(attempts)
-            for run_id in silent_runs(sightings, _boot_id(), beats, threshold):
+            for run_id in silent_runs(sightings, boot_id(), beats, threshold):
                 reasons[run_id] = f"heartbeat unchanged for over {threshold:.0f} s"
         owners = {r.info.run_id: _owner(r.data.tags) for r in ours if r.info.run_id in reasons}
         # children of a closed run (a trial of a killed search) go with it

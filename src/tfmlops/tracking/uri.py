@@ -81,9 +81,8 @@ def is_chief() -> bool:
         return True
     tf_config = json.loads(raw)
     task = tf_config.get("task", {})
-    cluster = tf_config.get("cluster", {})
     kind, index = task.get("type", "worker"), int(task.get("index", 0))
-    if "chief" in cluster:
+    if "chief" in tf_config.get("cluster", {}):
         return kind == "chief"
     return kind == "worker" and index == 0
 
