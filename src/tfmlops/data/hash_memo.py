@@ -60,7 +60,6 @@ class HashMemo:
         """Record `rows` [(path, stat_key, sha256)] in place of all before, in one
         transaction; files modified at or after `cutoff` (`trust_cutoff`, taken before
         they were read) are left out, to be hashed again next time."""
-        rows = [(p, key, sha) for p, key, sha in rows if key[1] < cutoff]
         self.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None)  # transactions as written here
@@ -71,7 +70,7 @@ class HashMemo:
                        "mtime_ns INTEGER, inode INTEGER, ctime_ns INTEGER, device INTEGER, "
                        "sha256 TEXT)")
             db.executemany("INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           ((str(p), *key, sha) for p, key, sha in rows))
+                           ((str(p), *key, sha) for p, key, sha in rows if key[1] < cutoff))
             faults.point("memo.begin")
             db.execute("COMMIT")
         finally:

@@ -63,16 +63,14 @@ class Extent:
     """Min, max and mean of (width, height) pairs, kept as running values."""
 
     n: int = 0
-    lo: list = field(default_factory=lambda: [None, None])
-    hi: list = field(default_factory=lambda: [None, None])
-    total: list = field(default_factory=lambda: [0, 0])
+    lo: tuple = (float("inf"),) * 2  # read only once an image is added (check_tally)
+    hi: tuple = (0, 0)
+    total: tuple = (0, 0)
 
     def add(self, size) -> None:
         self.n += 1
-        for i, v in enumerate(size):
-            self.lo[i] = v if self.lo[i] is None else min(self.lo[i], v)
-            self.hi[i] = v if self.hi[i] is None else max(self.hi[i], v)
-            self.total[i] += v
+        self.lo, self.hi = tuple(map(min, self.lo, size)), tuple(map(max, self.hi, size))
+        self.total = tuple(a + b for a, b in zip(self.total, size, strict=True))
 
     def summary(self) -> dict:
         return {name: {"min": self.lo[i], "max": self.hi[i], "mean": self.total[i] / max(self.n, 1)}
@@ -309,8 +307,7 @@ def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config
     keys, reasons = [], []
     progress = Progress(len(files), "prepare: decoding")
     cache = tally.cache
-    from_cache = [bool(st and sha and cache.has(sha))
-                  for st, sha in zip(stats, known, strict=True)]
+    from_cache = [bool(sha and cache.has(sha)) for sha in known]  # known: None without a stat
     todo = [(str(path), st[0]) for (path, _), st, hit in zip(files, stats, from_cache, strict=True)
             if st and not hit]
     workers = pool_size(cfg, [size for _, size in todo])
