@@ -74,8 +74,7 @@ def open_image(data: bytes, max_pixels: int | None = None) -> Image.Image:
         raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
     if img.format not in FORMATS:
         raise ImageRejected(f"unsupported image format {img.format}; use PNG or JPEG")
-    pixels = img.width * img.height
-    if max_pixels is not None and pixels > max_pixels:
+    if max_pixels is not None and img.width * img.height > max_pixels:
         raise ImageRejected(f"image of {img.width}x{img.height} pixels is too large "
                             f"(at most {max_pixels:,} pixels)")
     return img

@@ -138,15 +138,12 @@ def dataset(
         raise DataError(f"the {split} split is empty; add images or change data.split")
     p = cfg.pipeline
     size, channels = prepared.image_size, prepared.channels
-    mean, std = prepared.mean, prepared.std
+    # not normalized: the resized image in [0, 1] (x - 0 and x / 1 are exact in float32)
+    mean, std = (prepared.mean, prepared.std) if normalize else (0.0, 1.0)
 
     def parse(record):
         image, label = decode(record, channels)
-        if normalize:
-            x = preprocess(image, size, mean, std)
-        else:
-            x = tf.image.resize(tf.cast(image, tf.float32), (size, size)) / 255.0
-        return tf.ensure_shape(x, (size, size, channels)), label
+        return tf.ensure_shape(preprocess(image, size, mean, std), (size, size, channels)), label
 
     ds = tf.data.Dataset.from_tensor_slices(files)
     ds = ds.interleave(

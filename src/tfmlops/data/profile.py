@@ -115,14 +115,11 @@ def _merged(counters: list[Counter]) -> dict:
 def split_histograms(summary: dict, feature: str) -> tuple[list[str], dict[str, list[int]]]:
     """(bin names, {split: count per bin}) of `feature` over each split's classes, from a
     profile summary: a numeric feature's `bin_labels`, a category's values seen (sorted)."""
-    out = {}
-    for split in SPLITS:
-        per_class = summary["by_split_class"][split].values()
-        values = [h[feature] for h in per_class]
-        out[split] = _merged([Counter(v) for v in values]) if feature in CATEGORIES \
-            else _summed(values) or [0] * (len(EDGES[feature]) + 1)
+    per_split = {s: [h[feature] for h in summary["by_split_class"][s].values()] for s in SPLITS}
     if feature not in CATEGORIES:
-        return bin_labels(feature), out
+        empty = [0] * (len(EDGES[feature]) + 1)
+        return bin_labels(feature), {s: _summed(v) or empty for s, v in per_split.items()}
+    out = {s: _merged([Counter(h) for h in v]) for s, v in per_split.items()}
     names = sorted({n for h in out.values() for n in h})
     return names, {s: [out[s].get(n, 0) for n in names] for s in SPLITS}
 
