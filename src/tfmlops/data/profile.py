@@ -1,5 +1,5 @@
 """The data profile: per split and class, counts and fixed-bin histograms of each
-image's facts, folded in as prepare writes (`data.stream._count`), one image at a time.
+image's facts, folded in as prepare writes (`data.stream.fold`), one image at a time.
 
 The bin edges are constants, not fitted to the data, so two profiles (this run's and
 a reference's, `data.drift`) compare bin by bin. Bin i counts values v with
