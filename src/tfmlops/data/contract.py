@@ -96,15 +96,12 @@ def _act(found: list[dict], leakage: dict, contract) -> None:
                 f"{leakage['max_distance']} bits{example}); {leakage['share']:.1%} of the val/"
                 f"test images have one")
         over = leakage["share"] > contract.leakage.max_share  # unrounded: max_share 0 is 0
-        severity = contract.leakage.severity
-        if over and severity == "error":
-            errors.insert(0, f"{text}, above data.contract.leakage.max_share "
-                          f"{contract.leakage.max_share} (data.contract.leakage.severity: error); "
-                          f"remove one image of each pair listed in reports/{DATA_PROFILE}, or "
-                          "raise the share")
+        above = f"{text}, above data.contract.leakage.max_share {contract.leakage.max_share}"
+        if over and contract.leakage.severity == "error":
+            errors.insert(0, f"{above} (data.contract.leakage.severity: error); remove one image "
+                          f"of each pair listed in reports/{DATA_PROFILE}, or raise the share")
         elif over:
-            log.warning(f"prepare: {text}, above data.contract.leakage.max_share "
-                        f"{contract.leakage.max_share}; the pairs are in reports/{DATA_PROFILE}")
+            log.warning(f"prepare: {above}; the pairs are in reports/{DATA_PROFILE}")
         else:
             log.info(f"prepare: {text} (within data.contract.leakage.max_share)")
     if errors:
