@@ -2,7 +2,7 @@
 machine (issue 26: the code after a change should not be slower than before it).
 
     .venv/bin/python benchmarks/cold_repro.py --before af40521 [--after HEAD] [--rounds 2]
-        [--first after]
+        [--first after] [--set tune.enabled=false ...]
 
 Each run clones the project at one revision into a fresh temp folder and runs
 `dvc repro` there: no DVC cache, prepare cache, tuner state, mlflow.db or mlruns
@@ -12,6 +12,11 @@ package comes from the clone's src (PYTHONPATH, checked before every run). Stage
 times come from dvc's "Running stage 'x'" lines, time-stamped as they stream: a stage
 runs until the next one starts (its output hashing and caching included). The 1-minute
 load average at each run's start is printed beside it: the machine is shared.
+
+`--set KEY=VALUE` (repeatable) edits params.yaml in both clones before the run, e.g.
+`--set tune.enabled=false` trains the params' own model at both revisions: revisions
+whose data order differs search differently, and then train, prune and quantize work
+on different models (see BENCHMARKS.md).
 
 Prints a table after every round (median and min-max per stage and in total, the
 after/before ratio of the medians) and writes reports/benchmarks/cold_repro.json and
@@ -99,11 +104,30 @@ def fresh_copy(sha: str, parent: Path) -> Path:
     return copy
 
 
-def cold_repro(sha: str, log_path: Path, show_import: bool) -> dict:
+def set_params(copy: Path, overrides: list[str]) -> None:
+    """Apply KEY=VALUE overrides (dotted keys, YAML values) to the clone's params.yaml."""
+    import yaml
+
+    path = copy / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = params
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise SystemExit(f"--set {item}: params.yaml at this revision has no {key}")
+        node[leaf] = yaml.safe_load(value)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def cold_repro(sha: str, log_path: Path, show_import: bool, overrides: list[str]) -> dict:
     """One cold `dvc repro` at `sha` in a fresh clone: stage and total wall times."""
     parent = Path(tempfile.mkdtemp(prefix="tfmlops-cold-"))
     try:
         copy = fresh_copy(sha, parent)
+        set_params(copy, overrides)
         env = run_env(copy)
         package = imported_from(copy, env)
         if not package.is_relative_to(copy / "src"):
@@ -132,7 +156,8 @@ def cold_repro(sha: str, log_path: Path, show_import: bool) -> dict:
     bounds = [t for _, t in starts[1:]] + [end]
     stages = {name: round(stop - t, 1)
               for (name, t), stop in zip(starts, bounds[:len(starts)], strict=True)}
-    run = {"sha": sha, "load_avg": [round(x, 2) for x in load], "total_s": round(end - start, 1),
+    run = {"sha": sha, "set": overrides, "load_avg": [round(x, 2) for x in load],
+           "total_s": round(end - start, 1),
            "startup_s": round((starts[0][1] if starts else end) - start, 1), "stages": stages,
            "returncode": code, "log": str(log_path)}
     if code != 0:
@@ -182,6 +207,8 @@ def main() -> None:
     parser.add_argument("--first", choices=("before", "after"), default="before",
                         help="the revision run first in odd rounds (a round alone: the "
                              "other order than an earlier one's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params.yaml value for both revisions (dotted key, YAML value)")
     args = parser.parse_args()
     revs = {"before": git("rev-parse", "--verify", f"{args.before}^{{commit}}", cwd=ROOT),
             "after": git("rev-parse", "--verify", f"{args.after}^{{commit}}", cwd=ROOT)}
@@ -197,7 +224,8 @@ def main() -> None:
         for label in order:
             sha = revs[label]
             print(f"round {round_no}/{args.rounds}: {label} {sha[:7]} ...", flush=True)
-            run = cold_repro(sha, LOGS / f"r{round_no}-{label}-{sha[:7]}.log", not runs)
+            run = cold_repro(sha, LOGS / f"r{round_no}-{label}-{sha[:7]}.log", not runs,
+                             args.set)
             runs.append(run)
             print(f"  {run['total_s']:.1f} s, load at start {run['load_avg'][0]:.2f}", flush=True)
             OUT.write_text(json.dumps({"benchmark": "cold_repro", "command": command,

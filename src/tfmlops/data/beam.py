@@ -83,12 +83,13 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
     """`images.list_files` for a folder URL, through Beam's filesystems (`data.beam.options`
     carry their credentials and endpoints): classes, (file URL, class) in the order the
     local listing has (by path components), nothing refused by what it is (no symlinks)."""
-    from apache_beam.io.filesystems import FileSystems
-
     if cfg.data.engine != "beam":
         raise DataError(f"data.image_dir {url} is a URL: only data.engine: beam reads URLs; "
                         "set it, or copy the images to a local folder")
-    FileSystems.set_options(pipeline_options(cfg))
+    options = pipeline_options(cfg)  # first: it imports Beam without its import-time warning
+    from apache_beam.io.filesystems import FileSystems
+
+    FileSystems.set_options(options)
     root = url.rstrip("/")
     try:
         found = FileSystems.match([root + "/**"])[0].metadata_list

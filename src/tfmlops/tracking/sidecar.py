@@ -722,7 +722,8 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the stage, which raises it
         if replies.detached:
             log.exception("tfmlops: the tracking sidecar failed after its stage had gone on")
-        replies.send("failed", f"the tracking sidecar failed: {type(exc).__name__}: {exc}")
+        with contextlib.suppress(_StageGone):  # the stage died meanwhile: nobody to tell
+            replies.send("failed", f"the tracking sidecar failed: {type(exc).__name__}: {exc}")
         return 1
     finally:  # a run that ended removed them in `serve`, before its exit
         for folder in _scratch:
