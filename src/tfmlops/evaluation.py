@@ -149,15 +149,15 @@ def reliability_png(bins_by_version: Mapping[str, dict], path: Path) -> Path:
     return write_png(path, fig, dpi=100)
 
 
-def confusion_png(summary: dict, title: str, path: Path) -> Path:
+def confusion_png(counts, rows: list[str], columns: list[str], title: str, path: Path) -> Path:
+    """A confusion matrix (rows: true class) as a PNG, each non-zero count written in."""
     plt = pyplot()
-    conf = summary["confusion"]
-    counts = np.asarray(conf["counts"])
-    size = 3 + 0.35 * len(conf["columns"])
+    counts = np.asarray(counts)
+    size = 3 + 0.35 * len(columns)
     fig, ax = plt.subplots(figsize=(size, size))
     ax.imshow(counts, cmap="Blues")
-    ax.set_xticks(range(len(conf["columns"])), conf["columns"], rotation=90)
-    ax.set_yticks(range(len(conf["rows"])), conf["rows"])
+    ax.set_xticks(range(len(columns)), columns, rotation=90)
+    ax.set_yticks(range(len(rows)), rows)
     for (i, j), n in np.ndenumerate(counts):
         if n:
             ax.text(j, i, str(n), ha="center", va="center", fontsize=7)

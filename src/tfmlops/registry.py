@@ -48,6 +48,7 @@ from typing import Any
 from tfmlops import tracking
 from tfmlops.config import Config
 from tfmlops.errors import DataError, TrackingUnavailable
+from tfmlops.tracking.naming import equals
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, error_code, first_line
 
 log = logging.getLogger(__name__)
@@ -153,11 +154,9 @@ class Registry:
         key = key or uuid.uuid4().hex
         tags = {**{k: str(v) for k, v in tags.items()}, REGISTER_KEY: key}
 
-        name = self.name.replace("'", "\\'")
-
         def find_or_create(client):
             found = client.search_model_versions(
-                f"name = '{name}' and tags.`{REGISTER_KEY}` = '{key}'")
+                f"{equals('name', self.name)} and {equals(f'tags.`{REGISTER_KEY}`', key)}")
             if found:  # the oldest version tagged with `key`
                 return str(min(int(v.version) for v in found))
             with contextlib.suppress(Exception):  # exists already: fine

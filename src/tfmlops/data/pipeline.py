@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tfmlops.artifacts import MANIFEST, STATS, read_manifest, require
 from tfmlops.config import Config
-from tfmlops.data.tfrecords import shard_files  # noqa: F401 - callers import it from here
+from tfmlops.data.tfrecords import shard_files
 from tfmlops.errors import DataError
 from tfmlops.files import MARKER, claim_folder, owned_children
 

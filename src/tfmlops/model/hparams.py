@@ -21,6 +21,7 @@ import yaml
 
 from tfmlops.artifacts import BEST_HPARAMS, SEARCHED, require
 from tfmlops.config import Config, config_from_dict, flatten, set_dotted
+from tfmlops.config.sections.train import override_key
 from tfmlops.errors import ConfigError, DataError
 
 TUNABLE_TRAIN_KEYS = ("batch_size", "optimizer", "schedule", "fine_tune")
@@ -101,10 +102,9 @@ def merge(cfg: Config, tuned: dict[str, Any] | None) -> tuple[Config, list[dict[
         if "model" in tuned and "blocks" in tuned["model"]:
             tree["model"]["blocks"] = copy.deepcopy(tuned["model"]["blocks"])
     overridden = []  # the overrides' full keys (a bare key is train's)
-    for dotted, value in cfg.train.overrides.items():
-        key = dotted if dotted.split(".")[0] in ("model", "train") else f"train.{dotted}"
-        set_dotted(tree, key, value)
-        overridden.append(key)
+    for key, value in cfg.train.overrides.items():
+        set_dotted(tree, override_key(key), value)
+        overridden.append(override_key(key))
     try:
         merged = config_from_dict(tree)
     except ConfigError as exc:

@@ -183,8 +183,10 @@ def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [ev.reliability_png({f"{role} v{summary[role]['version']}": summary[role]
                                  for role in runs}, out_dir / RELIABILITY_PNG),
-             *(ev.confusion_png(summary[role], f"{role} version {summary[role]['version']}",
-                                out_dir / CONFUSION_PNG.format(version=role)) for role in runs)]
+             *(ev.confusion_png(**summary[role]["confusion"],
+                                title=f"{role} version {summary[role]['version']}",
+                                path=out_dir / CONFUSION_PNG.format(version=role))
+               for role in runs)]
     first = runs["candidate"]
     names = [*classes, ev.UNKNOWN]  # a prediction of -1 (a class the split lacks): the last
     rows = ({"sha256": sha, "label": classes[first.labels[i]],

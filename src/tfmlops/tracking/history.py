@@ -8,6 +8,7 @@ those runs, oldest first; `mlflow.user` says who ran it.
 from __future__ import annotations
 
 from tfmlops.artifacts import TAG_STAGE
+from tfmlops.tracking.naming import equals
 from tfmlops.tracking.stale import all_runs
 from tfmlops.tracking.uri import ensure_reachable, tracking_uri, use_uri
 
@@ -21,7 +22,7 @@ def stage_runs(cfg, stage: str, params: dict[str, str] | None = None) -> list[di
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     if experiment is None:
         return []
-    query = " and ".join([f"tags.`{TAG_STAGE}` = '{stage}'",
-                          *(f"params.`{k}` = '{v}'" for k, v in (params or {}).items())])
+    query = " and ".join([equals(f"tags.`{TAG_STAGE}`", stage),
+                          *(equals(f"params.`{k}`", v) for k, v in (params or {}).items())])
     return [{"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
              "tags": dict(r.data.tags)} for r in all_runs(client, experiment.experiment_id, query)]

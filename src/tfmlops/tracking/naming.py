@@ -1,4 +1,5 @@
-"""What the MLflow UI shows: the experiment's kind and each stage run's name.
+"""What the MLflow UI shows: the experiment's kind and each stage run's name; and how a
+search names a value (`equals`).
 
 MLflow 3 opens an experiment on its GenAI overview unless the experiment tag
 `mlflow.experimentKind` says it holds model training. A stage's run is named
@@ -22,6 +23,17 @@ log = logging.getLogger(__name__)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"  # the UI's "Model training" view
 DIGEST_CHARS = 6
+
+
+def equals(key: str, value: str) -> str:
+    """The search-filter clause `key = value`. MLflow strips a value's quotes and does not
+    unescape it (`'bob\\'s'` searches for a backslash), so a value holding a single quote
+    goes in double quotes; one holding both kinds cannot be searched for."""
+    value = str(value)
+    if "'" in value and '"' in value:
+        raise ValueError(f"{value!r} holds both quote kinds: MLflow cannot search for it")
+    quote = '"' if "'" in value else "'"
+    return f"{key} = {quote}{value}{quote}"
 
 
 def stage_run_name(stage: str, params: dict[str, Any]) -> str:

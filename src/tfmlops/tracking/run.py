@@ -39,7 +39,7 @@ from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking import keras_file
 from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
-from tfmlops.tracking.naming import experiment_id_of, stage_run_name
+from tfmlops.tracking.naming import equals, experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
 from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
@@ -444,8 +444,8 @@ def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow_client = use_uri(uri).MlflowClient()
-    query = " and ".join([f"tags.`tfmlops.stage` = '{stage}'", "attributes.status = 'RUNNING'",
-                          *(f"tags.`{k}` = '{v}'" for k, v in tags.items())])
+    query = " and ".join([equals("tags.`tfmlops.stage`", stage), "attributes.status = 'RUNNING'",
+                          *(equals(f"tags.`{k}`", v) for k, v in tags.items())])
     give_up = time.monotonic() + wait_s
     while True:
         exp = mlflow_client.get_experiment_by_name(cfg.tracking.experiment)

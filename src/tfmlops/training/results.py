@@ -162,20 +162,9 @@ def summary(rows, test, report, done: int, run_setup: Setup, *, fit_seconds: flo
 
 def plot(folder: Path, rows: list[dict], report: dict, classes: list[str]) -> None:
     """confusion_matrix.png and training_curves.png, each written atomically."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 5))
-    matrix = report["confusion_matrix"]
-    ax.imshow(matrix, cmap="Blues")
-    ax.set(xticks=range(len(classes)), yticks=range(len(classes)), xticklabels=classes,
-           yticklabels=classes, xlabel="predicted", ylabel="true",
-           title=f"test accuracy {report['accuracy']:.4f}")
-    for i, line in enumerate(matrix):
-        for j, count in enumerate(line):
-            if count:
-                ax.text(j, i, str(count), ha="center", va="center", fontsize=7)
-    write_png(folder / "confusion_matrix.png", fig, dpi=100, bbox_inches="tight")
-
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    ev.confusion_png(report["confusion_matrix"], classes, classes,
+                     f"test accuracy {report['accuracy']:.4f}", folder / "confusion_matrix.png")
+    fig, (loss_ax, acc_ax) = pyplot().subplots(1, 2, figsize=(10, 4))
     epochs = [r["epoch"] for r in rows]
     for key, ax in (("loss", loss_ax), ("accuracy", acc_ax)):
         ax.plot(epochs, [r[key] for r in rows], label=f"train {key}")

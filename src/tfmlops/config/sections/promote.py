@@ -6,6 +6,7 @@ from typing import Annotated
 
 from msgspec import Meta, field
 
+from tfmlops.config.messages import Rule
 from tfmlops.config.sections.base import Section, Text
 
 
@@ -36,3 +37,11 @@ class PromoteConfig(Section):
     from_experiments: bool = False
     # A promotion lock not renewed for this long (its holder died) may be broken.
     lock_lease_s: Annotated[float, Meta(ge=1.0, le=3600.0)] = 60.0
+
+    def _rules(self):
+        # MLflow refuses '/' and ':' in a model name, but only when export registers it,
+        # after the whole pipeline; a name with both quote kinds cannot be searched for.
+        name = self.registered_model
+        if "/" in name or ":" in name or ("'" in name and '"' in name):
+            raise Rule(f"{{p}}registered_model: {name!r} is not a name MLflow can register and "
+                       "search for; leave out '/' and ':' and use one kind of quote at most")
