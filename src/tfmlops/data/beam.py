@@ -1,11 +1,9 @@
 """prepare on Apache Beam (`data.engine: beam`): the engine of TFX's ExampleGen and
 of Dataflow, Flink and Spark, for folders one machine's pool is too slow for.
 
-The per-image work is the local pool's own functions, called in Beam's workers:
-`store.read_file` and `store.store_bytes` read, decode, validate, reduce, encode and
-measure each file; `stream.quarantine` copies a refused one; `images.assign_splits`
-splits each class; `stream.shard_of` picks a record's shard; `tfrecords` frames
-the records. What Beam adds is where they run and how results meet:
+Beam's workers call the local path's own functions on each file and shard (`store`,
+`stream.quarantine`, `images.assign_splits`, `stream.shard_of`, `tfrecords`); what
+Beam adds is where they run and how results meet:
 
     files -> decode (per file) -> owner class of each content (min class index)
           -> split per class (GroupByKey class) -> join back by content hash
@@ -13,10 +11,9 @@ the records. What Beam adds is where they run and how results meet:
           -> one small row per file (no pixels) -> the driver
 
 The driver (this process) folds the rows into the same `Tally` the local path
-builds and writes manifest, stats and quarantine list with the same functions,
-so the output is the local path's byte for byte (tests/integration/test_beam.py):
-every piece of it is defined without an order (a shard is a function of the
-content hash, records sorted within it, statistics exact sums).
+builds, so the output is the local path's byte for byte (test_beam.py): every piece
+of it is defined without an order (a shard is a function of the content hash,
+records sorted within it, statistics exact sums).
 
 Always cold: no `prepare_cache`, no hash memo (README, "Millions of images").
 Workers write the shard parts and quarantine copies into the staging folder, so
@@ -56,8 +53,6 @@ def pipeline_options(cfg):
     if not any(f.startswith("--default_sdk_harness_log_level") for f in flags):
         flags.append("--default_sdk_harness_log_level=WARNING")  # each worker logs its life
     runner = None
-    # it warns of options it does not know; this says so in the one line below
-    logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
     try:
         options = PipelineOptions(flags)
         unknown = options.get_all_options(retain_unknown_options=True).keys() - \
@@ -106,9 +101,10 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
 
 
 def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
-    """`stream.prepare_stream` on Apache Beam: the same shards and quarantine in `out`,
-    the same tally (folded here, in the local path's order, from each file's row)."""
+    """`stream.prepare_stream` on Apache Beam: the same shards, quarantine and tally."""
+    from tfmlops.data.images import SPLITS
     from tfmlops.data.stream import finish_beam_tally, new_tally
+    from tfmlops.data.tfrecords import place_shards
 
     started = time.perf_counter()
     options = pipeline_options(cfg)
@@ -134,7 +130,10 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
     if sorted(r["i"] for r in rows) != list(range(len(files))):
         raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
                         "files; nothing was swapped in (a bug: please report it)")
-    _finish_shards(out, parts)
+    for split in SPLITS:  # the parts under the local writer's names
+        place_shards(out, split, {int(p.stem.rsplit("-", 1)[1]): p
+                                  for p in parts.glob(f"{split}-*.part")})
+    shutil.rmtree(parts)
     tally = new_tally(cfg, None)
     finish_beam_tally(tally, rows)
     tally.decode_seconds = time.perf_counter() - started
@@ -149,7 +148,6 @@ def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) 
     spec, d = store_spec(cfg), cfg.data
     index = {c: i for i, c in enumerate(classes)}
     items = [(i, str(path), label) for i, (path, label) in enumerate(files)]
-    _quiet_beam()
     with beam.Pipeline(options=options) as p:
         done = (p | "files" >> beam.Create(items) | "spread" >> beam.Reshuffle()
                 | "decode" >> beam.Map(_decode, spec, str(image_dir), str(out)))
@@ -162,31 +160,17 @@ def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) 
                                             d.split.test))
         _ = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)), "split": splits}
              | "join" >> beam.CoGroupByKey()
-             | "with split" >> beam.FlatMap(_with_split)
-             | "by shard" >> beam.Map(_shard_key, d.shards) | "shard" >> beam.GroupByKey()
+             | "by shard" >> beam.FlatMap(_by_shard, d.shards) | "shard" >> beam.GroupByKey()
              | "write" >> beam.Map(_write_shard, str(parts), index))
         _ = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
              | "facts" >> beam.Map(_row) | "all refused" >> beam.combiners.ToList()
              | "write refused" >> beam.Map(_write_rows, str(parts / "refused.rows")))
 
 
-def _finish_shards(out: Path, parts: Path) -> None:
-    """The shard parts under their final names (tfrecords.place_shards, as the local
-    writer names them); the work folder goes."""
-    from tfmlops.data.images import SPLITS
-    from tfmlops.data.tfrecords import place_shards
-
-    for split in SPLITS:
-        place_shards(out, split, {int(p.stem.rsplit("-", 1)[1]): p
-                                  for p in parts.glob(f"{split}-*.part")})
-    shutil.rmtree(parts)
-
-
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
 
 def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
-    """One file: read once, hashed, decoded and stored (or refused and quarantined), by
-    the functions the local pool calls."""
+    """One file: read once, hashed, decoded and stored (or refused and quarantined)."""
     from tfmlops import faults
     from tfmlops.data.images import unsupported
     from tfmlops.data.store import Stored, read_file, store_bytes
@@ -229,17 +213,14 @@ def _split_class(group, classes: list[str], seed: int, val: float, test: float):
     yield from assign_splits([(sha, classes[label]) for sha in shas], seed, val, test).items()
 
 
-def _with_split(joined):
-    _, found = joined
-    (split,) = found["split"]
-    for row in found["file"]:
-        yield {**row, "split": split}
-
-
-def _shard_key(row: dict, shards: int):
+def _by_shard(joined, shards: int):
+    """Each file of one content with its split, keyed by (split, shard)."""
     from tfmlops.data.stream import shard_of
 
-    return (row["split"], shard_of(row["sha"], shards)), row
+    sha, found = joined
+    (split,) = found["split"]
+    for row in found["file"]:
+        yield (split, shard_of(sha, shards)), {**row, "split": split}
 
 
 def _write_shard(group, parts: str, index: dict[str, int]) -> int:
@@ -270,7 +251,8 @@ def _write_rows(rows: list[dict], path: str) -> None:
 
 def _import_beam() -> None:
     """Import Beam without its import-time warning that optional GCP libraries are
-    missing (logged on the root logger, which it would also configure)."""
+    missing (logged on the root logger, which it would also configure). Beam logs every
+    bundle at INFO: only its warnings about this pipeline reach the user."""
     def quiet(record: logging.LogRecord) -> bool:
         return "apitools not found" not in record.getMessage()
 
@@ -285,12 +267,9 @@ def _import_beam() -> None:
         root.removeFilter(quiet)
         if added:
             root.removeHandler(added)
-
-
-def _quiet_beam() -> None:
-    """Beam logs every bundle at INFO and a warning about optional GCP libraries: only
-    its warnings about this pipeline reach the user."""
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    # it warns of options it does not know; pipeline_options says so in one line
+    logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
     logging.getLogger("apache_beam.io.gcp").setLevel(logging.ERROR)
     # the workers' own warnings, forwarded (they are in the workers' log already)
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)

@@ -11,11 +11,7 @@ both call `load_pixels`, so a photo gives the same pixels on either path:
 - EXIF orientation is applied, so a portrait photo is not trained sideways;
 - 16-bit images are scaled to 8 bits (PIL's own `convert("L")` clips them);
 - transparency goes onto white, then PIL's grayscale or RGB conversion;
-- the short side is reduced to the stored size by OpenCV (`reduce_short_side`):
-  bilinear below 2x (what a JPEG's draft leaves of photos up to 16x the stored
-  size), area averaging from 2x.
-
-`ImageRejected` carries the one-line reason an image is refused.
+- the short side is reduced to the stored size by OpenCV (`reduce_short_side`).
 """
 
 from __future__ import annotations

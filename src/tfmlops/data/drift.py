@@ -41,14 +41,6 @@ def js_distance(p, q) -> float:
     return math.sqrt(max(0.0, (kl(p) + kl(q)) / 2))
 
 
-def _aligned(now, then) -> tuple[list, list]:
-    """Two histograms over the same bins: lists as they are, dicts by their keys."""
-    if isinstance(now, dict):
-        keys = sorted(set(now) | set(then))
-        return [now.get(k, 0) for k in keys], [then.get(k, 0) for k in keys]
-    return now, then
-
-
 def read_reference(path: str | Path) -> dict | None:
     """The accepted profile at `path`, or None (no file, or `{"reference": null}`)."""
     path = Path(path)
@@ -99,7 +91,11 @@ def anomalies(now: dict, ref: dict, contract) -> list[dict]:
                 or now["edges"].get(feature) != ref["edges"].get(feature) \
                 or (restored and feature in STORED_FEATURES):
             continue  # bins or storage of another run: not comparable, accept a new one
-        distance = js_distance(*_aligned(hist, ref["features"][feature]))
+        then = ref["features"][feature]
+        if isinstance(hist, dict):  # a category's counts by value: over the values of both
+            keys = sorted(set(hist) | set(then))
+            hist, then = [hist.get(k, 0) for k in keys], [then.get(k, 0) for k in keys]
+        distance = js_distance(hist, then)
         if distance > contract.max_feature_distance:
             add("feature_drift", f"{feature}'s histogram moved: Jensen-Shannon distance "
                 f"{distance:.3f} to the reference's (above data.contract.max_feature_distance "

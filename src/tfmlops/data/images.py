@@ -15,13 +15,10 @@ What counts as a class's file (README, "Your own images"):
 - a class folder name must be valid UTF-8 (it becomes the exported model's
   label), else the whole run is refused, naming the folder.
 
-The split is stratified per class and keyed by content: within each class the
-distinct contents are ordered by a hash of (seed, sha256) and cut at the
-split shares (`split_bounds`), so each class has its shares in every split, a
-file keeps its split however the folder is scanned, identical images always
-share a split (no leakage), and adding or removing one file of a class moves
-at most two other files of that class between splits (one per boundary).
-Decoding itself is `data.decode.load_pixels`, shared with serving.
+The split is stratified per class and keyed by content (`assign_splits`): a file
+keeps its split however the folder is scanned, identical images always share a
+split (no leakage), and adding or removing one file of a class moves at most two
+other files of that class between splits (one per boundary).
 """
 
 from __future__ import annotations
@@ -46,10 +43,8 @@ class BadImage:
 
 def list_classes(root: Path) -> list[str]:
     if not root.is_dir():
-        raise DataError(
-            f"image folder {root} does not exist; set data.image_dir in params.yaml to a "
-            "folder with one sub-folder per class"
-        )
+        raise DataError(f"image folder {root} does not exist; set data.image_dir in params.yaml "
+                        "to a folder with one sub-folder per class")
     real = root.resolve()
     classes = []
     for p in sorted(root.iterdir()):
@@ -58,21 +53,16 @@ def list_classes(root: Path) -> list[str]:
         try:
             p.name.encode("utf-8")
         except UnicodeEncodeError:  # os.listdir hands undecodable bytes over as surrogates
-            raise DataError(
-                f"class folder {os.fsencode(p.name)!r} in {root} is not a valid UTF-8 name; "
-                "rename it (a class folder's name is the label the exported model answers)"
-            ) from None
+            raise DataError(f"class folder {os.fsencode(p.name)!r} in {root} is not a valid "
+                            "UTF-8 name; rename it (a class folder's name is the label the "
+                            "exported model answers)") from None
         if p.is_symlink() and not _inside(p.resolve(), real):
-            raise DataError(
-                f"class folder {p} is a symlink to {p.resolve()}, outside data.image_dir "
-                f"{root}; move or copy that folder into {root}"
-            )
+            raise DataError(f"class folder {p} is a symlink to {p.resolve()}, outside "
+                            f"data.image_dir {root}; move or copy that folder into {root}")
         classes.append(p.name)
     if len(classes) < 2:
-        raise DataError(
-            f"image folder {root} has {len(classes)} class folder(s); it needs at least 2 "
-            "(one sub-folder per class)"
-        )
+        raise DataError(f"image folder {root} has {len(classes)} class folder(s); it needs at "
+                        "least 2 (one sub-folder per class)")
     return classes
 
 
@@ -136,14 +126,13 @@ def unsupported(path: Path) -> str | None:
 def check_empty_classes(root: Path, classes: list[str], good_labels: set[str]) -> None:
     empty = [c for c in classes if c not in good_labels]
     if empty:
-        raise DataError(
-            f"class folder {root}/{empty[0]} has no readable image; fix or remove its files"
-        )
+        raise DataError(f"class folder {root}/{empty[0]} has no readable image; fix or remove "
+                        "its files")
 
 
 def split_bounds(n: int, val: float, test: float) -> tuple[int, int]:
-    """(b1, b2): of a class's n distinct images ordered by hash, ranks below b1 go to
-    test, below b2 to val, the rest to train.
+    """(b1, b2): of a class's n distinct images ordered by a hash of (seed, sha256),
+    ranks below b1 go to test, below b2 to val, the rest to train.
 
     Both are the cumulative shares rounded half up, so each grows by at most one
     when n grows by one (what bounds how many files an added file moves); from

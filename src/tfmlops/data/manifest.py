@@ -27,24 +27,15 @@ def check_tally(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) 
     fraction = len(tally.bad) / total
     if fraction > cfg.data.max_bad_fraction:
         reasons = Counter(b["reason"].split(":")[0] for b in tally.bad).most_common(3)
-        raise DataError(
-            f"{len(tally.bad)} of {total} files in {image_dir} are unusable ({fraction:.1%} > "
-            f"data.max_bad_fraction {cfg.data.max_bad_fraction:.1%}; "
-            + ", ".join(f"{n} {r}" for r, n in reasons)
-            + "); fix or remove them, or raise data.max_bad_fraction"
-        )
+        raise DataError(f"{len(tally.bad)} of {total} files in {image_dir} are unusable "
+                        f"({fraction:.1%} > data.max_bad_fraction {cfg.data.max_bad_fraction:.1%}; "
+                        f"{', '.join(f'{n} {r}' for r, n in reasons)}); fix or remove them, or "
+                        "raise data.max_bad_fraction")
     check_empty_classes(image_dir, classes, {row[2] for row in tally.rows})
     for s in SPLITS:
         if not tally.split_counts[s]:
-            raise DataError(
-                f"the {s} split is empty ({tally.good} good images); add images or raise "
-                f"data.split.{s if s != 'train' else 'val/test'}"
-            )
-    check_class_splits(cfg, image_dir, classes, tally)
-
-
-def check_class_splits(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) -> None:
-    """Every class in every split, or an error/warning (data.split.too_few) naming it."""
+            raise DataError(f"the {s} split is empty ({tally.good} good images); add images or "
+                            f"raise data.split.{s if s != 'train' else 'val/test'}")
     per_class = Counter((row[2], row[3]) for row in tally.rows)
     short = [c for c in classes if any(per_class[(c, s)] == 0 for s in SPLITS)]
     if not short:

@@ -4,9 +4,8 @@ files -> parallel interleave -> parse/decode/resize/normalize (parallel map)
 -> cache -> shuffle -> augment (training only) -> batch -> prefetch.
 Normalization uses the train split's per-channel mean and std from
 `stats.json`. `decode_stored` and `preprocess` are the functions the exported
-serving signature runs in-graph, and a stored JPEG decodes with libjpeg's accurate
-integer DCT, as Pillow (the served model) and OpenCV (prepare's statistics) decode
-it: training, evaluation and every served path see the same pixels.
+serving signature runs in-graph: training, evaluation and every served path see
+the same pixels.
 
 The cache (`pipeline.cache`) keeps the decoded split after the first epoch:
 in memory, or in a file under `paths.cache/<key>/` whose key hashes the
@@ -74,19 +73,14 @@ def load_prepared(cfg: Config) -> Prepared:
     manifest = read_manifest(folder, f"{what} ({MANIFEST})")
     stats = json.loads(require(folder / STATS, "prepare", f"{what} ({STATS})").read_text())
     if manifest["image_size"] != cfg.data.image_size or manifest["channels"] != cfg.data.channels:
-        raise DataError(
-            f"prepared data in {folder} is stale: it has {manifest['image_size']}px x "
-            f"{manifest['channels']} channel(s), params ask for {cfg.data.image_size}px x "
-            f"{cfg.data.channels}; run `dvc repro prepare`"
-        )
+        raise DataError(f"{what} is stale: it has {manifest['image_size']}px x "
+                        f"{manifest['channels']} channel(s), params ask for "
+                        f"{cfg.data.image_size}px x {cfg.data.channels}; run `dvc repro prepare`")
     return Prepared(
-        folder=folder,
-        classes=manifest["classes"],
+        folder=folder, classes=manifest["classes"],
         counts={s: manifest["split_counts"][s] for s in ("train", "val", "test")},
-        image_size=manifest["image_size"],
-        channels=manifest["channels"],
-        mean=stats["mean"],
-        std=stats["std"],
+        image_size=manifest["image_size"], channels=manifest["channels"],
+        mean=stats["mean"], std=stats["std"],
         # prepare's stored short side: the served paths reduce a request image to it first
         stored_size=manifest.get("stored", {}).get("short_side"),
     )
@@ -118,16 +112,9 @@ def decode(record: tf.Tensor, channels: int) -> tuple[tf.Tensor, tf.Tensor]:
     return decode_stored(ex["image"], channels), ex["label"]
 
 
-def dataset(
-    cfg: Config,
-    prepared: Prepared,
-    split: str,
-    *,
-    batch_size: int,
-    training: bool = False,
-    normalize: bool = True,
-    cache: str | None = None,
-) -> tf.data.Dataset:
+def dataset(cfg: Config, prepared: Prepared, split: str, *, batch_size: int,
+            training: bool = False, normalize: bool = True,
+            cache: str | None = None) -> tf.data.Dataset:
     """A batched dataset of (image, label) for one split.
 
     `cache` (memory | disk | off) overrides `pipeline.cache` for this dataset,
@@ -146,10 +133,8 @@ def dataset(
         return tf.ensure_shape(preprocess(image, size, mean, std), (size, size, channels)), label
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    ds = ds.interleave(
-        tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=AUTOTUNE,
-        deterministic=True,
-    )
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 4),
+                       num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE)
     ds = _cached(ds, cfg, prepared, split, normalize, cache)
     if training:
@@ -159,8 +144,7 @@ def dataset(
             ds = ds.map(lambda x, y: (augment(x), y), num_parallel_calls=AUTOTUNE)
     # Serial batch: after the cache a batch is only a copy, and a parallel
     # batch's hand-off cost more than it saved (benchmarks/input_pipeline.py).
-    ds = ds.batch(batch_size)
-    ds = ds.prefetch(AUTOTUNE)
+    ds = ds.batch(batch_size).prefetch(AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = p.deterministic
     # With the autotuner off, AUTOTUNE above means one parallel call per core.
@@ -269,9 +253,7 @@ def _try_lock(folder: Path) -> int | None:
 
 def augmenter(cfg: Config):
     """Random geometric augmentation of one normalized image (training only)."""
-    a = cfg.pipeline.augment
-    size = cfg.data.image_size
-    seed = cfg.seed
+    a, size, seed = cfg.pipeline.augment, cfg.data.image_size, cfg.seed
 
     def augment(x):
         if a.flip:

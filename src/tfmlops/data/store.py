@@ -2,18 +2,14 @@
 
 `hash_and_store` runs in every worker of prepare's process pool (or in the main
 process): it reads one file, hashes it (the cache's key) and, unless the cache
-holds that content, decodes it with `data.decode.load_pixels` (JPEG
-draft, EXIF orientation, 16-bit scaling, transparency onto white), keeps its
-short side at `StoreSpec.short_side`, encodes it as JPEG or PNG and measures
-the per-channel sums the train split's statistics need, at the model's input
-size as the tf.data pipeline resizes it. The result depends only on the file's
+holds that content, decodes it (`data.decode.load_pixels`), keeps its short side
+at `StoreSpec.short_side`, encodes it as JPEG or PNG and measures the per-channel
+sums the train split's statistics need. The result depends only on the file's
 bytes and the spec, never on the worker: any worker count gives the same output.
 Encoding, the stored JPEG's decoding and the statistics use OpenCV's SIMD kernels.
 
 `ImageCache` keeps each result under the file's content hash, in a folder per
 spec fingerprint, so an incremental `prepare` decodes only new or changed files.
-Each entry carries a CRC-32C of its header and data: an entry cut short by a kill
-or damaged since is never used, its file is decoded again.
 """
 
 from __future__ import annotations
@@ -35,13 +31,11 @@ from tfmlops.errors import DataError
 from tfmlops.files import claim_folder, owned_children
 
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
-STORE_VERSION = 5  # 2: PNG compress level 1; 3: OpenCV resizes, encodes and measures;
-# 4: entries checksum their header too; 5: the data profile's per-image facts (features)
+STORE_VERSION = 5
 # PNG's compress level: 1 instead of 6 encodes a stored PNG photo in 1.3 ms instead of
 # 4.9 ms for 15% more bytes (100 of the benchmark's PNG photos at 96 px, Pillow's
 # encoder); the stored size is far below the source's either way.
 PNG_COMPRESS_LEVEL = 1
-JPEG_SOURCES = {"JPEG", "MPO"}
 
 
 @dataclass(frozen=True)
@@ -116,8 +110,7 @@ def hash_and_store(path: str, spec: StoreSpec, cached: np.ndarray) -> Result:
     """A pool worker's job: read the file once, hash it, and store it unless the cache
     holds that content (`cached`: the sorted first 8 bytes of the cached hashes; None
     then, and the caller checks the whole hash). An unreadable file: (path, None,
-    reason). The path comes back with the result: the caller checks it is the file
-    it expects, so a result can never land on another file."""
+    reason). The path comes back for the caller to check the result is its file's."""
     data = read_file(path)
     if isinstance(data, Stored):
         return path, None, data
@@ -136,9 +129,7 @@ def cached_prefixes(shas) -> np.ndarray:
 
 
 def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
-    """Decode, resize, encode and measure one file's bytes. The profile's brightness,
-    contrast, saturation, sharpness and perceptual hash are measured on the stored
-    image (as a stored JPEG decodes), its format, channels and bytes are the source's."""
+    """Decode, resize, encode and measure one file's bytes."""
     import cv2
 
     from tfmlops.data.decode import ImageRejected, load_pixels
@@ -150,7 +141,7 @@ def store_bytes(data: bytes, spec: StoreSpec) -> Stored:
         return Stored(reason=str(exc))
     encoding = spec.encoding
     if encoding == "auto":
-        encoding = "jpeg" if fmt in JPEG_SOURCES else "png"
+        encoding = "jpeg" if fmt in ("JPEG", "MPO") else "png"
     # OpenCV encodes colour in BGR order; the stored file holds RGB as any decoder reads it.
     bgr = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR)
     if encoding == "jpeg":
@@ -193,29 +184,22 @@ def setup_worker(cached: np.ndarray, parent: int | None = None) -> None:
     behind), the cached hashes' prefixes, and one thread for OpenCV and BLAS (the pool
     is the parallelism: a thread per core in every one of its processes ran small
     kernels up to 14x slower)."""
+    import ctypes
+    import signal
+    import sys
+
     import cv2
     from threadpoolctl import threadpool_limits
 
     global _CACHED
     if parent is not None:
-        die_with_parent(parent)
+        if sys.platform.startswith("linux"):  # the kernel SIGKILLs this process with its parent
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # gone already (before the line above took effect)
+            os._exit(1)
     _CACHED = cached
     cv2.setNumThreads(1)
     threadpool_limits(1)
-
-
-def die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux's
-    PR_SET_PDEATHSIG); elsewhere, or if the parent is already gone, exit now."""
-    import ctypes
-    import signal
-    import sys
-
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the line above
-        os._exit(1)
 
 
 def hash_and_store_chunk(paths: list[str], spec: StoreSpec) -> list[Result]:
@@ -225,12 +209,8 @@ def hash_and_store_chunk(paths: list[str], spec: StoreSpec) -> list[Result]:
 
 
 CACHE_KIND = "prepare-cache"  # the marker each spec folder carries (files.claim_folder)
-SPEC_FOLDER = r"[0-9a-f]{16}"  # StoreSpec.fingerprint()
-COMPACT_TEMP = ".compact.tmp"
 _HEAD = struct.Struct("<II")  # header length, CRC-32C of header and data
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
 _DECODE = msgspec.json.Decoder().decode
 
 
@@ -261,9 +241,8 @@ class ImageCache:
     def __init__(self, root: str | Path, spec: StoreSpec):
         self.root = Path(root)
         self.folder = self.root / spec.fingerprint()
-        # sha256 -> (segment number in self._segments, header offset, refusal reason):
-        # a few small values per image, not the parsed header (1.6 KB per image, which
-        # made the memory of `prepare` grow with the number of images).
+        # sha256 -> (segment number in self._segments, header offset, refusal reason): a
+        # few small values per image, not the parsed header (1.6 KB per image).
         self.index: dict[str, tuple[int, int, str | None]] = {}
         self._segments: list[Path] = []
         self._readers: dict[Path, object] = {}
@@ -358,10 +337,10 @@ class ImageCache:
         and name) and, once there are dead entries (files gone from the dataset) or
         many segments, rewrite the entries of `keep` into one segment."""
         self.close()
-        for other in owned_children(self.root, CACHE_KIND, SPEC_FOLDER):
+        for other in owned_children(self.root, CACHE_KIND, r"[0-9a-f]{16}"):  # fingerprints
             if other != self.folder:
                 shutil.rmtree(other, ignore_errors=True)
-        tmp = self.folder / COMPACT_TEMP
+        tmp = self.folder / ".compact.tmp"
         tmp.unlink(missing_ok=True)  # left by a killed compaction
         segments = sorted(self.folder.glob("*.seg"))
         if len(segments) <= max_segments and set(self.index) <= keep:

@@ -3,11 +3,9 @@
 `export` and `quantize` run every format over the whole test split. At 100,000
 test photos of 224 px the float inputs alone are 60 GB, so a `StoredSplit`
 never holds more than one batch of images: each pass decodes the TFRecords
-again (stored bytes, the pipeline's own decode and preprocess, labels), in one
-fixed order, the shards' file order. What the callers keep is per image and
-small: labels and probabilities (N x classes). `stored_records` reads the same
-records in the same order without TensorFlow (with each image's sha256), for code
-that hands the stored bytes to a served model, which preprocesses them itself.
+again (the pipeline's own decode and preprocess), in the shards' file order.
+What the callers keep is per image and small: labels and probabilities (N x
+classes). `stored_records` reads the same records without TensorFlow.
 """
 
 from __future__ import annotations
@@ -103,12 +101,8 @@ class StoredSplit:
     def arrays(self) -> tuple[list[bytes], np.ndarray, np.ndarray]:
         """The whole split in memory (stored bytes, inputs, labels): for tests and
         benchmarks on small splits, never for a stage."""
-        encoded, xs, ys = [], [], []
-        for e, x, y in self.batches():
-            encoded.extend(e)
-            xs.append(x)
-            ys.append(y)
-        return encoded, np.concatenate(xs), np.concatenate(ys)
+        encoded, xs, ys = zip(*self.batches(), strict=True)
+        return [e for batch in encoded for e in batch], np.concatenate(xs), np.concatenate(ys)
 
 
 def stored_records(folder, split: str = "test", batch_size: int = BATCH

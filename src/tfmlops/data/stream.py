@@ -1,21 +1,15 @@
 """prepare's streaming core: files in, TFRecord shards and a small tally out.
 
-Two passes over the file list, each in a fixed order. The first hands every
-file that `data.hash_memo` does not remember unchanged (with a cached content)
-to a process pool, which reads it once, hashes it (its cache key) and decodes
-it unless the cache holds that content (`data.store.hash_and_store`, results in
-submission order); what is decoded goes into the cache, and only each file's
-hash and whether it is usable are kept. Which way a file goes (cache or pool)
-is decided once, before the pass, and every pool result names its file: a
-result joined to another file stops the run instead of shifting the others
-onto the wrong hashes and labels. A cached entry is checked whole before it
-counts (a damaged one is decoded again), so the split sees what a cold run sees.
-The split is stratified among the usable files of each class
-(`images.assign_splits`), which is why it waits for the first pass. The second
-takes each usable file's result from the cache and writes it to its split's
-shards in content-hash order (`write_order`), keeping only counts, sums and one
-small row per file: memory does not grow with image size, and what is written
-depends neither on the worker count nor on the listing.
+Two passes over the file list, each in a fixed order. The first (`_decode_pass`)
+has a process pool read, hash and (unless the cache holds that content) decode
+every file that `data.hash_memo` does not remember unchanged with a cached content;
+only each file's hash and whether it is usable are kept. The split is stratified
+among the usable files of each class (`images.assign_splits`), which is why it
+waits for the first pass. The second takes each usable file's result from the
+cache and writes it to its split's shards in content-hash order (`write_order`),
+keeping only counts, sums and one small row per file: memory does not grow with
+image size, and what is written depends neither on the worker count nor on the
+listing.
 """
 
 from __future__ import annotations
@@ -104,10 +98,10 @@ class Tally:
         return len(self.rows)
 
     def add_train_stats(self, stored: Stored) -> None:
-        if self.sums is None:
-            self.sums, self.squares = [0.0] * len(stored.sums), [0.0] * len(stored.sums)
-        self.sums = [a + b for a, b in zip(self.sums, stored.sums, strict=True)]
-        self.squares = [a + b for a, b in zip(self.squares, stored.squares, strict=True)]
+        self.sums = [a + b for a, b in zip(self.sums or [0.0] * len(stored.sums), stored.sums,
+                                            strict=True)]
+        self.squares = [a + b for a, b in zip(self.squares or [0.0] * len(stored.squares),
+                                               stored.squares, strict=True)]
         self.pixels += stored.pixels
 
     def mean_std(self) -> tuple[list[float], list[float]]:
@@ -295,15 +289,14 @@ def _unreadable(path: Path) -> str:
 
 def _decode_pass(files, stats, known, tally: Tally, spec: StoreSpec, cfg: Config):
     """Every file's content hash and refusal reason (None: usable); what is decoded now
-    goes to the cache, good or bad, remembered for the next run.
+    goes to the cache, good or bad.
 
-    Which way each file goes is decided once, before any result comes in: a file
-    whose remembered hash the cache holds is not read; every other one is read,
-    hashed and (unless the cache held its content when the pool started) decoded by
-    the pool. Entries this pass adds change nothing of that plan (a duplicate's copy
-    decoded now is still read). Each pool result names its file, checked here. A
-    held entry's bytes are read once, when its record is written: one that is damaged
-    is decoded again there (`prepare_stream`)."""
+    Which way each file goes (cache or pool) is decided once, before any result comes
+    in; entries this pass adds change nothing of that plan (a duplicate's copy decoded
+    now is still read). Every pool result names its file: one joined to another file
+    stops the run instead of shifting the others onto the wrong hashes and labels. A
+    held entry's bytes are read once, when its record is written (`prepare_stream`),
+    and a damaged one is decoded again there, so the split sees what a cold run sees."""
     keys, reasons = [], []
     progress = Progress(len(files), "prepare: decoding")
     cache = tally.cache
@@ -359,12 +352,9 @@ class Decoder:
 @contextlib.contextmanager
 def decode_pool(workers: int, cached):
     """A process pool of `workers` (1: decode in this process), each worker given the
-    cached hashes' prefixes once.
-
-    spawn, not fork: the parent may hold threads (MLflow, TensorFlow in tests). The
-    workers' entry points live in data.store, which imports neither the config
-    (0.7 s of CPU per spawned worker when it was built on pydantic) nor this module.
-    """
+    cached hashes' prefixes once. spawn, not fork: the parent may hold threads (MLflow,
+    TensorFlow in tests). The workers' entry points live in data.store, which imports
+    neither the config (0.7 s of CPU per spawned worker) nor this module."""
     if workers <= 1:
         yield Decoder(1, None, cached)
         return
