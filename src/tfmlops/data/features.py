@@ -23,9 +23,8 @@ def mode_channels(mode: str) -> int:
 
 
 def image_features(pixels: np.ndarray) -> dict:
-    """uint8 [H, W] or [H, W, 3] RGB -> brightness, contrast (RMS), saturation (HSV's S,
-    mean), all in [0, 1]; sharpness (variance of the Laplacian of the grey image) and
-    the 64-bit perceptual hash (`phash`)."""
+    """uint8 [H, W] or [H, W, 3] RGB -> brightness, contrast (RMS) and saturation (HSV's S)
+    in [0, 1], sharpness (variance of the grey image's Laplacian) and `phash`."""
     import cv2
 
     grey = pixels if pixels.ndim == 2 else cv2.cvtColor(pixels, cv2.COLOR_RGB2GRAY)
@@ -42,9 +41,8 @@ def image_features(pixels: np.ndarray) -> dict:
 
 
 def phash(grey: np.ndarray) -> int:
-    """DCT perceptual hash: a 32x32 grey resize, its 2-D DCT, the top-left 8x8 (lowest
-    frequencies), each bit set where the coefficient is above their median; 64 bits,
-    first row first, as an unsigned int. Near-identical images differ in few bits."""
+    """DCT perceptual hash: a bit per lowest-frequency coefficient (8x8) above their
+    median, first row first, as an unsigned int. Near-identical images differ in few bits."""
     import cv2
 
     small = cv2.resize(grey, (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32)

@@ -74,12 +74,9 @@ def frame(record: bytes) -> bytes:
 
 
 class ShardedWriter:
-    """Records into `shards` files `<split>-NNNNN-of-MMMMM.tfrecord`, each to the shard
-    its caller names (`stream.shard_of`: a function of the record's content).
-
-    Shards no record went to are dropped and the others renumbered in order
-    (`place_shards`), as a writer that knew which would be used would have named them.
-    """
+    """Records into `shards` files, each to the shard its caller names (`stream.shard_of`:
+    a function of the record's content); shards no record went to are dropped
+    (`place_shards`), as a writer that knew which would be used would have named them."""
 
     def __init__(self, folder: Path, split: str, shards: int):
         self.folder, self.split, self.shards = Path(folder), split, shards
