@@ -14,11 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tfmlops.artifacts import (
-    DATA_PROFILE,
-    DATA_PROFILE_CLASSES,
-    DATA_PROFILE_FEATURES,
-)
+from tfmlops.artifacts import DATA_PROFILE, DATA_PROFILE_CLASSES, DATA_PROFILE_FEATURES
 from tfmlops.data.drift import anomalies, read_reference
 from tfmlops.data.leakage import find_leakage
 from tfmlops.data.profile import CLASSES_COLUMNS, FEATURES_COLUMNS, write_csvs

@@ -22,7 +22,8 @@ from tfmlops.files import write_bytes
 
 log = logging.getLogger(__name__)
 NO_REFERENCE = {"reference": None}
-# of the stored image, not the source: comparable only under the same data.store
+# of the stored image, not the source: another data.store (short side, channels,
+# encoding) moves them with the data unchanged
 STORED_FEATURES = ("brightness", "contrast", "saturation", "sharpness")
 
 
@@ -83,8 +84,6 @@ def anomalies(now: dict, ref: dict, contract) -> list[dict]:
                 f"{ref['class_share'][c]:.1%} in the reference (moved more than "
                 f"data.contract.max_class_share_change {contract.max_class_share_change})",
                 cls=c, change=round(moved, 4))
-    # brightness, contrast, saturation, sharpness are of the stored image: another
-    # data.store (short side, channels, encoding) moves them with the data unchanged
     restored = now.get("stored") != ref.get("stored")
     for feature, hist in now["features"].items():
         if feature == "format" or feature not in ref["features"] \

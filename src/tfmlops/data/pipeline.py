@@ -7,10 +7,8 @@ Normalization uses the train split's per-channel mean and std from
 serving signature runs in-graph: training, evaluation and every served path see
 the same pixels.
 
-The cache (`pipeline.cache`) keeps the decoded split after the first epoch:
-in memory, or in a file under `paths.cache/<key>/` whose key hashes the
-prepared data and everything that changes the cached tensors, so a stale file
-is never read; `auto` picks memory when the train split fits
+The cache (`pipeline.cache`) keeps the decoded split after the first epoch, in
+memory or in a file (`cache_folder`); `auto` picks memory when the train split fits
 `pipeline.cache_budget_mb`. `cache_choice` says what was picked and why.
 """
 
@@ -38,10 +36,8 @@ log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
 # Part of the disk cache's key: bump it when `dataset`'s parse changes the cached tensors.
 CACHE_FORMAT = 2  # 2: stored JPEGs decode with the accurate integer DCT
-FEATURES = {
-    "image": tf.io.FixedLenFeature([], tf.string),
-    "label": tf.io.FixedLenFeature([], tf.int64),
-}
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
 
 
 @dataclass(frozen=True)
@@ -100,11 +96,9 @@ def decode_stored(encoded: tf.Tensor, channels: int) -> tf.Tensor:
     accurate integer DCT (what Pillow and OpenCV use) by a few grey levels:
     decoding with the accurate one makes training, evaluation and serving agree.
     """
-    return tf.cond(
-        tf.io.is_jpeg(encoded),
-        lambda: tf.io.decode_jpeg(encoded, channels=channels, dct_method="INTEGER_ACCURATE"),
-        lambda: tf.io.decode_png(encoded, channels=channels),
-    )
+    return tf.cond(tf.io.is_jpeg(encoded),
+                   lambda: tf.io.decode_jpeg(encoded, channels=channels, dct_method="INTEGER_ACCURATE"),
+                   lambda: tf.io.decode_png(encoded, channels=channels))
 
 
 def decode(record: tf.Tensor, channels: int) -> tuple[tf.Tensor, tf.Tensor]:
