@@ -123,8 +123,7 @@ def new_tally(cfg: Config, cache: ImageCache | None) -> Tally:
 
 
 def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
-    """Processes for decoding files of `miss_bytes` sizes: data.workers when set, else
-    every core when the files are worth a pool, else 1 (this process)."""
+    """Processes for decoding files of `miss_bytes` sizes (1: this process)."""
     if cfg.data.workers:
         return max(1, min(cfg.data.workers, len(miss_bytes)))
     if sum(miss_bytes) < POOL_MIN_BYTES:
@@ -194,9 +193,8 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
 
 
 def finish_beam_tally(tally: Tally, rows: list[dict]) -> None:
-    """Fold the rows of Beam's workers (data.beam: one per file, its facts without its
-    pixels) into `tally` in the order this module writes: the same tally, so the same
-    manifest, statistics and quarantine list, as a local run's."""
+    """Fold the rows of Beam's workers (one per file, its facts without its pixels) into
+    `tally` in the order this module writes: the same tally as a local run's."""
     rows.sort(key=lambda r: r["i"])  # the listing's order
     keys = [r["sha"] for r in rows]
     _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None], keys,
