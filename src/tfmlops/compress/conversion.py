@@ -113,8 +113,7 @@ def quantize_aware(model, keras) -> tuple[object, list[str]]:
     annotated = keras.models.clone_model(model, clone_function=annotate)
     with q.quantize_scope(custom_objects(keras)):
         qat_model = q.quantize_apply(
-            annotated, tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
-        )
+            annotated, tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme())
     return qat_model, left_float
 
 
@@ -131,10 +130,8 @@ def quantize_metrics(cfg, details: dict, failed: dict, reference_accuracy: float
         "edge_within_budget": edge["within_budget"],
         "reference_accuracy": round(reference_accuracy, 6),
         "accuracy_budget": cfg.quantize.accuracy_budget,
-        "variants": {
-            name: {**d, "accuracy_delta": round(d["accuracy"] - reference_accuracy, 6)}
-            for name, d in details.items()
-        },
+        "variants": {name: {**d, "accuracy_delta": round(d["accuracy"] - reference_accuracy, 6)}
+                     for name, d in details.items()},
         "failed": failed,
         "keras_model_gzip_bytes": keras_gzip,
     }
@@ -147,9 +144,8 @@ def quantize_metrics(cfg, details: dict, failed: dict, reference_accuracy: float
     # model.keras file, and (weights only, no optimizer state or Keras metadata)
     # the gzip of the trained float32 .tflite.
     out["keras_gzip_vs_pruned_int8_gzip"] = ratio(keras_gzip, get("pruned_int8", "gzip_bytes"))
-    out["trained_float32_gzip_vs_pruned_int8_gzip"] = ratio(
-        get("trained_float32", "gzip_bytes"), get("pruned_int8", "gzip_bytes")
-    )
+    out["trained_float32_gzip_vs_pruned_int8_gzip"] = ratio(get("trained_float32", "gzip_bytes"),
+                                                            get("pruned_int8", "gzip_bytes"))
     if qat_report is not None:
         out["qat"] = qat_report
     return out

@@ -22,12 +22,9 @@ def sparse_tensors(path: str | Path) -> int:
     from tensorflow.lite.python import schema_py_generated as schema
 
     model = schema.Model.GetRootAsModel(Path(path).read_bytes(), 0)
-    return sum(
-        1
-        for g in range(model.SubgraphsLength())
-        for t in range(model.Subgraphs(g).TensorsLength())
-        if model.Subgraphs(g).Tensors(t).Sparsity() is not None
-    )
+    return sum(model.Subgraphs(g).Tensors(t).Sparsity() is not None
+               for g in range(model.SubgraphsLength())
+               for t in range(model.Subgraphs(g).TensorsLength()))
 
 
 def zero_fraction(arrays: Sequence[np.ndarray]) -> float:
@@ -54,12 +51,8 @@ def sparsity_table(
         pruned_weights = [np.asarray(w) for w in pruned_weights]
         every += weights
         pruned += pruned_weights
-        rows.append({
-            "layer": name,
-            "sparsity": round(zero_fraction(pruned_weights or weights), 6),
-            "params": sum(int(w.size) for w in weights),
-            "prunable": bool(pruned_weights),
-        })
+        rows.append({"layer": name, "sparsity": round(zero_fraction(pruned_weights or weights), 6),
+                     "params": sum(int(w.size) for w in weights), "prunable": bool(pruned_weights)})
     overall = {
         "sparsity": round(zero_fraction(pruned), 6),
         "sparsity_all_weights": round(zero_fraction(every), 6),

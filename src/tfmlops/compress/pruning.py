@@ -49,8 +49,7 @@ def polynomial_decay(p: PruneConfig, steps: PruningSteps):
 
     return tfmot.sparsity.keras.PolynomialDecay(
         initial_sparsity=p.initial_sparsity, final_sparsity=p.final_sparsity,
-        begin_step=steps.begin_step, end_step=steps.end_step, frequency=steps.frequency,
-    )
+        begin_step=steps.begin_step, end_step=steps.end_step, frequency=steps.frequency)
 
 
 def recalibrated_batch_norm(model, images, keras):
@@ -66,9 +65,9 @@ def recalibrated_batch_norm(model, images, keras):
 
     # A fresh graph: the stripped model's layers also sit in the pruning and
     # the original graphs, so their `.input` would point there.
-    model_copy = keras.models.clone_model(model)
-    model_copy.set_weights(model.get_weights())
-    model = model_copy
+    weights = model.get_weights()
+    model = keras.models.clone_model(model)
+    model.set_weights(weights)
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             upstream = keras.Model(model.inputs, layer.input)
@@ -104,11 +103,9 @@ def callbacks(log_dir: str, profile_batch):
     """UpdatePruningStep (required) and PruningSummaries (TensorBoard, + profiler)."""
     import tensorflow_model_optimization as tfmot
 
-    return [
-        tfmot.sparsity.keras.UpdatePruningStep(),
-        tfmot.sparsity.keras.PruningSummaries(log_dir=log_dir, profile_batch=profile_batch,
-                                              write_graph=False),
-    ]
+    return [tfmot.sparsity.keras.UpdatePruningStep(),
+            tfmot.sparsity.keras.PruningSummaries(log_dir=log_dir, profile_batch=profile_batch,
+                                                  write_graph=False)]
 
 
 def keep_best_pruned(keras, end_step: int, steps_per_epoch: int):

@@ -161,16 +161,6 @@ def backbone_layers(model) -> list:
     return [layer for layer in model.layers if layer.name not in OWN_LAYERS]
 
 
-def weights_source(spec: ModelSpec) -> str | None:
-    """What the standalone build loads: "imagenet" (from Keras' cache), a file or None."""
-    if spec.backbone == "none" or spec.backbone_weights is None:
-        return None
-    if spec.backbone_weights == IMAGENET and not imagenet_path(spec.backbone).is_file():
-        raise ConfigError(f"model.backbone_weights: imagenet: {imagenet_path(spec.backbone)} is "
-                          "missing; the stage fetches it at its start (ensure_weights)")
-    return spec.backbone_weights
-
-
 def load_pretrained(model, spec: ModelSpec, keras) -> bool:
     """Copy `spec.backbone_weights` into `model`'s backbone; False when there are none.
 
@@ -180,9 +170,12 @@ def load_pretrained(model, spec: ModelSpec, keras) -> bool:
     """
     import numpy as np
 
-    source_name = weights_source(spec)
-    if source_name is None:
+    source_name = spec.backbone_weights  # "imagenet" (from Keras' cache) or a file
+    if spec.backbone == "none" or source_name is None:
         return False
+    if source_name == IMAGENET and not imagenet_path(spec.backbone).is_file():
+        raise ConfigError(f"model.backbone_weights: imagenet: {imagenet_path(spec.backbone)} is "
+                          "missing; the stage fetches it at its start (ensure_weights)")
     channels_last = tuple(model.input.shape[1:3]) + (3,)
     source = application(spec.backbone, keras, input_shape=channels_last, weights=source_name)
     src = [layer for layer in source.layers if layer.weights]

@@ -1,14 +1,7 @@
-"""One builder for both Keras worlds.
-
-`build_model(spec, keras, ...)` builds the architecture described by a
-`ModelSpec` with the Functional API of whichever keras module it is handed:
-Keras 3 (`keras`, used by tune and train) or tf_keras (used by prune and QAT,
-since tfmot only works on Keras 2). Same spec, same layer and weight order,
-so `set_weights(get_weights())` moves a trained model between the worlds.
-The final softmax always computes in float32 (mixed precision safety).
-A backbone (model/backbones.py) needs the prepared data's mean/std
-(`input_stats`): the model's input stays normalised, the model turns it back
-into the pixels the backbone expects. Pretrained weights are loaded by
+"""One builder for both Keras worlds: the Functional model of a `ModelSpec` in whichever
+keras module it is handed, Keras 3 (tune, train) or tf_keras (prune and QAT: tfmot only
+works on Keras 2). Same spec, same layer and weight order, so `set_weights(get_weights())`
+moves a trained model between the worlds. Pretrained weights are loaded by
 `backbones.load_pretrained`, not here: a twin rebuilt to receive weights loads nothing.
 """
 
@@ -22,10 +15,8 @@ from tfmlops.model.custom import squeeze_excite_layer
 
 def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_classes: int,
                 input_stats=None):
-    """The model for `spec`, built with `keras` (the Keras 3 or the tf_keras module).
-
-    `input_stats`: (mean, std) per channel of the prepared data; needed with a backbone.
-    """
+    """The model for `spec` in `keras`; `input_stats`: (mean, std) per channel of the
+    prepared data, which a backbone needs (model/backbones.py)."""
     check_buildable(spec, input_shape)
     layers = keras.layers
     inputs = keras.Input(shape=input_shape, name="image")
@@ -69,13 +60,11 @@ def check_buildable(spec: ModelSpec, input_shape: tuple[int, int, int]) -> None:
         if size < 32:
             raise ConfigError(
                 f"model.backbone: {spec.backbone} needs inputs of at least 32x32, data.image_size "
-                f"is {size}; raise data.image_size or use backbone: none"
-            )
+                f"is {size}; raise data.image_size or use backbone: none")
         return
     pools = len(spec.blocks) - 1
     if size // 2**pools < 1:
         raise ConfigError(
             f"model.blocks: {len(spec.blocks)} blocks pool {pools} times, more than a "
             f"{size}x{size} input allows (at most {size.bit_length() - 1} pools); remove blocks or "
-            "raise data.image_size"
-        )
+            "raise data.image_size")

@@ -63,9 +63,7 @@ def focal_loss_class(keras):
         def __init__(self, gamma: float = 2.0, label_smoothing: float = 0.0, num_classes: int = 10,
                      name: str = "focal_loss", **kwargs):
             super().__init__(name=name, **kwargs)
-            self.gamma = gamma
-            self.label_smoothing = label_smoothing
-            self.num_classes = num_classes
+            self.gamma, self.label_smoothing, self.num_classes = gamma, label_smoothing, num_classes
 
         def call(self, y_true, y_pred):
             import tensorflow as tf
@@ -84,10 +82,8 @@ def focal_loss_class(keras):
 
 
 def custom_objects(keras) -> dict:
-    return {
-        "tfmlops>SqueezeExcite": squeeze_excite_layer(keras),
-        "tfmlops>FocalLoss": focal_loss_class(keras),
-    }
+    return {"tfmlops>SqueezeExcite": squeeze_excite_layer(keras),
+            "tfmlops>FocalLoss": focal_loss_class(keras)}
 
 
 def make_schedule(s: ScheduleConfig, learning_rate: float, total_steps: int, keras):
@@ -106,8 +102,7 @@ def make_schedule(s: ScheduleConfig, learning_rate: float, total_steps: int, ker
         return sched.CosineDecay(
             initial_learning_rate=learning_rate * 0.01 if warmup else learning_rate,
             decay_steps=max(total_steps - warmup, 1), alpha=s.alpha,
-            warmup_target=learning_rate if warmup else None, warmup_steps=warmup,
-        )
+            warmup_target=learning_rate if warmup else None, warmup_steps=warmup)
     if s.name == "piecewise_constant":
         boundaries = [max(1, int(b * total_steps)) for b in s.boundaries]
         return sched.PiecewiseConstantDecay(boundaries, [learning_rate * f for f in s.factors])

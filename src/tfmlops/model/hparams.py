@@ -93,18 +93,15 @@ def merge(cfg: Config, tuned: dict[str, Any] | None) -> tuple[Config, list[dict[
     changes: list[dict[str, Any]] = []
     if tuned and cfg.train.use_tuned:
         for key, value in flatten(tuned).items():
-            if key.startswith("train.") and key.split(".")[1] not in TUNABLE_TRAIN_KEYS:
-                continue
-            if key.startswith("model.blocks."):  # flattened list items: set whole below
-                continue
-            set_dotted(tree, key, copy.deepcopy(value))
+            untuned = key.startswith("train.") and key.split(".")[1] not in TUNABLE_TRAIN_KEYS
+            if not untuned and not key.startswith("model.blocks."):  # list items: set whole below
+                set_dotted(tree, key, copy.deepcopy(value))
         # blocks is a list: replace it whole rather than key by key
         if "model" in tuned and "blocks" in tuned["model"]:
             tree["model"]["blocks"] = copy.deepcopy(tuned["model"]["blocks"])
-    overridden = []  # the overrides' full keys (a bare key is train's)
-    for key, value in cfg.train.overrides.items():
-        set_dotted(tree, override_key(key), value)
-        overridden.append(override_key(key))
+    overridden = [override_key(key) for key in cfg.train.overrides]  # a bare key is train's
+    for key, value in zip(overridden, cfg.train.overrides.values(), strict=True):
+        set_dotted(tree, key, value)
     try:
         merged = config_from_dict(tree)
     except ConfigError as exc:

@@ -41,8 +41,6 @@ MIN_FLOAT16_CAPABILITY = (7, 0)  # Volta: the first tensor cores
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU units that compute bf16 natively
 AMX_FLAG = "amx_bf16"  # the matrix tiles that make bf16 pay off for dense convolutions
 DENSE_BACKBONES = ("none", "resnet50")  # no depthwise convolutions (the plain blocks: unless separable)
-TIMED = ("float32", "mixed_bfloat16")
-CPUINFO = "/proc/cpuinfo"
 
 _decided: dict[str, Decision] = {}  # this process's decisions, by cache_key
 
@@ -81,7 +79,7 @@ class Decision:
         return params, metrics
 
 
-def cpu_flags(cpuinfo: str | Path = CPUINFO) -> frozenset[str]:
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags (`flags` lines of /proc/cpuinfo; empty where there is none)."""
     try:
         text = Path(cpuinfo).read_text()
@@ -109,9 +107,8 @@ def dense_only(spec) -> bool:
 
 
 def decide_policy(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
-           flags: Iterable[str] = (),
-           measure: Callable[[], dict[str, float]] | None = None,
-           spec=None, margin: float = 0.0) -> Decision:
+                  flags: Iterable[str] = (), measure: Callable[[], dict[str, float]] | None = None,
+                  spec=None, margin: float = 0.0) -> Decision:
     """The policy for `train.precision`, given the GPUs' compute capabilities, the CPU's
     flags, the architecture (`spec`, a ModelSpec; None: dense convolutions) and, for
     `timed` only, `measure` (-> images/s of float32 and mixed_bfloat16 on the actual
@@ -157,7 +154,7 @@ def gpu_capabilities() -> list[tuple[int, int]]:
 
 
 def time_policies(make_model: Callable[[], object], batch, keras,
-                  policies: Sequence[str] = TIMED, warmup: int = 2,
+                  policies: Sequence[str] = ("float32", "mixed_bfloat16"), warmup: int = 2,
                   steps: int = 5) -> dict[str, float]:
     """Training images/s of each policy: `make_model()` (a compiled model) is built
     under the policy, trains `warmup` steps on `batch` (tracing, first-call costs),
@@ -188,8 +185,7 @@ def cache_key(spec, input_shape, batch_size: int, flags: Iterable[str] = ()) -> 
 
 
 def decide_cached(setting: str, key: str, flags: Iterable[str],
-                  measure: Callable[[], dict[str, float]] | None,
-                  file: str | Path | None = None,
+                  measure: Callable[[], dict[str, float]] | None, file: str | Path | None = None,
                   write: bool = True, spec=None, margin: float = 0.0) -> tuple[Decision, bool]:
     """`decide_policy`, remembered in this process (per `setting` and `key`, the architecture)
     and, for a timing, in `file` (another process of the same tune reuses it); returns
@@ -220,10 +216,8 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
 
 @contextlib.contextmanager
 def global_policy(policy: str, keras) -> Iterator[None]:
-    """Set Keras' global dtype policy for the block, then restore the previous one.
-
-    The policy is read when layers are created: build the model inside the block.
-    """
+    """Keras' global dtype policy for the block, then the previous one again. The policy
+    is read when layers are created: build the model inside the block."""
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
     try:

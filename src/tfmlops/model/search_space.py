@@ -1,9 +1,6 @@
-"""The tune stage's search space, defined next to the model spec it fills in.
-
-`declare(hp, space)` declares one keras-tuner hyperparameter per key of
-`tune.space` (params.yaml) and returns the trial's values. `config_from_values`
-turns those values into the Config a trial builds and trains from (and, for the
-best trial, what `best_hparams.yaml` holds):
+"""The tune stage's search space, defined next to the model spec it fills in: one
+keras-tuner hyperparameter per key of `tune.space` (params.yaml), and the Config a
+trial's values choose (for the best trial, what `best_hparams.yaml` holds):
 
 - architecture: `blocks` conv blocks, the first `filters` wide and each next one
   twice as wide (the usual CNN shape, as in the default 32 -> 64 spec),
@@ -14,10 +11,6 @@ best trial, what `best_hparams.yaml` holds):
 - transfer learning, only when given (null: not searched, the params' value):
   `backbone` (a backbone trial ignores the conv blocks), and train.fine_tune's
   `head_epochs`, `unfreeze` (a fraction of the backbone's layers), `lr_factor`.
-
-`values_from_config` is the inverse: the point of the space that is the
-params' own settings, which tune runs as its first ("baseline") trial when
-`baseline` finds every one of those values inside the space.
 
 Everything not searched (kernel size, convs per block, pooling, activation,
 weight decay, the loss...) comes from params.yaml. A range whose min equals its
@@ -86,17 +79,16 @@ def config_from_values(cfg: Config, values: dict[str, Any]) -> Config:
         count = int(values.get("blocks", len(model["blocks"]) or 1))
         base = int(values.get("filters", first["filters"]))
         separable = bool(values.get("separable", first["separable"]))
-        model["blocks"] = [
-            {"filters": base * 2**i, "kernel_size": first["kernel_size"], "separable": separable}
-            for i in range(count)
-        ]
+        model["blocks"] = [{"filters": base * 2**i, "kernel_size": first["kernel_size"],
+                             "separable": separable} for i in range(count)]
     for name, key in SEARCHED_PARAMS.items():
         if name in values:
             *sections, last = key.split(".")
             node = functools.reduce(dict.__getitem__, sections, tree)
             # unfreeze is a count (int) or a fraction (float): the space searches fractions
             kind = float if name == "unfreeze" else type(node[last])
-            node[last] = _plain(values[name], kind)
+            # keras-tuner gives numpy scalars, and 0/1 for booleans
+            node[last] = kind(values[name]) if kind in (bool, int, float) else values[name]
     return config_from_dict(copy.deepcopy(tree))
 
 
@@ -130,11 +122,10 @@ def values_from_config(cfg: Config) -> dict[str, Any]:
 def outside_space(values: dict[str, Any], space: SearchSpace) -> str | None:
     """The first of `values` that lies outside `space`, as one line naming its key."""
     for name in HP_NAMES:
-        if name not in values:
+        allowed = getattr(space, name)
+        if name not in values or allowed is None:  # None: not searched
             continue
-        value, allowed = values[name], getattr(space, name)
-        if allowed is None:  # not searched
-            continue
+        value = values[name]
         if isinstance(allowed, IntRange):
             inside = (allowed.min <= value <= allowed.max
                       and (value - allowed.min) % allowed.step == 0)
@@ -218,7 +209,3 @@ def _at(cfg: Config, dotted: str):
     """The value of a dotted params key in `cfg`."""
     return functools.reduce(getattr, dotted.split("."), cfg)
 
-
-def _plain(value, kind: type):
-    """keras-tuner values (numpy scalars, 0/1 for booleans) as the config's own type."""
-    return kind(value) if kind in (bool, int, float) else value

@@ -54,10 +54,8 @@ def visible_gpus() -> int:
 
 
 def prepare_devices(kind: str, replicas: int) -> None:
-    """Split the CPU into `replicas` logical devices for `mirrored` without GPUs.
-
-    Must run before TensorFlow initialises its devices (before any op).
-    """
+    """Split the CPU into `replicas` logical devices for `mirrored` without GPUs (before
+    TensorFlow's first op: see the module docstring)."""
     import tensorflow as tf
 
     if kind != "mirrored" or replicas < 2 or tf.config.list_physical_devices("GPU"):
@@ -65,16 +63,14 @@ def prepare_devices(kind: str, replicas: int) -> None:
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
-        )
+            cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
     except RuntimeError:  # devices already initialised in this process
         have = len(tf.config.list_logical_devices("CPU"))
         if have < replicas:
             raise ConfigError(
                 f"train.strategy: mirrored with train.replicas {replicas} needs {replicas} "
                 f"logical CPUs set up before TensorFlow starts, this process already has {have}; "
-                "run `tfmlops train` in a fresh process"
-            ) from None
+                "run `tfmlops train` in a fresh process") from None
 
 
 def make_strategy(kind: str, replicas: int):
@@ -92,9 +88,6 @@ def make_strategy(kind: str, replicas: int):
 
 def strategy_placement(strategy, kind: str) -> dict:
     """What to log about the strategy a run really used."""
-    return {
-        "strategy": kind,
-        "strategy_class": type(strategy).__name__,
-        "replicas": int(strategy.num_replicas_in_sync),
-        "workers": max(cluster_tasks(os.environ.get("TF_CONFIG")), 1),
-    }
+    return {"strategy": kind, "strategy_class": type(strategy).__name__,
+            "replicas": int(strategy.num_replicas_in_sync),
+            "workers": max(cluster_tasks(os.environ.get("TF_CONFIG")), 1)}

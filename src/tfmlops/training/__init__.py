@@ -1,8 +1,3 @@
-"""Training core, below the stages. `fit.py`: datasets, the compiled model, op
-determinism, precision, callbacks, the backup folder and `fit` (one machine in Keras 3,
-or tf_keras across workers: the same functions); `results.py`: test-split evaluation,
-reports, plots and the stage's metrics.
-
-`stages/train.py` and tune's final round (`tuning/final_round.py`) train through it.
-Nothing here imports `tfmlops.stages`.
-"""
+"""Training core, below the stages: `fit.py` fits (one machine in Keras 3, or tf_keras
+across workers), `results.py` evaluates, reports and plots. `stages/train.py` and tune's
+final round train through it; nothing here imports `tfmlops.stages`."""

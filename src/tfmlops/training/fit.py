@@ -1,16 +1,14 @@
 """How `train` fits a model, on one machine (Keras 3) or across workers (tf_keras):
 the batches, the compiled model, op determinism, precision, fine-tuning phases, the
-callbacks, and the backup folder a killed run resumes from.
+callbacks, and the backup folder a killed run resumes from. Functions that touch Keras
+take the keras module (as model/builder.py does), so both paths are this code.
 
-Every function takes what it needs and returns what it made; the ones that touch
-Keras take the keras module (as model/builder.py does), so both paths are this code.
 Keras 3's `fit` fails under a MultiWorkerMirroredStrategy spanning several workers
 (keras-team/keras#20585, open; Keras 3.15.1, TF 2.21: "PerReplica ... to a Tensor");
 tf_keras' `fit` runs the same strategy and is importable beside Keras 3. Where the
 multi-worker path differs, and why (`Setup.across_workers`):
-- the strategy is made directly, before any other TensorFlow op (collective ops are
-  configured at startup); `train.optimizer.name: lamb` is refused (tf_keras has no
-  Lamb) and `train.jit_compile: auto` means tf_keras' default (no XLA);
+- `train.optimizer.name: lamb` is refused (tf_keras has no Lamb) and
+  `train.jit_compile: auto` means tf_keras' default (no XLA);
 - every worker passes the same `paths.backup` to tf_keras' BackupAndRestore and
   ModelCheckpoint: the chief writes there (`chief/` TF checkpoints, `best.weights.h5`),
   each other worker to its own `workertemp_<task>` folder, which it deletes (saving
@@ -27,8 +25,6 @@ The backup folder holds everything a killed run needs to resume: `latest.weights
 matters: BackupAndRestore comes last, so when its epoch record is written the history
 row and best checkpoint of that epoch are already on disk; a kill in between replays
 the epoch rather than losing it.
-
-Used by stages/train.py, tune's final round and trials (`tuning/`), and benchmarks.
 """
 
 from __future__ import annotations
@@ -55,9 +51,8 @@ from tfmlops.files import TEMP_PATTERN, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-# In paths.tuner: tune's timed decisions, per architecture (its trials and final round
-# share them); tune copies the file to paths.tuned, where train reads the one it trained.
-PRECISION_CACHE = PRECISION  # tune and train write their timed decisions here
+# tune's timed decisions, per architecture: in paths.tuner, copied to paths.tuned for train
+PRECISION_CACHE = PRECISION
 JIT = {"true": True, "false": False}  # `auto`: Keras 3's "auto", tf_keras' None (its default)
 TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
 
@@ -87,8 +82,6 @@ def is_keras3(keras) -> bool:
 
 @dataclass(frozen=True)
 class Setup:
-    """Where and how the run trains: the keras module, its strategy and batch."""
-
     keras: Any  # Keras 3, or tf_keras across several workers
     strategy: Any
     placement: dict  # model/strategy.strategy_placement
@@ -104,9 +97,7 @@ def setup(cfg: Config, merged: Config, prepared) -> Setup:
 
     tf_config = os.environ.get("TF_CONFIG")
     kind = dist.resolve_strategy(merged.train.strategy, tf_config, dist.visible_gpus())
-    # Keras 3's fit breaks under a MultiWorkerMirroredStrategy spanning several workers
-    # (keras-team/keras#20585, verified with Keras 3.15.1 and TF 2.21; one worker works):
-    # those runs fit with tf_keras on the same strategy
+    # one worker fits in Keras 3; several in tf_keras (the module docstring says why)
     across = kind == "multi_worker" and dist.cluster_tasks(tf_config) > 1
     if across:
         tracking.preflight(cfg)  # the chief's store is away: fail now, before any worker waits
@@ -121,42 +112,32 @@ def setup(cfg: Config, merged: Config, prepared) -> Setup:
     dist.prepare_devices(kind, merged.train.replicas)
     strategy = dist.make_strategy(kind, merged.train.replicas)
     placement = dist.strategy_placement(strategy, kind)
-    return Setup(keras, strategy, placement, checked_global_batch(merged, placement, prepared),
-                 tracking.is_chief(), across)
-
-
-def checked_global_batch(merged: Config, placement: dict, prepared) -> int:
-    """Per-replica batch x replicas; fails clearly when it exceeds the train split."""
     global_batch = merged.train.batch_size * placement["replicas"]
     if global_batch > prepared.counts["train"]:
         raise DataError(
             f"train.batch_size {merged.train.batch_size} x {placement['replicas']} replica(s) = "
             f"{global_batch} is more than the {prepared.counts['train']} train images; lower "
-            "train.batch_size (or train.overrides / tune's batch_size)"
-        )
-    return global_batch
+            "train.batch_size (or train.overrides / tune's batch_size)")
+    return Setup(keras, strategy, placement, global_batch, tracking.is_chief(), across)
 
 
 @contextlib.contextmanager
 def op_determinism(enabled: bool):
-    """TensorFlow op determinism for the run (with the seed: bit-identical runs on CPU).
-
-    Restored afterwards, so a test session that calls `run` in-process keeps its state.
-    """
+    """TensorFlow op determinism for the run (with the seed: bit-identical runs on CPU),
+    restored afterwards: a test session that calls `run` in-process keeps its state."""
     from tensorflow.python.framework import config as tf_config
 
-    before = tf_config.is_op_determinism_enabled()
-    if enabled and not before:
+    switch = enabled and not tf_config.is_op_determinism_enabled()
+    if switch:
         tf_config.enable_op_determinism()
     try:
         yield
     finally:
-        if enabled and not before:
+        if switch:
             tf_config.disable_op_determinism()
 
 
 def steps(prepared, batch_size: int, split: str = "train") -> int:
-    """Batches of `split` per epoch."""
     return math.ceil(prepared.counts[split] / batch_size)
 
 
@@ -189,8 +170,7 @@ def built_model(merged: Config, prepared, keras, *, pretrained: bool = True):
     return model
 
 
-def compile_model(model, merged: Config, prepared, keras, total_steps: int,
-                  lr_factor: float = 1.0):
+def compile_model(model, merged: Config, prepared, keras, total_steps: int, lr_factor: float = 1.0):
     """Compile with train's optimizer, schedule (peak x `lr_factor`) and loss; a fresh
     optimizer each call (a fine-tuning phase changes which variables it trains)."""
     from tfmlops.model.custom import make_loss, make_optimizer, make_schedule
@@ -274,12 +254,10 @@ def fit_in_phases(model, merged: Config, prepared, keras, data: tuple, plan: lis
 
 def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
                      cache_file: str | Path | None = None, write: bool = True, flags=None):
-    """`merged.train.precision` resolved for this model and batch (model/precision.py):
-    `auto` from the hardware and the architecture; `timed`, on a CPU with bf16 units,
-    times float32 against mixed_bfloat16 on a few steps of this very model, once per
-    architecture. One log line when decided now. Seeds are consumed by a timing: set
-    them after this call. `cache_file`: the timed decisions to reuse (`write`: add this
-    one to it). `flags`: the CPU's (default: read from /proc/cpuinfo)."""
+    """`merged.train.precision` resolved for this model and batch (model/precision.py),
+    logged when decided now. A timing consumes seeds: set them after this call.
+    `cache_file`: the timed decisions to reuse (`write`: add this one to it); `flags`:
+    the CPU's (default: read from /proc/cpuinfo)."""
     import keras
 
     from tfmlops.model import precision
@@ -295,10 +273,9 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
                                    pretrained=False),  # timing: the weights' values do not matter
             next(iter(sized(merged, prepared, "train", batch_size, training=True))), keras)
 
-    decision, now = precision.decide_cached(merged.train.precision, key, flags,
-                                            measure if timed else None, cache_file, write,
-                                            spec=merged.model,
-                                            margin=merged.train.precision_margin)
+    decision, now = precision.decide_cached(
+        merged.train.precision, key, flags, measure if timed else None, cache_file, write,
+        spec=merged.model, margin=merged.train.precision_margin)
     if now:
         log.info(decision.line(merged.train.precision))
     return decision
@@ -310,17 +287,6 @@ def log_precision(run, decision) -> None:
     run.log_params({"resolved": params})
     if metrics:
         run.log_metrics(metrics)
-
-
-def loss_scaling(model, policy: str, keras) -> bool:
-    """Whether the optimizer scales the loss; mixed_float16 without it is refused."""
-    from tfmlops.model import precision
-
-    scaled = precision.uses_loss_scaling(model, keras)
-    if policy == "mixed_float16" and not scaled:
-        raise RuntimeError("mixed_float16 without a LossScaleOptimizer: float16 gradients "
-                           "would underflow")
-    return scaled
 
 
 def best_val_loss(rows: list[dict]) -> float | None:
@@ -351,8 +317,7 @@ class Resume:
 
 def backup_fingerprint(merged: Config, keras) -> dict:
     """What a backup was made with; a backup with another fingerprint is not resumed."""
-    # the pipeline's speed settings (autotune, cache) change speed, not batches: a backup
-    # made either way resumes
+    # the pipeline's speed settings change speed, not batches: a backup made either way resumes
     blob = json.dumps({"params": merged.digest("seed", "data", "model", "train"),
                        "pipeline": merged.pipeline.without_speed_settings()},
                       sort_keys=True, default=str)
@@ -465,14 +430,10 @@ def _recorder_class(keras):
     from tfmlops.model.precision import inner_optimizer
 
     class EpochRecorder(keras.callbacks.Callback):
-        """One row per epoch: metrics, learning rate, epoch seconds and images/s.
-
-        Rows are persisted in the history folder (a resumed run keeps its earlier
-        epochs) and sent to the run's MLflow (`run.log_metrics(step=epoch)`; the run is
-        a no-op off the chief). `epoch` counts from 1; the epochs of a two-phase
-        fine-tuning run carry its `phase` (1: backbone frozen, 2: top unfrozen), one
-        MLflow history whose steps continue across the phases.
-        """
+        """One row per epoch (metrics, learning rate, epoch seconds, images/s), kept in the
+        history folder (a resumed run keeps its earlier epochs) and logged to the run (a
+        no-op off the chief) at step `epoch`, counted from 1 across fine-tuning's phases;
+        such a run's rows carry their `phase` (1: backbone frozen, 2: top unfrozen)."""
 
         def __init__(self, history_dir, train_images: int, run, rows: list[dict]):
             super().__init__()
@@ -499,7 +460,9 @@ def _recorder_class(keras):
             logs = logs or {}
             epoch_seconds = time.perf_counter() - self._epoch_start
             train_seconds = self._train_seconds or epoch_seconds
-            row = {"epoch": epoch + 1, **{k: _float(logs.get(k)) for k in HISTORY_COLUMNS[1:5]},
+            row = {"epoch": epoch + 1,
+                   **{k: None if logs.get(k) is None else float(logs[k])
+                      for k in HISTORY_COLUMNS[1:5]},
                    "learning_rate": self.learning_rate(),
                    "epoch_seconds": round(epoch_seconds, 4),
                    "images_per_s": round(self.train_images / max(train_seconds, 1e-9), 1)}
@@ -522,17 +485,14 @@ def metrics_of(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "epoch" and v is not None}
 
 
-def _float(value) -> float | None:
-    return None if value is None else float(value)
-
-
-def stopping_callbacks(early_stopping_patience: int, reduce_lr_on_plateau: bool, keras) -> list:
-    """The callbacks that change what a run learns (also used by tune's final round)."""
+def stopping_callbacks(t, keras) -> list:
+    """The callbacks that change what a run learns (`t`: its train config; also used by
+    tune's final round)."""
     cbs = []
-    if early_stopping_patience:
+    if t.early_stopping_patience:
         cbs.append(keras.callbacks.EarlyStopping(monitor=MONITOR, mode="min",
-                                                 patience=early_stopping_patience))
-    if reduce_lr_on_plateau:
+                                                 patience=t.early_stopping_patience))
+    if t.reduce_lr_on_plateau:
         cbs.append(keras.callbacks.ReduceLROnPlateau(monitor=MONITOR, mode="min", factor=0.5,
                                                      patience=2, min_lr=1e-6))
     return cbs
@@ -546,7 +506,7 @@ def training_callbacks(keras, t, where: Folders, profile_batch, recorder,
     cbs = [recorder, c.ModelCheckpoint(str(where.backup / BEST_WEIGHTS), monitor=MONITOR,
                                        mode="min", save_best_only=True, save_weights_only=True,
                                        initial_value_threshold=best_so_far)]
-    cbs += stopping_callbacks(t.early_stopping_patience, t.reduce_lr_on_plateau, keras)
+    cbs += stopping_callbacks(t, keras)
     cbs.append(c.TensorBoard(log_dir=str(where.profile), profile_batch=profile_batch,
                              write_graph=False))
     # Kept after a successful fit: the chief empties the folder once the model is saved.
@@ -590,7 +550,10 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         with run_setup.strategy.scope():
             # compiled once here for the checks below; each phase recompiles in the scope
             model = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
-        scaled = loss_scaling(model, policy, keras)
+        scaled = precision.uses_loss_scaling(model, keras)
+        if policy == "mixed_float16" and not scaled:
+            raise RuntimeError("mixed_float16 without a LossScaleOptimizer: float16 gradients "
+                               "would underflow")
         run.log_params({"resolved": {"jit_compile": bool(model.jit_compile),
                                      "loss_scaling": scaled, "fine_tune_phases": len(plan),
                                      **resolved}})

@@ -116,11 +116,9 @@ def finish(cfg: Config, final: Path, evaluation, fitted, resumed: Resume, run_se
 
 
 def classification_report(y_true, y_pred, classes: list[str]) -> dict:
-    """Confusion matrix (rows: true class) and per-class precision, recall and F1, computed
-    as promote's evaluation computes them (`evaluation.per_class`).
-
-    A class never predicted (or never present) scores 0, not a warning.
-    """
+    """Confusion matrix (rows: true class) and per-class precision, recall and F1, as
+    promote computes them (`evaluation.per_class`); a class never predicted (or never
+    present) scores 0, not a warning."""
     import numpy as np
 
     n = len(classes)

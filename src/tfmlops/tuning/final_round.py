@@ -46,15 +46,10 @@ class FinalEntry:
 
 def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRecord],
         best: TrialRecord) -> list[FinalEntry] | None:
-    """Train the params' own settings and the search's best `tune.final_candidates`
-    configurations exactly as `train` does on one device (merged with
-    train.overrides; its datasets, build, compile, precision, seed, op
-    determinism, early stopping on val_loss; the epoch of the lowest val_loss is
-    the one train keeps), each a nested run `final-<name>`. A candidate over
-    `tune.max_model_params` fails, as it does in the search.
-    The search ranks configurations after a few epochs; this round ranks the
-    finalists at the length they will be trained for.
-    """
+    """Train the finalists as `train` does on one device (train.overrides merged; its
+    datasets, build, compile, precision, seed, op determinism, early stopping on
+    val_loss; the epoch of the lowest val_loss is the one kept), each a nested run
+    `final-<name>`. A candidate over `tune.max_model_params` fails, as in the search."""
     n = cfg.tune.final_candidates
     if n == 0 or not cfg.train.use_tuned:  # train would not read the winner
         return None
@@ -64,19 +59,17 @@ def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRe
     n_val = prepared.counts["val"]
     entries = [FinalEntry("params", cfg, val_examples=n_val)] + [
         FinalEntry(f"trial-{t.trial_id}", search_space.config_from_values(cfg, t.values),
-                   t.trial_id, val_examples=n_val)
-        for t in finalists(cfg, trials, best, n)
-    ]
+                   t.trial_id, val_examples=n_val) for t in finalists(cfg, trials, best, n)]
     log.info(f"tune: final round: {', '.join(e.name for e in entries)} at train's "
              f"{cfg.train.epochs} epochs")
     for entry in entries:
         child = parent.start_child(f"final-{entry.name}", tags={
             "tfmlops.tune.round": "final", "tfmlops.tune.candidate": entry.name})
-        child.log_params(hparams.tuned_tree(entry.config))
+        tree = hparams.tuned_tree(entry.config)
+        child.log_params(tree)
         started = time.perf_counter()
         try:
-            # what train will build from this candidate: params <- it <- train.overrides
-            merged, _ = hparams.merge(cfg, hparams.tuned_tree(entry.config))
+            merged, _ = hparams.merge(cfg, tree)  # what train builds: params <- it <- overrides
             history = _fit_as_train(merged, prepared, child, cfg.tune.max_model_params)
             kept = min(range(len(history["val_loss"])), key=lambda i: history["val_loss"][i])
             entry.score = float(history[cfg.tune.objective][kept])
@@ -117,13 +110,11 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
             if max_params and model.count_params() > max_params:  # as the search fails it
                 raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
                                  f"than tune.max_model_params {max_params}")
-            # per-epoch metrics into the candidate's child run
             log_epochs = keras.callbacks.LambdaCallback(
                 on_epoch_end=lambda epoch, logs: child.log_metrics(dict(logs or {}), step=epoch))
 
             def callbacks(phase):  # fresh each phase, as train's
-                return [log_epochs, *fit.stopping_callbacks(
-                    t.early_stopping_patience, t.reduce_lr_on_plateau, keras)]
+                return [log_epochs, *fit.stopping_callbacks(t, keras)]
 
             # train's phases (fine-tuning), one history across them
             return fit.fit_in_phases(model, merged, prepared, keras, data, fit.phases(merged),

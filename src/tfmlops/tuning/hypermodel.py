@@ -50,8 +50,7 @@ class TrialModel(kt.HyperModel):
 
     def build(self, hp):
         trial_cfg = self._trial_cfg(hp)
-        # train.precision as train resolves it (`timed`: once per architecture and batch,
-        # the file shared with the final round and a resumed search); before the seed.
+        # as train resolves it (timed once, the file shared with the final round); before the seed
         policy = fit.decide_precision(
             trial_cfg, self.prepared, trial_cfg.train.batch_size,
             cache_file=Path(self.cfg.paths.tuner) / fit.PRECISION_CACHE).policy
@@ -80,12 +79,10 @@ class TrialModel(kt.HyperModel):
         """NaN and deadline stops, early stopping, and a profile of the first trial run."""
         extra = [keras.callbacks.TerminateOnNaN(),
                  StopAtDeadline(self.deadline, lambda: setattr(self, "cut_short", True))]
-        objective = self.cfg.tune.objective
-        patience = self.cfg.tune.early_stopping_patience
-        if patience:
+        t = self.cfg.tune
+        if t.early_stopping_patience:
             extra.append(keras.callbacks.EarlyStopping(
-                monitor=objective, patience=patience,
-                mode=self.cfg.tune.direction))
+                monitor=t.objective, patience=t.early_stopping_patience, mode=t.direction))
         if self.cfg.profiling.enabled and self.profiled_dir is None:
             self.profiled_dir = profiling.fresh_profile_dir(self.cfg, STAGE)
             extra.append(keras.callbacks.TensorBoard(

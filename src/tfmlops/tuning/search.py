@@ -83,11 +83,9 @@ def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None) -> T
     values = dict(trial.hyperparameters.values)
     return TrialRecord(
         trial_id=str(trial.trial_id), status=str(trial.status),
-        score=None if trial.score is None else float(trial.score),
-        best_epoch=trial.best_step, values=values,
-        seconds=side.get("seconds"), run_id=side.get("run_id"), message=trial.message,
-        baseline=search_space.is_baseline(trial.trial_id, values, baseline),
-    )
+        score=None if trial.score is None else float(trial.score), best_epoch=trial.best_step,
+        values=values, seconds=side.get("seconds"), run_id=side.get("run_id"),
+        message=trial.message, baseline=search_space.is_baseline(trial.trial_id, values, baseline))
 
 
 def last_line(message: str) -> str:

@@ -105,15 +105,10 @@ def build_tuner(cfg: Config, parent: tracking.StageRun, key: str):
     prepared = pipeline.load_prepared(cfg)
     deadline = time.monotonic() + cfg.tune.budget_minutes * 60
     oracle = make_oracle(cfg)
-    tuner = TrackedTuner(
-        oracle=oracle,
-        hypermodel=TrialModel(cfg, prepared, deadline),
-        parent=parent, baseline=oracle.baseline,
-        directory=str(cfg.paths.tuner),
-        project_name=project_name(cfg, key),
-        overwrite=False,
-        max_model_size=cfg.tune.max_model_params or None,
-    )
+    tuner = TrackedTuner(oracle=oracle, hypermodel=TrialModel(cfg, prepared, deadline),
+                         parent=parent, baseline=oracle.baseline, directory=str(cfg.paths.tuner),
+                         project_name=project_name(cfg, key), overwrite=False,
+                         max_model_size=cfg.tune.max_model_params or None)
     oracle.deadline = deadline
     return tuner, oracle
 
