@@ -1,8 +1,7 @@
 """keras-tuner oracles with a wall-clock budget and the params' own settings as the
 first trial of a fresh search. Imports keras-tuner: import this module lazily.
 
-The mixins override `populate_space` and the private `_random_values`
-(keras-tuner 1.4.8), the one place all three oracles draw a new point.
+The mixins override `populate_space` and the private `_random_values` (keras-tuner 1.4.8).
 """
 
 from __future__ import annotations
