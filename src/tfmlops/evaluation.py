@@ -3,11 +3,7 @@
 A version's evaluation is three arrays over the same images: the true class, the
 predicted class (an index into the current split's classes, -1 for a class name
 the version's model does not share with the split: always wrong) and the
-confidence (its top probability). From them: accuracy, per-class precision,
-recall and F1, the confusion matrix, the expected calibration error with its
-reliability bins, accuracy per slice, and, for two versions on the same images,
-the paired difference in accuracy with an exact interval (McNemar's conditioning
-on the images where exactly one of them is right). No TensorFlow, no MLflow.
+confidence (its top probability). No TensorFlow, no MLflow.
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ def per_class(matrix: np.ndarray, classes: Sequence[str]) -> dict[str, dict]:
 
 
 def calibration(confidence: np.ndarray, correct: np.ndarray) -> dict:
-    """Expected calibration error over ECE_BINS equal-width confidence bins, and the bins
-    (count, mean confidence, accuracy) a reliability diagram draws."""
+    """Expected calibration error over ECE_BINS equal-width bins, and the bins it draws on."""
     conf = np.clip(np.asarray(confidence, np.float64), 0.0, 1.0)
     correct = np.asarray(correct, bool)
     which = np.minimum((conf * ECE_BINS).astype(int), ECE_BINS - 1)
@@ -84,8 +79,7 @@ def summarize(labels: np.ndarray, predicted: np.ndarray, confidence: np.ndarray,
             **calibration(confidence, correct)}
 
 
-def paired_interval(candidate_correct: np.ndarray, production_correct: np.ndarray,
-                    confidence: float) -> dict:
+def paired_interval(candidate_correct: np.ndarray, production_correct: np.ndarray, confidence: float) -> dict:
     """The accuracy difference candidate - production on the same n images, (b - c) / n,
     with an exact interval at `confidence`: b (only the candidate right) given b + c
     discordant images is binomial, so the Clopper-Pearson interval of b / (b + c),
@@ -96,11 +90,10 @@ def paired_interval(candidate_correct: np.ndarray, production_correct: np.ndarra
     cand, prod = np.asarray(candidate_correct, bool), np.asarray(production_correct, bool)
     n = len(cand)
     b, c = int(np.sum(cand & ~prod)), int(np.sum(~cand & prod))
-    discordant = b + c
     alpha = 1.0 - confidence
     low_p = float(beta.ppf(alpha / 2, b, c + 1)) if b > 0 else 0.0
     high_p = float(beta.ppf(1 - alpha / 2, b + 1, c)) if c > 0 else 1.0
-    scale = discordant / n if n else 0.0
+    scale = (b + c) / n if n else 0.0
     low, high = (2 * low_p - 1) * scale, (2 * high_p - 1) * scale
     return {"images": n, "candidate_only": b, "production_only": c,
             "difference": (b - c) / n if n else 0.0, "low": low, "high": high,

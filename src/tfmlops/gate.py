@@ -1,8 +1,7 @@
 """The promotion gate, written as data: checks of a candidate version against
 absolute floors and ceilings (`promote.gate`) and against the version holding
 @production. Pure functions of the registry's version tags and of the evaluation
-of both versions on the same current test split (`serving/versions.py`: accuracy,
-per-class recall, calibration, the paired interval); `promotion.py` applies the result.
+of both versions on the same current test split (`serving/versions.py`).
 Without an evaluation, accuracy and the regression come from the tags export wrote
 (each measured on its own split) and the per-class and calibration checks fail, unless
 `promote.gate.evaluate` is false (then they are not applied).
@@ -49,8 +48,7 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
                   production: VersionMetrics | None, evaluation: dict | None = None
                   ) -> list[Check]:
     """Every check of the gate, passed or not, with its values and a one-line message.
-    `evaluation`: {"candidate": summary, "production": summary or absent, "paired": ...}
-    (`evaluation.summarize`, `evaluation.paired_interval`) on the same images."""
+    `evaluation`: {"candidate": summary, "production": summary or absent, "paired": ...}."""
     c = candidate
     ev = evaluation if evaluation and evaluation.get("images") else {}  # 0 images: none
     mine, theirs = ev.get("candidate"), ev.get("production") if production else None
@@ -64,12 +62,9 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
                at_least=False, label="size", unit=" bytes", spec=(",.0f", ",")),
         _bound("max_latency_ms", c, c.latency_ms, gate.max_latency_ms, "serving.latency_p50_ms",
                at_least=False, label="p50 latency", unit=" ms", spec=(".3f", "g"))]
-    if not gate.require_parity:
-        checks.append(Check("parity", True, c.parity, None, "parity not required"))
-    else:
-        ok = c.parity is True
-        what = {True: "passed", False: "failed", None: "were not recorded"}[c.parity]
-        checks.append(Check("parity", ok, c.parity, True, f"parity checks {what} at export"))
+    what = {True: "passed", False: "failed", None: "were not recorded"}[c.parity]
+    checks.append(Check("parity", c.parity is True, c.parity, True, f"parity checks {what} at export")
+                  if gate.require_parity else Check("parity", True, c.parity, None, "parity not required"))
     if c.edge_agreement is None:
         checks.append(Check("min_edge_agreement", False, None, gate.min_edge_agreement,
                             f"version {c.version} has no 'edge.top1_agreement' tag (exported "
@@ -97,8 +92,7 @@ def _paired(gate: GateConfig, production: VersionMetrics, paired: dict) -> Check
 
 def _not_evaluated(gate: GateConfig, name: str, limit: float) -> Check:
     if not gate.evaluate:
-        return Check(name, True, None, limit, f"{name} not applied (promote.gate.evaluate is "
-                     "false)")
+        return Check(name, True, None, limit, f"{name} not applied (promote.gate.evaluate is false)")
     return Check(name, False, None, limit, f"{name}: the candidate was not evaluated on the "
                  "current test split")
 
@@ -176,8 +170,7 @@ def _regression(gate: GateConfig, c: VersionMetrics, production: VersionMetrics 
     if paired is not None:
         return _paired(gate, production, paired)
     if c.accuracy is None or production.accuracy is None:
-        return _missing("max_regression", c if c.accuracy is None else production,
-                        "serving.accuracy")
+        return _missing("max_regression", c if c.accuracy is None else production, "serving.accuracy")
     change = c.accuracy - production.accuracy
     ok = change >= -gate.max_regression
     text = (f"accuracy {c.accuracy:.4f} vs production version {production.version} "

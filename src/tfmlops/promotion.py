@@ -25,8 +25,7 @@ from tfmlops.tracking import stage_runs
 
 
 def dvc_experiment() -> str | None:
-    """The name of the DVC experiment this process runs in (`dvc exp run` sets DVC_EXP_NAME,
-    the same variable the tracking runs' `dvc.exp_name` tag comes from), else None."""
+    """The DVC experiment this process runs in (`dvc exp run` sets DVC_EXP_NAME), else None."""
     return os.environ.get("DVC_EXP_NAME") or None
 
 
@@ -71,8 +70,6 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
         summary = reason = f"version {candidate} already holds @production"
         expected = {PRODUCTION: candidate}
     elif not failed or force:
-        # Tag, then @previous, then @production: a crash after any of them leaves
-        # @previous and the tags naming what a rollback must restore.
         registry.tag_version(candidate, {"promote.replaced": production or "none"})
         if production:
             registry.set_alias(PREVIOUS, production)
@@ -84,8 +81,7 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
                    + (f" (replaced version {production}, now @previous)" if production else "")
                    + (f"; FORCED past: {reasons}" if failed else ""))
         reason = f"forced past the gate: {reasons}" if failed else "the gate passed"
-        expected = {PRODUCTION: candidate, PREVIOUS: production} if production else \
-            {PRODUCTION: candidate}
+        expected = {PRODUCTION: candidate, PREVIOUS: production} if production else {PRODUCTION: candidate}
     else:
         registry.set_alias(CANDIDATE, candidate)
         outcome, after = "refused", production

@@ -5,11 +5,9 @@ deprecated stages: `production`, `previous` (what production replaced, the
 rollback target), `candidate` (refused by the gate) and `exp-<name>` (a version
 a DVC experiment produced).
 
-Registration is idempotent: each version carries a `tfmlops.register_key` tag
-(export's: digests of its inputs, the trained model, the edge variant and its
-params), and `register` looks for a version with that
-key before creating one, inside the retried call: a timeout after the server
-committed finds the version instead of creating a second one.
+Registration is idempotent: `register` looks for the version tagged with its key
+(`tfmlops.register_key`) before creating one, inside the retried call: a timeout
+after the server committed finds the version instead of creating a second one.
 
 Moving an alias is a last-writer-wins upsert, so promotions hold a lock: a
 registered model named `<model>.promotion-lock`, created atomically (the
@@ -72,13 +70,10 @@ class Registry:
         self.name = cfg.promote.registered_model
         self.uri = tracking.tracking_uri(cfg)
         tracking.ensure_reachable(self.uri, cfg.tracking.connect_timeout_s)
-        self.client = tracking.use_uri(self.uri).MlflowClient(tracking_uri=self.uri,
-                                                              registry_uri=self.uri)
+        self.client = tracking.use_uri(self.uri).MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         self._lease: _Lease | None = None  # set while this object holds the promotion lock
 
-    # -- reading
     def alias(self, alias: str) -> str | None:
-        """The version holding `alias`, or None."""
         return self.aliases().get(alias)
 
     def aliases(self) -> dict[str, str]:
@@ -90,26 +85,25 @@ class Registry:
 
     def tags(self, version: str) -> dict[str, str]:
         try:
-            mv = self._call(lambda c: c.get_model_version(self.name, str(version)),
-                            f"read version {version}")
+            return dict(self._version(version).tags or {})
         except _Missing:
             raise DataError(f"version {version} of registered model {self.name} does not exist; "
                             f"see the versions with `mlflow models` or the MLflow UI") from None
-        return dict(mv.tags or {})
 
     def source(self, version: str) -> str:
         """The model URI version `version` was registered from."""
-        return self._call(lambda c: c.get_model_version(self.name, str(version)),
-                          f"read version {version}").source
+        return self._version(version).source
 
     def exists(self, version: str) -> bool:
         try:
-            self._call(lambda c: c.get_model_version(self.name, str(version)), "read a version")
-            return True
+            self._version(version)
         except _Missing:
             return False
+        return True
 
-    # -- files
+    def _version(self, version: str):
+        return self._call(lambda c: c.get_model_version(self.name, str(version)), f"read version {version}")
+
     def download_version(self, version: str, dest: Path) -> Path:
         """Version `version`'s model folder (MLmodel and its artifacts) downloaded into `dest`."""
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per file
@@ -129,26 +123,21 @@ class Registry:
         except (_Missing, OSError):
             return None
 
-    # -- writing (each re-checks the promotion lock when one is held)
     def set_alias(self, alias: str, version: str) -> None:
-        self._write(lambda c: c.set_registered_model_alias(self.name, alias, str(version)),
-                    f"set @{alias}")
+        self._write(lambda c: c.set_registered_model_alias(self.name, alias, str(version)), f"set @{alias}")
 
     def delete_alias(self, alias: str) -> None:
         with contextlib.suppress(_Missing):
-            self._write(lambda c: c.delete_registered_model_alias(self.name, alias),
-                        f"delete @{alias}")
+            self._write(lambda c: c.delete_registered_model_alias(self.name, alias), f"delete @{alias}")
 
     def tag_version(self, version: str, tags: dict[str, Any]) -> None:
         for key, value in tags.items():
             self._write(lambda c, k=key, v=value: c.set_model_version_tag(
                 self.name, str(version), k, str(v)), f"tag version {version}")
 
-    def register(self, model_uri: str, tags: dict[str, Any], description: str,
-                 key: str | None = None) -> str:
+    def register(self, model_uri: str, tags: dict[str, Any], description: str, key: str | None = None) -> str:
         """The version registered under `key`, created if there is none; returns its number.
-        The lookup runs inside the retried call, so a retry never registers twice. Without
-        a `key`, each call registers its own version (the key is unique to the call)."""
+        Without a `key`, each call registers its own version (the key is unique to the call)."""
         if len(description) > DESCRIPTION_LIMIT:
             description = description[:DESCRIPTION_LIMIT] + "\n\n(truncated: see model_card.md)"
         key = key or uuid.uuid4().hex
@@ -166,7 +155,6 @@ class Registry:
 
         return self._call(find_or_create, "register a version")
 
-    # -- the promotion lock
     @contextlib.contextmanager
     def promotion_lock(self, wait_s: float = LOCK_WAIT_S) -> Iterator[Callable[[], None]]:
         """Hold the model's promotion lock; yields `check()`, which raises if it was lost."""
@@ -254,7 +242,6 @@ class Registry:
         except _Exists:  # a third promotion took the name: the one we moved has lost it
             self._call(lambda c: c.delete_registered_model(aside), "drop a lock")
 
-    # -- machinery
     def _write(self, fn, what: str):
         lease = self._lease
         if lease is None:
@@ -310,8 +297,7 @@ class _Lease:
         self.lost: str | None = None
         self._stop = threading.Event()
         self._beats = 0
-        self._thread = threading.Thread(target=self._run, name="tfmlops-lock-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="tfmlops-lock-heartbeat", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -331,8 +317,7 @@ class _Lease:
         description = f"promotion of {self.registry.name} in progress (tfmlops; held by " \
                       f"{self.me}; renewal {self._beats})"
         asked = time.monotonic()  # before the store commits: a waiter's clock starts later
-        self.registry._call(lambda c: c.update_registered_model(self.lock, description),
-                            "renew the lock")
+        self.registry._call(lambda c: c.update_registered_model(self.lock, description), "renew the lock")
         self.renewed = asked
 
     def check(self) -> None:

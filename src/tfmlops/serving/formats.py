@@ -1,12 +1,6 @@
-"""Every exported format: built, reloaded, checked for parity and measured.
+"""Every exported format: built, reloaded, checked for parity and measured, in the order
+`export` calls these; a required parity that fails raises DataError saying by how much.
 
-`export` calls these in order: `build_formats` writes the SavedModel (and
-reloads it in a fresh process), the ONNX file (checked, then run by ONNX
-Runtime on the whole test split) and the edge TFLite; `measure` gives every
-format's accuracy, size and single-image latency; `choose_serving` picks the
-fastest runtime the served model can run among those that passed parity;
-`check_served` runs the served model's own path (PIL + NumPy + runtime).
-A required parity that fails raises DataError saying by how much.
 Every check reads the test split batch by batch (`data.stored_split.StoredSplit`):
 what stays in memory is per image (labels, probabilities), never the images.
 """
@@ -56,11 +50,8 @@ def float32_model(path: Path, tcfg: Config, prepared):
     return rebuild(model, tcfg, keras, prepared.input_shape, prepared.num_classes)
 
 
-# ------------------------------------------------------------------ formats
-
 def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> dict:
-    """Write every format into `out`; fail on the first parity the stage requires.
-    `split` is the test split (`StoredSplit`), read batch by batch by each check."""
+    """Write every format into `out`; fail on the first parity the stage requires."""
     from tfmlops.serving.signatures import export_saved_model
 
     saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
@@ -80,9 +71,8 @@ def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> 
 
 
 def reload_check(saved: Path, split, keras_probs, classes, atol: float):
-    """Reload the SavedModel in a fresh process; both signatures must match Keras; the
-    bytes signature's parity. The process reads the test split from its TFRecords itself,
-    batch by batch."""
+    """Reload the SavedModel in a fresh process (`signatures.main`); both signatures must
+    match Keras. Returns the bytes signature's parity."""
     with tempfile.TemporaryDirectory(prefix="tfmlops-reload-") as tmp:
         write_json(Path(tmp) / "split.json", split.to_dict())
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
@@ -123,57 +113,45 @@ def to_onnx(model, path: Path, input_shape, opset: int) -> None:
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except onnx.checker.ValidationError as exc:
-        raise DataError(f"{path.name} fails onnx.checker ({str(exc).splitlines()[0][:160]})") \
-            from None
+        raise DataError(f"{path.name} fails onnx.checker ({str(exc).splitlines()[0][:160]})") from None
 
 
 def check_onnx(path: Path, split, keras_probs, atol: float):
-    """ONNX Runtime on the whole test split (`StoredSplit`) against Keras; DataError saying
-    by how much."""
+    """ONNX Runtime on the whole test split against Keras."""
     result = skew.compare("onnx", keras_probs, split.predict(OnnxModel(str(path)).predict), atol)
     if not result.passed:
         raise DataError(f"{result.describe()}; raise export.atol only if that is acceptable")
     return result
 
 
-# ---------------------------------------------------------------- measuring
-
 def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
-    """One row per format (accuracy, bytes, latency) and the parity of each runtime, each
-    runtime over the test split (`StoredSplit`) batch by batch."""
+    """One row per format (accuracy, bytes, latency) and the parity of each runtime."""
     import tensorflow as tf
 
     from tfmlops.serving.signatures import FLOAT_SIGNATURE
 
-    runs = cfg.export.latency_runs
-    warmup = max(1, runs // 10)
-    _, x1 = split.first
     sig = tf.saved_model.load(str(formats["saved_model"])).signatures[FLOAT_SIGNATURE]
     onnx_model = OnnxModel(str(formats["onnx"]), LATENCY_THREADS)
     tflite_model = TFLiteModel(str(formats["tflite"]), LATENCY_THREADS)
-    probs = {
-        "keras": keras_probs,
-        "saved_model": split.predict(lambda x: sig(image=tf.constant(x))["probabilities"]),
-        "onnx": split.predict(onnx_model.predict),
-        "tflite": split.predict(lambda x: tflite_model.predict_all(x, batch=64)),
-    }
-    call = {
-        "keras": lambda a: model(a, training=False).numpy(),  # eager Keras, one image
-        "saved_model": lambda a: sig(image=tf.constant(a))["probabilities"].numpy(),
-        "onnx": onnx_model.predict,
-        "tflite": tflite_model.predict,
-    }
+
+    def saved_model(x):
+        return sig(image=tf.constant(x))["probabilities"].numpy()
+
+    probs = {"keras": keras_probs, "saved_model": split.predict(saved_model),
+             "onnx": split.predict(onnx_model.predict),
+             "tflite": split.predict(lambda x: tflite_model.predict_all(x, batch=64))}
+    call = {"keras": lambda a: model(a, training=False).numpy(),  # eager Keras, one image
+            "saved_model": saved_model, "onnx": onnx_model.predict, "tflite": tflite_model.predict}
     files = {"keras": Path(cfg.paths.train) / MODEL_FILE, **formats}
     rows, parities = [], []
     for k, name in enumerate(("keras", "saved_model", "onnx", "tflite"), 1):
-        log.info("export: [%d/4] measuring %s: accuracy, %d timed calls", k, name, runs)
+        log.info("export: [%d/4] measuring %s: accuracy, %d timed calls", k, name, cfg.export.latency_runs)
         row = {"format": name, "file": _rel(files[name], out), "bytes": _size(files[name]),
-               "accuracy": accuracy(probs[name], y), **latency_ms(call[name], x1, runs, warmup)}
+               "accuracy": accuracy(probs[name], y), **_latency(cfg, call[name], split.first[1])}
         if name != "keras":
             p = skew.compare(name, keras_probs, probs[name], cfg.export.atol)
             parities.append(p)
-            row.update(max_abs_diff=p.max_abs_diff, top1_mismatches=p.top1_mismatches,
-                       parity=p.passed)
+            row.update(_parity_columns(p))
         rows.append(row)
     return rows, parities
 
@@ -202,24 +180,30 @@ def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None
 
 def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y,
                         keras_probs, parities, report_path: Path) -> tuple[dict, list]:
-    """The served MLflow model saved and loaded back as `mlflow models serve` loads it,
-    checked on the stored test images, then the skew report written to `report_path`:
-    (the served row, the skew pairs)."""
+    """The served MLflow model checked on the stored test images, then every pair of the skew
+    report (`serving.skew`), the report written to `report_path`: (served row, skew pairs)."""
     log.info("export: checking the served MLflow model (%s) on the test split's stored "
              "images", serving["runtime"])
-    first, _ = split.first
     with tempfile.TemporaryDirectory(prefix="tfmlops-served-") as tmp:
-        served = save_serving_model(out, serving["file"], request_example(first),
+        served = save_serving_model(out, serving["file"], request_example(split.first[0]),
                                     Path(tmp) / "model")
         row = check_served(cfg, serving, served, split, y, keras_probs, parities)
-        pairs, report = check_skew(cfg, prepared, model, served, parities)
-    write_json(report_path, report)
+        by = {p.runtime: p for p in parities}
+        pairs = [skew.Pair(name, by[name]) for name in
+                 ("saved_model", "saved_model_bytes", "served_pyfunc", "onnx")]
+        pairs.append(skew.Pair("tflite_edge", by["tflite"], gated=False))
+        log.info("export: following %d original files through prepare's path and the served "
+                 "model's", cfg.export.skew.source_images)
+        sources, facts = skew.source_pairs(prepared, model, served, cfg.export.skew)
+    pairs.extend(sources)
+    skew.check(pairs)
+    write_json(report_path, skew.report(pairs, facts))
     return row, pairs
 
 
 def check_served(cfg, serving: dict, served, split, y, keras_probs, parities) -> dict:
-    """The served MLflow model (`served`, loaded back by `mlflow.pyfunc.load_model`) on
-    the stored test bytes vs Keras on the pipeline's tensors.
+    """The served MLflow model (loaded back by `mlflow.pyfunc.load_model`) on the stored
+    test bytes vs Keras on the pipeline's tensors.
 
     Its latency is one request row end to end in-process (base64 image -> label),
     which is what the gate's latency budget limits.
@@ -230,34 +214,22 @@ def check_served(cfg, serving: dict, served, split, y, keras_probs, parities) ->
     p = skew.compare("served_pyfunc", keras_probs, probs, cfg.export.atol)
     parities.append(p)
     if not p.passed:
-        raise DataError(f"the served model's decoding or preprocessing drifted from training: "
-                        f"{p.describe()}")
+        raise DataError(f"the served model's decoding or preprocessing drifted from training: {p.describe()}")
     predict_rows = served.unwrap_python_model().predictor.predict_rows  # the served model's own
-    runs = cfg.export.latency_runs
-    timing = latency_ms(predict_rows, [request_example(split.first[0])], runs, max(1, runs // 10))
+    timing = _latency(cfg, predict_rows, [request_example(split.first[0])])
     serving["latency_p50_ms"] = timing["p50_ms"]
     return {"format": "served_pyfunc", "file": serving["file"], "bytes": serving["bytes"],
-            "accuracy": accuracy(probs, y), **timing, "max_abs_diff": p.max_abs_diff,
-            "top1_mismatches": p.top1_mismatches, "parity": p.passed}
+            "accuracy": accuracy(probs, y), **timing, **_parity_columns(p)}
 
 
-def check_skew(cfg, prepared, model, served, parities) -> tuple[list, dict]:
-    """Every pair of the skew report (`serving.skew`), the source pair included; fails on
-    a gated pair out of bounds, naming it."""
-    by = {p.runtime: p for p in parities}
-    pairs = [skew.Pair(name, by[name]) for name in
-             ("saved_model", "saved_model_bytes", "served_pyfunc", "onnx")]
-    pairs.append(skew.Pair("tflite_edge", by["tflite"], gated=False))
-    limits = cfg.export.skew
-    log.info("export: following %d original files through prepare's path and the served "
-             "model's", limits.source_images)
-    sources, facts = skew.source_pairs(prepared, model, served, limits, 1)
-    pairs.extend(sources)
-    skew.check(pairs)
-    return pairs, skew.report(pairs, facts)
+def _latency(cfg, fn, x1) -> dict[str, float]:
+    runs = cfg.export.latency_runs
+    return latency_ms(fn, x1, runs, max(1, runs // 10))
 
 
-# ------------------------------------------------------------------ helpers
+def _parity_columns(p) -> dict:
+    return {"max_abs_diff": p.max_abs_diff, "top1_mismatches": p.top1_mismatches, "parity": p.passed}
+
 
 def _rel(path: Path, out: Path) -> str:
     return str(Path(path).relative_to(out) if Path(path).is_relative_to(out) else path)

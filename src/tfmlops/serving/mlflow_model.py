@@ -30,9 +30,8 @@ def request_example(image: bytes) -> dict[str, str]:
 
 
 def save_serving_model(folder: Path, runtime_file: str, example: dict[str, Any], dest: Path):
-    """The same pyfunc serving model saved in `dest` and loaded back with
-    `mlflow.pyfunc.load_model`, as `mlflow models serve` loads it: export checks the
-    served path on it before anything is registered."""
+    """The same pyfunc serving model saved in `dest` and loaded back as `mlflow models serve`
+    loads it: export checks the served path on it before anything is registered."""
     mlflow = tracking.import_mlflow()
     mlflow.pyfunc.save_model(path=str(dest), **_serving_model(folder, runtime_file, example))
     return mlflow.pyfunc.load_model(str(dest))

@@ -1,8 +1,6 @@
 """The served model's core: request rows in, probabilities and labels out.
 
-No TensorFlow and no MLflow here: the served runtime is ONNX Runtime or LiteRT
-(`tfmlops.runtimes`), whichever was fastest among those that passed parity at
-export. A request is a table of rows, each with either
+No TensorFlow and no MLflow here. A request is a table of rows, each with either
 - `image`: base64 PNG/JPEG (GIF/BMP) bytes, any size, grayscale or colour, or
 - `pixels`: one preprocessed (normalized) float image, flattened row-major from
   [height][width][channels] (a flat array: MLflow validates it in one vector
@@ -69,9 +67,7 @@ class Predictor:
 
     def inputs(self, rows: list[dict]) -> np.ndarray:
         """Request rows -> float32 [N, H, W, C]; raises RequestError naming the bad row.
-
-        Two passes: every row is parsed and every image's header read and counted
-        first (cheap), so a request over a cap costs no decoding at all."""
+        Every row is parsed and its header counted before any image is decoded."""
         if not rows:
             raise RequestError(f"the request holds no rows; {REQUEST_HELP}")
         cap = self.limits
@@ -79,12 +75,11 @@ class Predictor:
             raise RequestError(f"{len(rows)} rows in one request; send at most {cap.max_rows} "
                                "(export.serving.max_rows)")
         parsed = [self._checked(i, self._parse, row) for i, row in enumerate(rows)]
-        total = sum(cost[0] for kind, _, cost in parsed if kind == "image")
+        total, held = (sum(cost[k] for _, _, cost in parsed) for k in (0, 1))
         if total > cap.max_request_pixels:
             raise RequestError(f"the request's images claim {total:,} pixels in all; send at most "
                                f"{cap.max_request_pixels:,} per request "
                                "(export.serving.max_request_pixels): fewer or smaller images")
-        held = sum(cost[1] for kind, _, cost in parsed if kind == "image")
         if held > cap.max_request_decoded_bytes:
             raise RequestError(f"the request's images decode to {held:,} bytes in all; send at "
                                f"most {cap.max_request_decoded_bytes:,} per request "

@@ -7,10 +7,7 @@ the image is decoded by the very function `prepare` decodes every image with
 EXIF orientation, 16-bit scaled to 8 bits, transparency onto white, then
 reduced to prepare's stored short side when the model was trained on reduced
 images), then TensorFlow's bilinear resize (half-pixel centres, no
-antialiasing) is done in NumPy on the 8-bit image, converting only the four
-taps of each output pixel to float (the same numbers as converting the whole
-image first, at O(size^2) cost), then the train split's mean and std.
-`RequestError` carries the one-line reason a request is refused (HTTP 400).
+antialiasing) in NumPy, then the train split's mean and std.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ def decode_base64(text: object) -> bytes:
     try:
         return base64.b64decode(text.strip(), validate=True)
     except (binascii.Error, ValueError):
-        raise RequestError("'image' is not valid base64; send base64-encoded PNG or JPEG bytes")\
-            from None
+        raise RequestError("'image' is not valid base64; send base64-encoded PNG or JPEG bytes") from None
 
 
 def image_header(data: bytes) -> tuple[int, int, int]:
@@ -51,8 +47,7 @@ def decode_image(data: bytes, channels: int, stored_size: int | None = None,
     `stored_size` is prepare's stored short side (None: full size), from the
     served model's `serving.json`; `max_pixels` caps what the header may claim.
     """
-    array = _read(data, lambda d: load_pixels(d, channels, short_side=stored_size,
-                                                max_pixels=max_pixels)[0])
+    array = _read(data, lambda d: load_pixels(d, channels, short_side=stored_size, max_pixels=max_pixels)[0])
     return array[..., None] if array.ndim == 2 else array
 
 
@@ -64,14 +59,10 @@ def _read(data: bytes, read):
         return read(data)
     except ImageRejected as exc:
         if str(exc) == "not an image":
-            raise RequestError("'image' is not an image: the bytes are not PNG, JPEG, GIF or "
-                               "BMP") from None
+            raise RequestError("'image' is not an image: the bytes are not PNG, JPEG, GIF or BMP") from None
         raise RequestError(f"'image' refused: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a PIL plugin's own error on crafted bytes
-        # Beyond the errors load_pixels names, a decoder may raise anything on crafted bytes:
-        # the client still gets one line.
-        raise RequestError(f"'image' refused: corrupt or unreadable ({type(exc).__name__})") \
-            from None
+        raise RequestError(f"'image' refused: corrupt or unreadable ({type(exc).__name__})") from None
 
 
 def image_input(data: bytes, channels: int, size: int, mean, std,

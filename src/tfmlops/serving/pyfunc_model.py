@@ -1,9 +1,7 @@
 """The MLflow pyfunc model `mlflow models serve` runs, logged from code (no pickle).
 
-`export` logs this file as `python_model=` (MLflow's models-from-code) with
-the runtime file and `serving.json` as artifacts and the `tfmlops` package as
-`code_paths`, so loading needs no pickle and works with
-MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. A bad request raises an
+Loading needs no pickle, so it works with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false
+(`mlflow_model` says what is logged with it). A bad request raises an
 MlflowException with INVALID_PARAMETER_VALUE: the server answers 400 with the
 one-line reason alone (no stack trace, no echo of the request) and keeps
 serving; an unexpected failure is logged here with its traceback and answered

@@ -1,12 +1,8 @@
 """What export records about the formats it built, and the model version it registers.
 
-`register` logs the served model and registers a version keyed by its inputs (a
-rerun after a crash between registering and `registered.json` finds its version);
-the version tags (accuracy, bytes, latency, parity per format, lineage) are what
-`promote`'s gate reads. The model card (`model_card`), a Markdown page of what
-export measured (the data, every format's accuracy/size/latency, compression,
-parity, the served runtime, lineage and how to serve the model), becomes the
-version's description and a `model_card.md` artifact.
+The version tags (accuracy, bytes, latency, parity per format, lineage) are what
+`promote`'s gate reads; the model card, a Markdown page of what export measured,
+becomes the version's description and a `model_card.md` artifact.
 """
 
 from __future__ import annotations
@@ -65,21 +61,18 @@ def export_metrics(rows, parities, serving) -> dict:
 
 
 def register(run, cfg, out: Path, serving, tags: dict, card, example_png) -> dict:
-    """Log the served model to MLflow and register a version (the one registered for the
-    same inputs if a run before this one got that far); {name, version, run_id, model_uri}.
+    """Log the served model and register a version: {name, version, run_id, model_uri}.
     Called as `run.perform(register, ...)`: in the tracking sidecar, which has the store."""
     name = cfg.promote.registered_model
     if not run.active:
-        log.warning("export: tracking is off: the model is not registered "
-                    "(promote needs the registry)")
+        log.warning("export: tracking is off: the model is not registered (promote needs the registry)")
         return {"name": name, "version": None, "run_id": None, "model_uri": None}
     log.info("export: logging the formats and registering %s in MLflow", name)
     run.log_artifact(out / MODEL_CARD)
     run.log_artifact(out / SKEW)
     for fmt in ("saved_model", "model.onnx", "model.tflite"):
         run.log_artifact(out / fmt, "formats")
-    uri = mlflow_model.log_serving_model(run, out, serving["file"],
-                                         mlflow_model.request_example(example_png))
+    uri = mlflow_model.log_serving_model(run, out, serving["file"], mlflow_model.request_example(example_png))
     if uri is None:
         raise DataError(f"the served model could not be logged to MLflow ({'; '.join(run.errors)})"
                         "; fix the tracking store and run export again")
@@ -139,8 +132,7 @@ def format_table(rows, serving, registered) -> str:
     """One message: the summary line, then every format's row under a header (aligned)."""
     lines = [f"export: serving {serving['runtime']}; registered version {registered['version']}",
              f"  {'format':<20}{'accuracy':>10}{'bytes':>12}{'p50 ms':>10}"]
-    lines += [f"  {r['format']:<20}{r['accuracy']:>10.4f}{r['bytes']:>12,}{r['p50_ms']:>10.3f}"
-              for r in rows]
+    lines += [f"  {r['format']:<20}{r['accuracy']:>10.4f}{r['bytes']:>12,}{r['p50_ms']:>10.3f}" for r in rows]
     return "\n".join(lines)
 
 
@@ -162,8 +154,7 @@ def model_card(name: str, data: dict[str, Any], rows: list[dict[str, Any]],
         "| format | accuracy | bytes | p50 ms |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {r['format']} | {r['accuracy']:.4f} | {r['bytes']:,} | {r['p50_ms']:.3f} |"
-              for r in rows]
+    lines += [f"| {r['format']} | {r['accuracy']:.4f} | {r['bytes']:,} | {r['p50_ms']:.3f} |" for r in rows]
     lines += ["", "## Compression",
               f"- edge TFLite variant: {edge.get('variant')} ({edge.get('bytes', 0):,} bytes, "
               f"accuracy {edge.get('accuracy', float('nan')):.4f} as measured by quantize)",

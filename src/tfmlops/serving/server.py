@@ -76,8 +76,7 @@ class Guard:
         self.app, self.max_body = app, max_body
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/invocations" \
-                or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["path"] != "/invocations" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         mime = headers.get("content-type", "").split(";")[0].strip().lower()

@@ -3,19 +3,12 @@
 Two signatures over the same Keras 3 model:
 - `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/GIF/BMP
   strings, grayscale or colour, each up to `export.serving.max_image_pixels` as
-  its header claims (read in the graph before anything is decoded: beyond it the
-  call fails with InvalidArgumentError naming the cap). Decoding, the channel conversion
-  `prepare` applies (transparency onto white, PIL's integer grayscale formula),
-  the reduction to prepare's stored short side (JPEG draft scale, then bilinear
-  below 2x and area averaging from 2x: within one grey level of OpenCV's),
-  resizing and normalization all run
-  in the graph. EXIF orientation is not read here (the served MLflow model
+  its header claims (checked before anything is decoded). Decoding, the channel
+  conversion and the reduction `prepare` applies, resizing and normalization all
+  run in the graph. EXIF orientation is not read here (the served MLflow model
   applies it, as prepare does): send upright images to TensorFlow Serving.
 - `serve_preprocessed`: an already preprocessed float32 [N, H, W, C] tensor.
 Both return `probabilities` [N, K], `label_index` [N] and `label` [N] (class name).
-
-`python -m tfmlops.serving.signatures DIR INPUTS.npz OUTPUTS.npz` reloads a
-SavedModel in a fresh process and runs both signatures (the export check).
 """
 
 from __future__ import annotations
@@ -33,14 +26,14 @@ BYTES_SIGNATURE = "serve_image_bytes"
 FLOAT_SIGNATURE = "serve_preprocessed"
 
 
-def decode_like_prepare(encoded: tf.Tensor, channels: int,
-                        stored_size: int | None = None) -> tf.Tensor:
-    """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it.
+def decode_like_prepare(encoded: tf.Tensor, channels: int, stored_size: int | None = None) -> tf.Tensor:
+    """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it
+    (transparency onto white, PIL's integer grayscale formula).
 
     With `stored_size` (prepare's stored short side) the image is reduced as
     `data.decode.load_pixels` reduces it: a JPEG decodes at 1/2, 1/4 or 1/8 scale
     as PIL's draft picks it, then `reduce_short_side`'s filter (within one grey
-    level of OpenCV's). EXIF orientation is not read in the graph.
+    level of OpenCV's).
     """
     def jpeg():
         if stored_size is not None:
@@ -62,10 +55,8 @@ def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
     JPEG by its SOF marker, PNG by IHDR (big-endian), GIF by its logical screen, BMP by
     its info header (little-endian; a negative height is top-down). 0 for other bytes
     (decoding then fails on them anyway)."""
-    head = tf.io.decode_raw(tf.strings.substr(
-        tf.strings.join([tf.strings.substr(encoded, 0, 32), tf.constant(b"\0" * 32)]), 0, 32),
-        tf.uint8)
-    b = tf.cast(head, tf.int64)
+    head = tf.strings.join([tf.strings.substr(encoded, 0, 32), tf.constant(b"\0" * 32)])
+    b = tf.cast(tf.io.decode_raw(tf.strings.substr(head, 0, 32), tf.uint8), tf.int64)
 
     def number(start: int, size: int, big_endian: bool) -> tf.Tensor:
         order = range(size) if big_endian else reversed(range(size))
@@ -96,7 +87,7 @@ def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
 
 def within_cap(encoded: tf.Tensor, max_pixels: int) -> tf.Tensor:
     """`encoded` once its header is checked against `max_pixels` (InvalidArgumentError
-    naming export.serving.max_image_pixels beyond it)."""
+    beyond it)."""
     check = tf.debugging.assert_less_equal(
         header_pixels(encoded), tf.constant(max_pixels, tf.int64),
         message=f"image refused: its header claims more than {max_pixels} pixels "
@@ -156,16 +147,14 @@ def _convert_like_pil(image: tf.Tensor, channels: int) -> tf.Tensor:
 
 def export_saved_model(model, path, classes, image_size: int, channels: int, mean, std,
                        stored_size: int | None = None, *, max_pixels: int) -> None:
-    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too.
-    `max_pixels` caps each image's header (export.serving.max_image_pixels)."""
+    """Write the SavedModel; the bytes signature comes first, so it is `serving_default` too."""
     import keras
 
     names = tf.constant(classes)
 
     def outputs(probabilities):
         index = tf.argmax(probabilities, axis=-1)
-        return {"probabilities": probabilities, "label_index": index,
-                "label": tf.gather(names, index)}
+        return {"probabilities": probabilities, "label_index": index, "label": tf.gather(names, index)}
 
     def serve_preprocessed(image):
         return outputs(tf.cast(model(image, training=False), tf.float32))
@@ -189,9 +178,8 @@ def export_saved_model(model, path, classes, image_size: int, channels: int, mea
 
 
 def main(argv: list[str]) -> int:
-    """Reload in this (fresh) process: DIR SPLIT.json OUTPUTS.npz. Both signatures of the
-    SavedModel in DIR on the split's (`StoredSplit`) float inputs and stored bytes, batch
-    by batch."""
+    """`python -m tfmlops.serving.signatures DIR SPLIT.json OUTPUTS.npz`: export's reload
+    check in a fresh process, both signatures on the split's float inputs and stored bytes."""
     import json
 
     from tfmlops.data.stored_split import StoredSplit
@@ -199,15 +187,14 @@ def main(argv: list[str]) -> int:
     path, split_file, outputs = argv
     split = StoredSplit.from_dict(json.loads(Path(split_file).read_text()))
     loaded = tf.saved_model.load(str(path))
-    floats = loaded.signatures[FLOAT_SIGNATURE]
-    images = loaded.signatures[BYTES_SIGNATURE]
-    default = loaded.signatures["serving_default"]
+    floats, images = loaded.signatures[FLOAT_SIGNATURE], loaded.signatures[BYTES_SIGNATURE]
     prob_f, prob_b, labels = [], [], []
     for encoded, x, _ in split.batches():
         prob_f.append(floats(image=tf.constant(x))["probabilities"].numpy())
         out = images(image_bytes=tf.constant(encoded))
         prob_b.append(out["probabilities"].numpy())
         labels.append(out["label"].numpy().astype(str))
+    default = loaded.signatures["serving_default"]
     first = default(image_bytes=tf.constant([split.first[0]]))["probabilities"].numpy()
     np.savez(outputs, float_probabilities=np.concatenate(prob_f),
              bytes_probabilities=np.concatenate(prob_b), bytes_labels=np.concatenate(labels),

@@ -7,26 +7,20 @@ report to its MLflow run (`skew.json`):
 - `saved_model`, `onnx`, `tflite_edge`: the runtime on the pipeline's own float
   tensors of the test split;
 - `saved_model_bytes`, `served_pyfunc`: the SavedModel's image-bytes signature
-  and the served MLflow model (`mlflow.pyfunc.load_model`) on the test split's
-  stored bytes. Both decode a stored image with the same decoder settings as
-  training (`pipeline.decode_stored`: libjpeg's accurate integer DCT, which
+  and the served MLflow model on the test split's stored bytes. Both decode as
+  training does (`pipeline.decode_stored`: libjpeg's accurate integer DCT, which
   Pillow uses too), so the pixels are the same and the bound is `export.atol`;
 - `source_served_pyfunc`: a sample of the original files (EXIF-rotated ones
   first) through `prepare`'s path (decode, reduce, store, decode the stored
   bytes, Keras) against the served model on the same original bytes. The two
   differ by the stored JPEG's re-encoding, which serving cannot repeat: the bound
-  is a top-1 agreement (`export.skew.source_min_agreement`), the largest
-  probability difference reported;
+  is a top-1 agreement (`export.skew.source_min_agreement`);
 - `source_saved_model_pixels`: on the same originals, the SavedModel's in-graph
   decoding and reduction against prepare's (Pillow and OpenCV), in grey levels:
   two decoders that must differ, bound by `export.skew.source_max_grey_levels`.
 
 The quantized edge TFLite is reported, never gated. A gated pair out of bounds
 fails `export` with one line naming the pair.
-
-Parity (`compare`: also export's check of each runtime) means: on every test image
- the largest absolute difference between the two probability vectors is
-at most `atol`, and the top-1 class is the same.
 """
 
 from __future__ import annotations
@@ -71,7 +65,8 @@ class Parity:
 
 
 def compare(runtime: str, reference: np.ndarray, candidate: np.ndarray, atol: float) -> Parity:
-    """`candidate` probabilities [N, K] against the Keras `reference` [N, K]."""
+    """`candidate` probabilities [N, K] against the Keras `reference` [N, K]: parity means
+    on every image a largest absolute difference of at most `atol` and the same top-1."""
     if reference.shape != candidate.shape:
         raise ValueError(f"{runtime}: output shape {candidate.shape} != keras {reference.shape}")
     diff = float(np.max(np.abs(reference.astype(np.float64) - candidate.astype(np.float64))))
@@ -142,8 +137,6 @@ def skew_metrics(pairs: list[Pair]) -> dict[str, float]:
             **{f"skew.{p.name}.top1_agreement": round(p.agreement, 6) for p in pairs}}
 
 
-# ------------------------------------------------------------- the served pyfunc
-
 def pyfunc_probabilities(model, encoded: list[bytes], rows: int) -> np.ndarray:
     """The served MLflow model's probabilities for encoded images, `rows` per request."""
     import pandas as pd
@@ -158,16 +151,9 @@ def pyfunc_probabilities(model, encoded: list[bytes], rows: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-# ------------------------------------------------------------------ the sources
-
-def source_pairs(prepared, keras_model, served, limits, rows: int) -> tuple[list[Pair], dict]:
-    """The pairs on up to `limits.source_images` original files, and what was sampled:
-
-    - `source_served_pyfunc`: Keras on prepare's path vs the served model on the
-      original bytes (probabilities; bound: top-1 agreement);
-    - `source_saved_model_pixels`: the SavedModel's in-graph decoding and reduction vs
-      prepare's, in grey levels (EXIF-rotated files left out: the graph does not read
-      EXIF; bound: `limits.source_max_grey_levels`).
+def source_pairs(prepared, keras_model, served, limits) -> tuple[list[Pair], dict]:
+    """The two `source_` pairs on up to `limits.source_images` original files, and what was
+    sampled. EXIF-rotated files are left out of the pixels pair: the graph does not read EXIF.
     """
     manifest = read_manifest(prepared.folder)
     files, rotated = sample_sources(manifest, limits.source_images)
@@ -182,7 +168,7 @@ def source_pairs(prepared, keras_model, served, limits, rows: int) -> tuple[list
     if not kept:
         return [], facts
     reference = np.asarray(keras_model.predict(ours, batch_size=256, verbose=0), np.float32)
-    candidate = pyfunc_probabilities(served, [originals[i] for i in kept], rows)
+    candidate = pyfunc_probabilities(served, [originals[i] for i in kept], 1)
     pairs = [Pair("source_served_pyfunc", compare("source_served_pyfunc", reference, candidate, 0.0),
                   min_agreement=limits.source_min_agreement,
                   bound_key="export.skew.source_min_agreement")]
@@ -217,9 +203,8 @@ def graph_decoding_difference(manifest: dict, originals: list[bytes]) -> int:
 
 
 def sample_sources(manifest: dict, limit: int) -> tuple[list[str], set[str]]:
-    """Up to `limit` source paths spread over the manifest, EXIF-rotated ones first
-    (found among the headers of up to HEADER_SCAN_FACTOR x `limit` files), and which of
-    them are rotated."""
+    """Up to `limit` source paths spread over the manifest, EXIF-rotated ones first (found
+    among HEADER_SCAN_FACTOR x `limit` headers), and which of them are rotated."""
     root = Path(manifest["image_dir"])
     names = [row["file"] for row in manifest["files"]]
     if limit <= 0 or not names or not (root / names[0]).is_file():

@@ -1,18 +1,14 @@
 """The candidate and the @production version, evaluated on the same current test split.
 
 Each version is evaluated through what it would serve: its registered pyfunc
-artifacts (the ONNX or LiteRT file and its `serving.json`) downloaded and run by
-`Predictor`, so it decodes, resizes and normalises the stored image bytes as it
-does when served, with its own classes, size and normalisation. Predictions are
-mapped to the current split's classes by name: a class the version does not
-know is always wrong for it.
+artifacts (the ONNX or LiteRT file and its `serving.json`) run by `Predictor`, so it
+decodes, resizes and normalises the stored image bytes as it does when served, with
+its own classes, size and normalisation. Predictions are mapped to the current
+split's classes by name: a class the version does not know is always wrong for it.
 
-Both see the same images, the test split's TFRecords read batch by batch, minus
-the images production's own training held (its `lineage.run.prepare` tag ->
-that prepare run's `prepared/manifest.json` -> the sha256 of its train and val
-files). Only small per-image arrays are kept (sha256, label, prediction,
-confidence), so memory stays flat in the split's size. The figures are
-`evaluation`'s; the registry calls `registry.Registry`'s.
+Both see the same images, the test split read batch by batch, minus the images
+either version's training held (`trained_hashes`). Only small per-image arrays are
+kept, so memory stays flat in the split's size.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ class Predictions:
         return self.predicted == self.labels
 
 
-def evaluate_versions(cfg, registry, candidate: str, production: str | None,
-                      out_dir: Path) -> dict:
+def evaluate_versions(cfg, registry, candidate: str, production: str | None, out_dir: Path) -> dict:
     """Both versions on the same images: the summary promote's gate reads (also written
     with its plots and the per-image table to `out_dir`; "files" lists them)."""
     prepared = Path(cfg.paths.prepared)
@@ -75,10 +70,8 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None,
                  for role, v in versions.items()]
         excluded = set().union(*(held for held, _ in found))
         exclusion = "; ".join(how for _, how in found)
-        predictors = {role: served_predictor(registry, v, Path(tmp) / role)
-                      for role, v in versions.items()}
-        runs = predict_split(predictors, versions, prepared, classes,
-                             lambda sha: sha not in excluded)
+        predictors = {role: served_predictor(registry, v, Path(tmp) / role) for role, v in versions.items()}
+        runs = predict_split(predictors, versions, prepared, classes, lambda sha: sha not in excluded)
     first = runs["candidate"]
     summary = {"images": len(first.sha256),
                "excluded": int(manifest["split_counts"]["test"]) - len(first.sha256),
@@ -95,8 +88,7 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None,
     return summary
 
 
-def trained_hashes(registry, version: str, current_data: str, dest: Path
-                   ) -> tuple[set[str], str]:
+def trained_hashes(registry, version: str, current_data: str, dest: Path) -> tuple[set[str], str]:
     """(sha256 of the images `version` trained or validated on, how they were found): none
     when it was trained on this data version (its train/val are today's, apart from test);
     else its prepare run's manifest (`lineage.run.prepare` -> `prepared/manifest.json`)."""
@@ -119,13 +111,11 @@ def trained_hashes(registry, version: str, current_data: str, dest: Path
 def predict_split(predictors: dict, versions: dict[str, str], prepared: Path,
                   classes: list[str], keep) -> dict[str, Predictions]:
     """Every version's served model (`predictors` by role) over the kept test images, in
-    one pass over the stored bytes, batch by batch: the same images for all, by
-    construction."""
+    one pass over the stored bytes: the same images for all, by construction."""
     from tfmlops.data.stored_split import stored_records
 
     index = {name: i for i, name in enumerate(classes)}
-    to_split = {role: np.array([index.get(name, -1) for name in p.classes])
-                for role, p in predictors.items()}
+    to_split = {role: np.array([index.get(name, -1) for name in p.classes]) for role, p in predictors.items()}
     shas, labels = [], []
     predicted: dict[str, list] = {role: [] for role in predictors}
     confidence: dict[str, list] = {role: [] for role in predictors}
@@ -178,8 +168,7 @@ def slice_keys(p: Predictions, classes: list[str], manifest: dict) -> dict[str, 
 
 def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
                   classes: list[str]) -> list[str]:
-    """The reliability diagram, a confusion matrix per version and the per-image table,
-    in `out_dir`; their paths."""
+    """Write the reliability diagram, a confusion matrix per version and the per-image table."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [ev.reliability_png({f"{role} v{summary[role]['version']}": summary[role]
                                  for role in runs}, out_dir / RELIABILITY_PNG),
