@@ -57,7 +57,10 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
     checks = [
         _bound("min_accuracy", c, accuracy, gate.min_accuracy, tag, at_least=True, label=label),
         _regression(gate, c, production, ev.get("paired")),
-        _class_recall(gate, mine), _class_drop(gate, production, mine, theirs), _ece(gate, mine),
+        _class_recall(gate, mine), _class_drop(gate, production, mine, theirs),
+        _not_evaluated(gate, "max_ece", gate.max_ece) if mine is None else
+        _bound("max_ece", c, mine["ece"], gate.max_ece, "", at_least=False,
+               label="expected calibration error", spec=(".4f", "g")),
         _bound("max_size_bytes", c, c.bytes, gate.max_size_bytes, "serving.bytes",
                at_least=False, label="size", unit=" bytes", spec=(",.0f", ",")),
         _bound("max_latency_ms", c, c.latency_ms, gate.max_latency_ms, "serving.latency_p50_ms",
@@ -133,16 +136,6 @@ def _class_drop(gate: GateConfig, production: VersionMetrics | None, mine: dict 
             + ", ".join(f"class {k} {theirs['per_class'][k]['recall']:.4f} -> "
                         f"{mine['per_class'][k]['recall']:.4f}" for _, k in over))
     return Check("max_class_drop", not over, round(worst, 6), gate.max_class_drop, text)
-
-
-def _ece(gate: GateConfig, mine: dict | None) -> Check:
-    if mine is None:
-        return _not_evaluated(gate, "max_ece", gate.max_ece)
-    ece = mine["ece"]
-    ok = ece <= gate.max_ece
-    text = (f"expected calibration error {ece:.4f} {'<=' if ok else '>'} max_ece "
-            f"{gate.max_ece:g}" + ("" if ok else f" (over by {ece - gate.max_ece:.4f})"))
-    return Check("max_ece", ok, ece, gate.max_ece, text)
 
 
 def _bound(name: str, v: VersionMetrics, value: float | None, limit: float, tag: str, *,

@@ -128,7 +128,9 @@ def roll_back(registry, still_held, run_id) -> dict:
     if previous is None:
         raise DataError(f"{registry.name} has no @previous version to roll back to")
     repair = previous == production
-    older = replaced_by(registry, previous, production)
+    older = registry.tags(previous).get("promote.replaced")  # what `previous` replaced
+    if older in (None, "none", previous, production) or not registry.exists(older):
+        older = None
     still_held()
     if not repair:
         registry.set_alias(PRODUCTION, previous)
@@ -157,14 +159,6 @@ def roll_back(registry, still_held, run_id) -> dict:
             "reason": reason, "summary": summary}
 
 
-def replaced_by(registry, version: str, production: str | None) -> str | None:
-    """The version `version` replaced when it was promoted, if it still exists."""
-    older = registry.tags(version).get("promote.replaced")
-    if older in (None, "none", version, production) or not registry.exists(older):
-        return None
-    return older
-
-
 HISTORY_COLUMNS = ("time", "user", "action", "outcome", "from", "to", "candidate", "why")
 
 
@@ -175,18 +169,16 @@ def history(cfg: Config) -> list[dict]:
     model = {"promote.registered_model": cfg.promote.registered_model}
     for run in stage_runs(cfg, "promote", params=model):
         tags = run["tags"]
-        decided = {k: tags.get(f"{TAG_PROMOTE}{k}") for k in
-                   ("action", "outcome", "candidate", "production_before", "production_after",
-                    "summary")}
+        decided = {k: tags.get(TAG_PROMOTE + k) or "" for k in
+                   ("action", "outcome", "candidate", "production_before", "production_after", "summary")}
         when = datetime.datetime.fromtimestamp(run["start_time"] / 1000, datetime.UTC)
-        rows.append({"time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                     "user": tags.get("mlflow.user", ""),
-                     "action": decided["action"] or "", "outcome": decided["outcome"] or
-                     ("(no decision: run " + run["status"] + ")"),
+        rows.append({"time": when.strftime("%Y-%m-%dT%H:%M:%SZ"), "user": tags.get("mlflow.user", ""),
+                     "action": decided["action"],
+                     "outcome": decided["outcome"] or f"(no decision: run {run['status']})",
                      "from": _version(decided["production_before"]),
                      "to": _version(decided["production_after"]),
                      "candidate": _version(decided["candidate"]),
-                     "why": decided["summary"] or "", "run_id": run["run_id"]})
+                     "why": decided["summary"], "run_id": run["run_id"]})
     return rows
 
 

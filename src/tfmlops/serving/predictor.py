@@ -81,10 +81,9 @@ class Predictor:
                                f"{cap.max_request_pixels:,} per request "
                                "(export.serving.max_request_pixels): fewer or smaller images")
         if held > cap.max_request_decoded_bytes:
-            raise RequestError(f"the request's images decode to {held:,} bytes in all; send at "
-                               f"most {cap.max_request_decoded_bytes:,} per request "
-                               "(export.serving.max_request_decoded_bytes): fewer, smaller or "
-                               "8-bit images")
+            raise RequestError(f"the request's images decode to {held:,} bytes in all; send at most "
+                               f"{cap.max_request_decoded_bytes:,} per request (export.serving."
+                               "max_request_decoded_bytes): fewer, smaller or 8-bit images")
         return np.stack([self._checked(i, self.image_input, value) if kind == "image" else value
                          for i, (kind, value, _) in enumerate(parsed)])
 
@@ -122,10 +121,9 @@ class Predictor:
         if x.shape == (h * w * c,):
             x = x.reshape(shape)
         elif x.shape != shape:
-            raise RequestError(f"'pixels' holds {x.size} values (shape "
-                               f"{'x'.join(map(str, x.shape)) or 'scalar'}); the model takes "
-                               f"{h * w * c} = {h}x{w}x{c} (height x width x channels, row-major), "
-                               "normalized")
+            given = "x".join(map(str, x.shape)) or "scalar"
+            raise RequestError(f"'pixels' holds {x.size} values (shape {given}); the model takes {h * w * c} "
+                               f"= {h}x{w}x{c} (height x width x channels, row-major), normalized")
         if not np.all(np.isfinite(x)):
             raise RequestError("'pixels' holds NaN or infinite values")
         return x
@@ -133,8 +131,7 @@ class Predictor:
     def predict_rows(self, rows: list[dict]) -> dict[str, list]:
         probs = self.probabilities(self.inputs(rows))
         index = np.argmax(probs, axis=1)
-        return {"label": [self.classes[i] for i in index],
-                "label_index": [int(i) for i in index],
+        return {"label": [self.classes[i] for i in index], "label_index": [int(i) for i in index],
                 "probabilities": [[float(p) for p in row] for row in probs]}
 
 

@@ -96,19 +96,14 @@ def registration_key(cfg: Config) -> str:
 
 
 def version_tags(rows, parities, serving, lineage, edge: dict) -> dict[str, str]:
-    tags = {}
-    for r in rows:
-        tags[f"accuracy.{r['format']}"] = f"{r['accuracy']:.6f}"
-        tags[f"bytes.{r['format']}"] = str(r["bytes"])
-        tags[f"latency_p50_ms.{r['format']}"] = f"{r['p50_ms']:.4f}"
-    for p in parities:
-        tags[f"parity.{p.runtime}"] = (f"{'pass' if p.passed else 'fail'} max_abs_diff="
-                                       f"{p.max_abs_diff:.3g} top1_mismatches={p.top1_mismatches}")
-    tags[TAG_PARITY] = str(all_parity_passed(parities)).lower()
-    tags["serving.runtime"] = serving["runtime"]
-    tags[TAG_ACCURACY] = f"{serving['accuracy']:.6f}"
-    tags[TAG_BYTES] = str(serving["bytes"])
-    tags[TAG_LATENCY] = f"{serving['latency_p50_ms']:.4f}"
+    tags = {f"{key}.{r['format']}": value for r in rows for key, value in (
+        ("accuracy", f"{r['accuracy']:.6f}"), ("bytes", str(r["bytes"])),
+        ("latency_p50_ms", f"{r['p50_ms']:.4f}"))}
+    tags.update({f"parity.{p.runtime}": f"{'pass' if p.passed else 'fail'} max_abs_diff="
+                 f"{p.max_abs_diff:.3g} top1_mismatches={p.top1_mismatches}" for p in parities})
+    tags.update({TAG_PARITY: str(all_parity_passed(parities)).lower(), "serving.runtime": serving["runtime"],
+                 TAG_ACCURACY: f"{serving['accuracy']:.6f}", TAG_BYTES: str(serving["bytes"]),
+                 TAG_LATENCY: f"{serving['latency_p50_ms']:.4f}"})
     if edge.get("agreement") is not None:  # an edge.json from before quantize recorded it: none
         tags[TAG_EDGE_AGREEMENT] = f"{edge['agreement']:.6f}"
     return {**tags, **lineage}

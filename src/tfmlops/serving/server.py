@@ -52,21 +52,18 @@ def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, worke
 
 
 def create_app():
-    """MLflow's scoring app for the model in $TFMLOPS_SERVE_MODEL, guarded."""
+    """MLflow's scoring app for the model in $TFMLOPS_SERVE_MODEL, guarded by its
+    export.serving.max_body_bytes (serving.json)."""
     from mlflow.pyfunc import load_model, scoring_server
 
-    model = load_model(os.environ[MODEL_ENV])
-    return Guard(scoring_server.init(model), max_body_bytes(model))
-
-
-def max_body_bytes(model) -> int:
-    """export.serving.max_body_bytes of a tfmlops model (its serving.json), else the default."""
     from tfmlops.config import ServingLimits
 
+    model = load_model(os.environ[MODEL_ENV])
     try:
-        return int(model.unwrap_python_model().predictor.limits.max_body_bytes)
-    except AttributeError:  # a model that is not tfmlops' own
-        return ServingLimits().max_body_bytes
+        max_body = int(model.unwrap_python_model().predictor.limits.max_body_bytes)
+    except AttributeError:  # a model that is not tfmlops' own: the default
+        max_body = ServingLimits().max_body_bytes
+    return Guard(scoring_server.init(model), max_body)
 
 
 class Guard:

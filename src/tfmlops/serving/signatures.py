@@ -102,10 +102,8 @@ def _draft_jpeg(encoded: tf.Tensor, channels: int, short_side: int) -> tf.Tensor
     shape = tf.io.extract_jpeg_shape(encoded)
     scale = tf.minimum(shape[0] // short_side, shape[1] // short_side)
     index = tf.add_n([tf.cast(scale >= r, tf.int32) for r in (2, 4, 8)])
-    return tf.switch_case(index, [
-        lambda r=r: tf.io.decode_jpeg(encoded, channels=channels, ratio=r,
-                                      dct_method="INTEGER_ACCURATE")
-        for r in (1, 2, 4, 8)])
+    return tf.switch_case(index, [lambda r=r: tf.io.decode_jpeg(
+        encoded, channels=channels, ratio=r, dct_method="INTEGER_ACCURATE") for r in (1, 2, 4, 8)])
 
 
 def reduce_like_prepare(image: tf.Tensor, short_side: int) -> tf.Tensor:
@@ -160,13 +158,12 @@ def export_saved_model(model, path, classes, image_size: int, channels: int, mea
         return outputs(tf.cast(model(image, training=False), tf.float32))
 
     def serve_image_bytes(image_bytes):
-        x = tf.map_fn(
-            lambda b: preprocess(decode_like_prepare(within_cap(b, max_pixels), channels,
-                                                     stored_size), image_size, mean, std),
-            image_bytes,
-            fn_output_signature=tf.TensorSpec((image_size, image_size, channels), tf.float32),
-        )
-        return serve_preprocessed(x)
+        def one(b):
+            image = decode_like_prepare(within_cap(b, max_pixels), channels, stored_size)
+            return preprocess(image, image_size, mean, std)
+
+        spec = tf.TensorSpec((image_size, image_size, channels), tf.float32)
+        return serve_preprocessed(tf.map_fn(one, image_bytes, fn_output_signature=spec))
 
     archive = keras.export.ExportArchive()
     archive.track(model)

@@ -90,17 +90,14 @@ class Pair:
 
     @property
     def passed(self) -> bool:
-        if self.min_agreement is not None:
-            return self.agreement >= self.min_agreement
-        return self.parity.passed
+        return self.parity.passed if self.min_agreement is None else self.agreement >= self.min_agreement
 
     def to_dict(self) -> dict:
         bound = ({"min_top1_agreement": self.min_agreement} if self.min_agreement is not None
                  else {"max_abs_diff": self.parity.atol, "top1_mismatches": 0})
-        return {"images": self.parity.images, "unit": self.unit,
-                "max_abs_diff": self.parity.max_abs_diff,
-                "top1_agreement": round(self.agreement, 6), "bound": bound,
-                "bound_param": self.bound_key, "gated": self.gated, "passed": self.passed}
+        return {"images": self.parity.images, "unit": self.unit, "max_abs_diff": self.parity.max_abs_diff,
+                "top1_agreement": round(self.agreement, 6), "bound": bound, "bound_param": self.bound_key,
+                "gated": self.gated, "passed": self.passed}
 
     def describe(self) -> str:
         p = self.parity
@@ -145,8 +142,7 @@ def pyfunc_probabilities(model, encoded: list[bytes], rows: int) -> np.ndarray:
 
     out = []
     for i in range(0, len(encoded), rows):
-        frame = pd.DataFrame([request_example(b) for b in encoded[i:i + rows]])
-        answer = model.predict(frame)
+        answer = model.predict(pd.DataFrame([request_example(b) for b in encoded[i:i + rows]]))
         out.append(np.asarray(answer["probabilities"].tolist(), np.float32))
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
@@ -249,5 +245,4 @@ def prepare_inputs(manifest: dict, prepared, originals: list[bytes]):
         image = decode_stored(tf.constant(result.data), prepared.channels)
         xs.append(preprocess(image, prepared.image_size, prepared.mean, prepared.std).numpy())
         kept.append(i)
-    shape = (0, *prepared.input_shape)
-    return (np.stack(xs).astype(np.float32) if xs else np.zeros(shape, np.float32)), kept
+    return (np.stack(xs).astype(np.float32) if xs else np.zeros((0, *prepared.input_shape), np.float32)), kept
