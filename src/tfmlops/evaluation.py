@@ -38,12 +38,10 @@ def per_class(matrix: np.ndarray, classes: Sequence[str]) -> dict[str, dict]:
     for j, name in enumerate(classes):
         hit, support, predicted = int(matrix[j, j]), int(matrix[j].sum()), int(matrix[:, j].sum())
         precision = hit / predicted if predicted else 0.0
-        recall = hit / support if support else None
         # 2pr / (p + r) from the counts, as scikit-learn computes it: one division, so a
         # tie at the 7th decimal rounds as the exact ratio does.
         f1 = 2 * hit / (support + predicted) if hit else 0.0
-        out[name] = {"precision": round(precision, 6),
-                     "recall": None if recall is None else round(recall, 6),
+        out[name] = {"precision": round(precision, 6), "recall": round(hit / support, 6) if support else None,
                      "f1": round(f1, 6), "support": support}
     return out
 
@@ -74,8 +72,7 @@ def summarize(labels: np.ndarray, predicted: np.ndarray, confidence: np.ndarray,
     return {"images": int(len(labels)),
             "accuracy": round(float(correct.mean()), 6) if len(labels) else None,
             "per_class": per_class(matrix, classes),
-            "confusion": {"rows": list(classes), "columns": [*classes, UNKNOWN],
-                          "counts": matrix.tolist()},
+            "confusion": {"rows": list(classes), "columns": [*classes, UNKNOWN], "counts": matrix.tolist()},
             **calibration(confidence, correct)}
 
 
@@ -119,8 +116,7 @@ def slices(keys: Mapping[str, Sequence[str]], correct: Mapping[str, np.ndarray])
         for key in sorted(set(per_image.tolist())):
             inside = per_image == key
             groups[str(key)] = {"images": int(inside.sum()),
-                                **{v: round(float(ok[inside].mean()), 6)
-                                   for v, ok in correct.items()}}
+                                **{v: round(float(ok[inside].mean()), 6) for v, ok in correct.items()}}
         out[kind] = groups
     return out
 
@@ -128,8 +124,7 @@ def slices(keys: Mapping[str, Sequence[str]], correct: Mapping[str, np.ndarray])
 def reliability_png(bins_by_version: Mapping[str, dict], path: Path) -> Path:
     """Accuracy against confidence per bin, one line per version, the diagonal for
     reference: where a model's line runs below it, it is overconfident."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = pyplot().subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="calibrated")
     for version, cal in bins_by_version.items():
         used = [b for b in cal["bins"] if b["count"]]
@@ -144,10 +139,9 @@ def reliability_png(bins_by_version: Mapping[str, dict], path: Path) -> Path:
 
 def confusion_png(counts, rows: list[str], columns: list[str], title: str, path: Path) -> Path:
     """A confusion matrix (rows: true class) as a PNG, each non-zero count written in."""
-    plt = pyplot()
     counts = np.asarray(counts)
     size = 3 + 0.35 * len(columns)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig, ax = pyplot().subplots(figsize=(size, size))
     ax.imshow(counts, cmap="Blues")
     ax.set_xticks(range(len(columns)), columns, rotation=90)
     ax.set_yticks(range(len(rows)), rows)

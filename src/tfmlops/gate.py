@@ -29,10 +29,9 @@ class VersionMetrics:
     @classmethod
     def from_tags(cls, version: str, tags: dict[str, str]) -> VersionMetrics:
         parity = tags.get(TAG_PARITY)
+        parity = None if parity is None else parity.strip().lower() == "true"
         return cls(str(version), _number(tags.get(TAG_ACCURACY)), _number(tags.get(TAG_BYTES)),
-                   _number(tags.get(TAG_LATENCY)),
-                   None if parity is None else parity.strip().lower() == "true",
-                   _number(tags.get(TAG_EDGE_AGREEMENT)))
+                   _number(tags.get(TAG_LATENCY)), parity, _number(tags.get(TAG_EDGE_AGREEMENT)))
 
 
 @dataclass(frozen=True)
@@ -73,9 +72,8 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
                             f"version {c.version} has no 'edge.top1_agreement' tag (exported "
                             "from an edge.json without it?); run `dvc repro quantize export`"))
     else:
-        checks.append(_bound("min_edge_agreement", c, c.edge_agreement, gate.min_edge_agreement,
-                             "", at_least=True, label="INT8 edge file's top-1 agreement with "
-                             "the float model"))
+        checks.append(_bound("min_edge_agreement", c, c.edge_agreement, gate.min_edge_agreement, "",
+                             at_least=True, label="INT8 edge file's top-1 agreement with the float model"))
     return checks
 
 
@@ -121,10 +119,8 @@ def _class_drop(gate: GateConfig, production: VersionMetrics | None, mine: dict 
                      "no other version holds @production: nothing to compare with")
     if mine is None or theirs is None:
         return _not_evaluated(gate, "max_class_drop", gate.max_class_drop)
-    drops = {k: theirs["per_class"][k]["recall"] - v["recall"]
-             for k, v in mine["per_class"].items()
-             if v["recall"] is not None and theirs["per_class"].get(k, {}).get("recall")
-             is not None}
+    drops = {k: theirs["per_class"][k]["recall"] - v["recall"] for k, v in mine["per_class"].items()
+             if v["recall"] is not None and theirs["per_class"].get(k, {}).get("recall") is not None}
     if not drops:
         return Check("max_class_drop", True, None, gate.max_class_drop, "no class to compare")
     over = sorted(((d, k) for k, d in drops.items() if d > gate.max_class_drop), reverse=True)

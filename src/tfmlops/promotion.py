@@ -91,9 +91,8 @@ def decide(cfg: Config, registry, candidate: str, force: bool, still_held, run_i
     registry.tag_version(candidate, {"promote.outcome": outcome, "promote.run_id": run_id})
     registry.expect_aliases(expected)  # a writer outside the lock: a conflict, said so
     return {"action": "promote", "outcome": outcome, "candidate": candidate, "forced": force,
-            "experiment": experiment, "reason": reason,
-            "production_before": production, "production_after": after,
-            "previous_after": registry.alias(PREVIOUS),
+            "experiment": experiment, "reason": reason, "production_before": production,
+            "production_after": after, "previous_after": registry.alias(PREVIOUS),
             "checks": [asdict(c) for c in checks], "failed": [c.name for c in failed],
             "summary": summary, "evaluation": evaluation}
 
@@ -153,10 +152,9 @@ def roll_back(registry, still_held, run_id) -> dict:
                    + (f"; @previous is now version {older}" if older else
                       "; no older version left as @previous"))
     # repaired: `previous` is production, which stays
-    return {"action": "rollback", "outcome": outcome, "candidate": previous,
-            "production_before": production, "production_after": previous,
-            "previous_after": older, "checks": [], "failed": [], "experiment": None,
-            "reason": reason, "summary": summary}
+    return {"action": "rollback", "outcome": outcome, "candidate": previous, "production_before": production,
+            "production_after": previous, "previous_after": older, "checks": [], "failed": [],
+            "experiment": None, "reason": reason, "summary": summary}
 
 
 HISTORY_COLUMNS = ("time", "user", "action", "outcome", "from", "to", "candidate", "why")

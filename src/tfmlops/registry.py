@@ -1,31 +1,29 @@
 """The MLflow model registry: register exported versions, read them, move aliases safely.
 
-With the tracking package, the only code that calls MLflow. Aliases, never the
-deprecated stages: `production`, `previous` (what production replaced, the
-rollback target), `candidate` (refused by the gate) and `exp-<name>` (a version
-a DVC experiment produced).
+With the tracking package, the only code that calls MLflow. Aliases, never the deprecated
+stages: `production`, `previous` (what production replaced, the rollback target),
+`candidate` (refused by the gate) and `exp-<name>` (a version a DVC experiment produced).
 
 Registration is idempotent: `register` looks for the version tagged with its key
 (`tfmlops.register_key`) before creating one, inside the retried call: a timeout
 after the server committed finds the version instead of creating a second one.
 
-Moving an alias is a last-writer-wins upsert, so promotions hold a lock: a
-registered model named `<model>.promotion-lock`, created atomically (the
-store's unique name constraint: a second creator gets RESOURCE_ALREADY_EXISTS).
-- The holder renews it from a heartbeat thread (an update of the lock's
-  description every lease/4), so the server stamps its last_updated_timestamp.
-- Every write under the lock re-checks ownership first (`_write`).
-- A waiter never compares clocks: it breaks the lock only after the lock's
-  (holder, server timestamp, description) stayed unchanged for the holder's
-  lease, measured on the waiter's own monotonic clock. A live holder, however
-  slow, on whichever host or container, renews and is never broken.
-- Breaking (and releasing) renames the lock to a unique name: the store lets
-  exactly one rename of a name succeed, so only one breaker wins; the winner
-  checks it took the lock it judged dead, and puts back one it did not.
+Moving an alias is a last-writer-wins upsert, so promotions hold a lock: a registered
+model named `<model>.promotion-lock`, created atomically (the store's unique name
+constraint: a second creator gets RESOURCE_ALREADY_EXISTS).
+- The holder renews it from a heartbeat thread (an update of the lock's description
+  every lease/4), so the server stamps its last_updated_timestamp.
+- A waiter never compares clocks: it breaks the lock only after the lock's (holder,
+  server timestamp, description) stayed unchanged for the holder's lease, measured on
+  the waiter's own monotonic clock. A live holder, however slow, on whichever host or
+  container, renews and is never broken.
+- Breaking (and releasing) renames the lock to a unique name: the store lets exactly one
+  rename of a name succeed, so only one breaker wins; the winner checks it took the lock
+  it judged dead, and puts back one it did not.
 
-Calls are retried by the tracking package's one retry helper (bounded backoff,
-with jitter here so competing promotions do not retry in step); a registry that
-stays away raises TrackingUnavailable (a promotion is never queued for later).
+Calls are retried by the tracking package's one retry helper (bounded backoff, with
+jitter here so competing promotions do not retry in step); a registry that stays away
+raises TrackingUnavailable (a promotion is never queued for later).
 """
 
 from __future__ import annotations
@@ -111,8 +109,7 @@ class Registry:
         uri = self._call(lambda c: c.get_model_version_download_uri(self.name, str(version)),
                          f"locate version {version}")
         return Path(self._call(lambda c: mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=str(dest), tracking_uri=self.uri),
-            f"download version {version}"))
+            artifact_uri=uri, dst_path=str(dest), tracking_uri=self.uri), f"download version {version}"))
 
     def run_artifact(self, run_id: str, path: str, dest: Path) -> Path | None:
         """The artifact `path` of run `run_id` downloaded into `dest`; None when the run
@@ -229,8 +226,7 @@ class Registry:
                 "token": (holder, model.last_updated_timestamp, model.description)}
 
     def _take_away(self, lock: str, holder: str, why: str) -> None:
-        """Rename the lock to a unique name (only one renamer of a name wins), then delete
-        it if it was `holder`'s; one that is not (retaken meanwhile) is put back."""
+        """Rename the lock aside, then delete it if it was `holder`'s, else put it back."""
         aside = f"{lock}.{why}-{uuid.uuid4().hex}"
         self._call(lambda c: c.rename_registered_model(lock, aside), f"{why} the lock")
         taken = self._call(lambda c: c.get_registered_model(aside), "read the lock")
@@ -254,8 +250,7 @@ class Registry:
         """Read the aliases again after a promotion's writes: DataError naming each one
         that is not what this promotion left (another writer moved it meanwhile)."""
         now = self.aliases()
-        wrong = [f"@{a} is {now.get(a) or 'unset'}, this promotion left "
-                 f"{'version ' + v if v else 'it unset'}"
+        wrong = [f"@{a} is {now.get(a) or 'unset'}, this promotion left {'version ' + v if v else 'it unset'}"
                  for a, v in expected.items() if now.get(a) != v]
         if wrong:
             raise DataError(f"conflict on {self.name}: {'; '.join(wrong)}: another writer "
@@ -273,11 +268,10 @@ class Registry:
                 f"({first_line(exc.last, 160)}); check the store, then run again") from None
         except Exception as exc:  # noqa: BLE001 - a final code: the store answered
             code = error_code(exc)
-            if code == "RESOURCE_DOES_NOT_EXIST":
-                raise _Missing(str(exc)) from None
-            if code == "RESOURCE_ALREADY_EXISTS":
-                raise _Exists(str(exc)) from None
-            raise
+            mapped = {"RESOURCE_DOES_NOT_EXIST": _Missing, "RESOURCE_ALREADY_EXISTS": _Exists}.get(code)
+            if mapped is None:
+                raise
+            raise mapped(str(exc)) from None
 
 
 class _Missing(Exception):

@@ -53,11 +53,8 @@ def _serving_model(folder: Path, runtime_file: str, example: dict[str, Any]) -> 
         # H*W*C floats, row-major, normalized: flat, so MLflow checks it in one vector op
         ColSpec(Array("double"), "pixels", required=False),
     ])
-    outputs = Schema([
-        ColSpec("string", "label"),
-        ColSpec("long", "label_index"),
-        ColSpec(Array("double"), "probabilities"),
-    ])
+    outputs = Schema([ColSpec("string", "label"), ColSpec("long", "label_index"),
+                      ColSpec(Array("double"), "probabilities")])
     return {
         # models-from-code: MLflow runs this file at load time (no pickle); the
         # package travels along as code so the model loads where tfmlops is absent.

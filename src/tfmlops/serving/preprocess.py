@@ -81,14 +81,11 @@ def resize_bilinear(image: np.ndarray, size: int) -> np.ndarray:
     y_lo, y_hi, y_lerp = bilinear_taps(image.shape[0], size)
     x_lo, x_hi, x_lerp = bilinear_taps(image.shape[1], size)
 
-    def taps(rows, cols):
-        return image[rows[:, None], cols[None, :]].astype(np.float32)
+    def along_x(rows):  # the taps on `rows`, interpolated between their two columns
+        left, right = (image[rows[:, None], cols[None, :]].astype(np.float32) for cols in (x_lo, x_hi))
+        return left + (right - left) * x_lerp[None, :, None]
 
-    x_lerp = x_lerp[None, :, None]
-    top_left, top_right = taps(y_lo, x_lo), taps(y_lo, x_hi)
-    bottom_left, bottom_right = taps(y_hi, x_lo), taps(y_hi, x_hi)
-    top = top_left + (top_right - top_left) * x_lerp
-    bottom = bottom_left + (bottom_right - bottom_left) * x_lerp
+    top, bottom = along_x(y_lo), along_x(y_hi)
     return top + (bottom - top) * y_lerp[:, None, None]
 
 

@@ -78,10 +78,9 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         mime = headers.get("content-type", "").split(";")[0].strip().lower()
         if mime not in ACCEPTED:
-            return await answer(send, 415, "UNSUPPORTED_MEDIA_TYPE",
-                                f"content type {mime or '(none)'!r} is not accepted; send "
-                                "application/json (MLflow's dataframe_records, dataframe_split, "
-                                "instances or inputs)")
+            return await answer(send, 415, "UNSUPPORTED_MEDIA_TYPE", f"content type {mime or '(none)'!r} "
+                                "is not accepted; send application/json (MLflow's dataframe_records, "
+                                "dataframe_split, instances or inputs)")
         too_big = (f"the request body is larger than {self.max_body:,} bytes "
                    "(export.serving.max_body_bytes); send fewer or smaller images")
         length = headers.get("content-length", "")
@@ -101,14 +100,10 @@ class Guard:
 
 
 def _replay(body: bytes, receive):
-    sent = False
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
 
-    async def replayed():
-        nonlocal sent
-        if sent:
-            return await receive()  # what follows the body: the client's disconnect
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
+    async def replayed():  # the body once, then what follows it: the client's disconnect
+        return pending.pop() if pending else await receive()
 
     return replayed
 

@@ -193,9 +193,8 @@ def main(argv: list[str]) -> int:
         labels.append(out["label"].numpy().astype(str))
     default = loaded.signatures["serving_default"]
     first = default(image_bytes=tf.constant([split.first[0]]))["probabilities"].numpy()
-    np.savez(outputs, float_probabilities=np.concatenate(prob_f),
-             bytes_probabilities=np.concatenate(prob_b), bytes_labels=np.concatenate(labels),
-             default_probabilities=first)
+    np.savez(outputs, float_probabilities=np.concatenate(prob_f), bytes_probabilities=np.concatenate(prob_b),
+             bytes_labels=np.concatenate(labels), default_probabilities=first)
     return 0
 
 

@@ -150,9 +150,8 @@ def served_predictor(registry, version: str, dest: Path):
     flavor = yaml.safe_load((folder / "MLmodel").read_text())["flavors"]["python_function"]
     files = {name: folder / spec["path"] for name, spec in flavor.get("artifacts", {}).items()}
     if MODEL_ARTIFACT not in files or CONFIG_ARTIFACT not in files:
-        raise DataError(f"version {version} of {registry.name} is not a tfmlops serving model "
-                        "(no model and config artifacts); promote versions `tfmlops export` "
-                        "registered")
+        raise DataError(f"version {version} of {registry.name} is not a tfmlops serving model (no "
+                        "model and config artifacts); promote versions `tfmlops export` registered")
     return Predictor.from_files(files[MODEL_ARTIFACT], files[CONFIG_ARTIFACT])
 
 
