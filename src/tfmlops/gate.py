@@ -43,9 +43,8 @@ class Check:
     message: str
 
 
-def evaluate_gate(gate: GateConfig, candidate: VersionMetrics,
-                  production: VersionMetrics | None, evaluation: dict | None = None
-                  ) -> list[Check]:
+def evaluate_gate(gate: GateConfig, candidate: VersionMetrics, production: VersionMetrics | None,
+                  evaluation: dict | None = None) -> list[Check]:
     """Every check of the gate, passed or not, with its values and a one-line message.
     `evaluation`: {"candidate": summary, "production": summary or absent, "paired": ...}."""
     c = candidate

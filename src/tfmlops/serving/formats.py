@@ -28,8 +28,6 @@ from tfmlops.serving.mlflow_model import request_example, save_serving_model
 
 log = logging.getLogger(__name__)
 
-SAVED_MODEL_VERSION = "1"  # the export folder is rebuilt whole each run: one version in it
-SERVING_CANDIDATES = ("onnx", "tflite")  # runtimes the served model can run without TensorFlow
 LATENCY_THREADS = 1  # single-image latency, one thread (as quantize measures)
 
 
@@ -54,7 +52,7 @@ def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> 
     """Write every format into `out`; fail on the first parity the stage requires."""
     from tfmlops.serving.signatures import export_saved_model
 
-    saved = out / "saved_model" / cfg.export.model_name / SAVED_MODEL_VERSION
+    saved = out / "saved_model" / cfg.export.model_name / "1"  # the folder is rebuilt: one version
     log.info("export: [1/3] SavedModel: writing, then reloading it in a fresh process")
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
                        prepared.mean, prepared.std, prepared.stored_size,
@@ -159,7 +157,7 @@ def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
 def choose_serving(rows: list[dict], parities) -> dict:
     """The fastest runtime the served model can run that passed parity."""
     passed = {p.runtime for p in parities if p.passed}
-    options = [r for r in rows if r["format"] in SERVING_CANDIDATES and r["format"] in passed]
+    options = [r for r in rows if r["format"] in ("onnx", "tflite") and r["format"] in passed]
     if not options:
         raise DataError("no runtime the served model can run (ONNX, TFLite) passed parity")
     best = min(options, key=lambda r: r["p50_ms"])
@@ -168,8 +166,7 @@ def choose_serving(rows: list[dict], parities) -> dict:
 
 
 def write_serving_config(out: Path, serving: dict, prepared, limits: dict | None = None) -> None:
-    """serving.json: what the served model needs, with `export.serving`'s request caps
-    (None: their defaults)."""
+    """serving.json: what the served model needs, with `export.serving`'s caps (None: defaults)."""
     limits = limits if limits is not None else msgspec.to_builtins(ServingLimits())
     write_json(out / SERVING, {
         "runtime": serving["runtime"], "file": serving["file"], "classes": prepared.classes,
@@ -188,26 +185,21 @@ def check_serving_paths(cfg, prepared, model, out: Path, serving: dict, split, y
         served = save_serving_model(out, serving["file"], request_example(split.first[0]),
                                     Path(tmp) / "model")
         row = check_served(cfg, serving, served, split, y, keras_probs, parities)
-        by = {p.runtime: p for p in parities}
-        pairs = [skew.Pair(name, by[name]) for name in
-                 ("saved_model", "saved_model_bytes", "served_pyfunc", "onnx")]
-        pairs.append(skew.Pair("tflite_edge", by["tflite"], gated=False))
         log.info("export: following %d original files through prepare's path and the served "
                  "model's", cfg.export.skew.source_images)
         sources, facts = skew.source_pairs(prepared, model, served, cfg.export.skew)
-    pairs.extend(sources)
+    by = {p.runtime: p for p in parities}
+    pairs = [*(skew.Pair(n, by[n]) for n in ("saved_model", "saved_model_bytes", "served_pyfunc", "onnx")),
+             skew.Pair("tflite_edge", by["tflite"], gated=False), *sources]
     skew.check(pairs)
     write_json(report_path, skew.report(pairs, facts))
     return row, pairs
 
 
 def check_served(cfg, serving: dict, served, split, y, keras_probs, parities) -> dict:
-    """The served MLflow model (loaded back by `mlflow.pyfunc.load_model`) on the stored
-    test bytes vs Keras on the pipeline's tensors.
-
-    Its latency is one request row end to end in-process (base64 image -> label),
-    which is what the gate's latency budget limits.
-    """
+    """The served MLflow model on the stored test bytes vs Keras on the pipeline's tensors.
+    Its latency is one request row end to end in-process (base64 image -> label), which is
+    what the gate's latency budget limits."""
     limits = cfg.export.serving  # rows per request: image rows its caps always admit
     rows = max(1, min(limits.max_rows, limits.max_request_pixels // limits.max_image_pixels))
     probs = split.predict_encoded(lambda encoded: skew.pyfunc_probabilities(served, encoded, rows))
@@ -232,11 +224,10 @@ def _parity_columns(p) -> dict:
 
 
 def _rel(path: Path, out: Path) -> str:
-    return str(Path(path).relative_to(out) if Path(path).is_relative_to(out) else path)
+    return str(path.relative_to(out) if path.is_relative_to(out) else path)
 
 
 def _size(path: Path) -> int:
-    path = Path(path)
     if path.is_dir():
         return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return path.stat().st_size

@@ -44,9 +44,8 @@ class Predictor:
         self.stored_size = config.get("stored_size")
         # export.serving from serving.json; a model exported before the caps gets the defaults
         self.limits = ServingLimits(**(config.get("limits") or {}))
-        threads = int(config.get("threads", 1))
-        self.model = (TFLiteModel(str(model_path), threads) if runtime == "tflite"
-                      else OnnxModel(str(model_path), threads))
+        model_class = TFLiteModel if runtime == "tflite" else OnnxModel
+        self.model = model_class(str(model_path), int(config.get("threads", 1)))
         self._lock = threading.Lock()  # a LiteRT interpreter is not thread-safe
         self._decoding = threading.BoundedSemaphore(self.limits.max_concurrent_decodes)
 

@@ -42,11 +42,9 @@ def image_header(data: bytes) -> tuple[int, int, int]:
 
 def decode_image(data: bytes, channels: int, stored_size: int | None = None,
                  max_pixels: int | None = None) -> np.ndarray:
-    """Encoded PNG/JPEG/MPO/GIF/BMP bytes -> uint8 [H, W, channels], as `prepare` stores them.
-
-    `stored_size` is prepare's stored short side (None: full size), from the
-    served model's `serving.json`; `max_pixels` caps what the header may claim.
-    """
+    """Encoded PNG/JPEG/MPO/GIF/BMP bytes -> uint8 [H, W, channels], as `prepare` stores them
+    reduced to its stored short side `stored_size` (None: full size); `max_pixels` caps what
+    the header may claim."""
     array = _read(data, lambda d: load_pixels(d, channels, short_side=stored_size, max_pixels=max_pixels)[0])
     return array[..., None] if array.ndim == 2 else array
 

@@ -183,14 +183,13 @@ def graph_decoding_difference(manifest: dict, originals: list[bytes]) -> int:
     """The largest |SavedModel's in-graph decoding - prepare's| in grey levels."""
     import tensorflow as tf
 
-    from tfmlops.data.decode import load_pixels
+    from tfmlops.serving.preprocess import decode_image
     from tfmlops.serving.signatures import decode_like_prepare
 
     channels, short_side = manifest["channels"], manifest["stored"]["short_side"]
     worst = 0
     for data in originals:
-        ours = load_pixels(data, channels, short_side)[0]
-        ours = ours[..., None] if ours.ndim == 2 else ours
+        ours = decode_image(data, channels, short_side)
         graph = decode_like_prepare(tf.constant(data), channels, short_side).numpy()
         if graph.shape != ours.shape:
             return 255  # another size: as different as images get

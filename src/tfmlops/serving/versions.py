@@ -37,8 +37,6 @@ from tfmlops.files import write_csv
 
 log = logging.getLogger(__name__)
 
-TRAINED_SPLITS = ("train", "val")  # what a version's training saw
-
 
 @dataclass(frozen=True)
 class Predictions:
@@ -101,7 +99,7 @@ def trained_hashes(registry, version: str, current_data: str, dest: Path) -> tup
         path = registry.run_artifact(run_id, PREPARED_MANIFEST, dest / "lineage")
         if path is not None:
             files = json.loads(path.read_text()).get("files", [])
-            held = {f["sha256"] for f in files if f.get("split") in TRAINED_SPLITS}
+            held = {f["sha256"] for f in files if f.get("split") in ("train", "val")}
             return held, f"version {version}'s prepare run {run_id}: {len(held)} train/val images"
     log.warning("promote: version %s names no prepare run whose manifest is in the store: "
                 "its training images cannot be left out of the test split", version)
