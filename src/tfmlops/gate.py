@@ -76,20 +76,6 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics, production: Versi
     return checks
 
 
-def _paired(gate: GateConfig, production: VersionMetrics, paired: dict) -> Check:
-    """Refused only when the whole interval lies below -max_regression."""
-    high, limit = paired["high"], -gate.max_regression
-    ok = high >= limit
-    text = (f"accuracy change vs production version {production.version} on the same "
-            f"{paired['images']} images: {paired['difference']:+.4f} (better on "
-            f"{paired['candidate_only']}, worse on {paired['production_only']}); "
-            f"{paired['confidence']:.0%} interval [{paired['low']:+.4f}, {high:+.4f}]")
-    text += (f", within max_regression {gate.max_regression:g}" if ok else
-             f": worse by more than max_regression {gate.max_regression:g} "
-             f"(upper bound short by {limit - high:.4f})")
-    return Check("max_regression", ok, round(high, 6), limit, text)
-
-
 def _not_evaluated(gate: GateConfig, name: str, limit: float) -> Check:
     if not gate.evaluate:
         return Check(name, True, None, limit, f"{name} not applied (promote.gate.evaluate is false)")
@@ -155,8 +141,17 @@ def _regression(gate: GateConfig, c: VersionMetrics, production: VersionMetrics 
     if production is None:
         return Check("max_regression", True, None, gate.max_regression,
                      "no other version holds @production: nothing to compare with")
-    if paired is not None:
-        return _paired(gate, production, paired)
+    if paired is not None:  # refused only when the whole interval lies below -max_regression
+        high, limit = paired["high"], -gate.max_regression
+        ok = high >= limit
+        text = (f"accuracy change vs production version {production.version} on the same "
+                f"{paired['images']} images: {paired['difference']:+.4f} (better on "
+                f"{paired['candidate_only']}, worse on {paired['production_only']}); "
+                f"{paired['confidence']:.0%} interval [{paired['low']:+.4f}, {high:+.4f}]")
+        text += (f", within max_regression {gate.max_regression:g}" if ok else
+                 f": worse by more than max_regression {gate.max_regression:g} "
+                 f"(upper bound short by {limit - high:.4f})")
+        return Check("max_regression", ok, round(high, 6), limit, text)
     if c.accuracy is None or production.accuracy is None:
         return _missing("max_regression", c if c.accuracy is None else production, "serving.accuracy")
     change = c.accuracy - production.accuracy

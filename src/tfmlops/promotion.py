@@ -119,7 +119,6 @@ def record_evaluation(cfg: Config, run, evaluation: dict) -> dict:
 
 def roll_back(registry, still_held, run_id) -> dict:
     """Under the lock: @production <- @previous; @previous <- what that version had replaced.
-
     @previous == @production: a promotion or rollback stopped between its alias moves.
     Production never moved to anything unchecked, so it stays; @previous gets back what
     production replaced. Nothing is rolled back: a second --rollback does that."""

@@ -32,11 +32,9 @@ LATENCY_THREADS = 1  # single-image latency, one thread (as quantize measures)
 
 
 def float32_model(path: Path, tcfg: Config, prepared):
-    """The trained model computing in float32: what every exported format reproduces.
-
-    A mixed-precision model keeps float32 weights; it is rebuilt under the
-    float32 policy and gets them copied (CPU runtimes serve float32 anyway).
-    """
+    """The trained model computing in float32: what every exported format reproduces. A
+    mixed-precision model keeps float32 weights; it is rebuilt under the float32 policy and
+    gets them copied (CPU runtimes serve float32 anyway)."""
     import keras
 
     from tfmlops.model.artifacts import load_keras3, rebuild

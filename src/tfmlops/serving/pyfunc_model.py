@@ -22,12 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class Refused(MlflowException):
-    """An error answer whose message stays the reason it was raised with.
-
-    MLflow's scoring server rewrites the message of an MlflowException that predict
-    raises into "Failed to predict data '<the request as a DataFrame>'. Error: ..."
-    (several lines, the client's payload echoed back): later assignments are ignored.
-    """
+    """An error answer whose message stays the reason it was raised with: MLflow's scoring
+    server rewrites the message of an MlflowException that predict raises into "Failed to
+    predict data '<the request as a DataFrame>'. Error: ..." (several lines, the client's
+    payload echoed back), so later assignments are ignored."""
 
     @property
     def message(self):

@@ -134,21 +134,14 @@ def format_table(rows, serving, registered) -> str:
 def model_card(name: str, data: dict[str, Any], rows: list[dict[str, Any]],
                parity: list[dict[str, Any]], edge: dict[str, Any], serving: dict[str, Any],
                lineage: dict[str, str]) -> str:
-    lines = [
-        f"# {name}",
-        "",
-        f"Image classifier over {len(data['classes'])} classes ({', '.join(data['classes'])}); "
-        f"input {data['image_size']}x{data['image_size']}x{data['channels']}.",
-        "",
-        "## Data",
-        f"- images per split: {data['counts']}",
-        f"- data version (manifest hash): {data['version']}",
-        f"- normalization: mean {_short(data['mean'])}, std {_short(data['std'])} (train split)",
-        "",
-        "## Formats (test split, latency: one image, one thread, p50)",
-        "| format | accuracy | bytes | p50 ms |",
-        "|---|---|---|---|",
-    ]
+    lines = [f"# {name}", "",
+             f"Image classifier over {len(data['classes'])} classes ({', '.join(data['classes'])}); "
+             f"input {data['image_size']}x{data['image_size']}x{data['channels']}.",
+             "", "## Data", f"- images per split: {data['counts']}",
+             f"- data version (manifest hash): {data['version']}",
+             f"- normalization: mean {_short(data['mean'])}, std {_short(data['std'])} (train split)",
+             "", "## Formats (test split, latency: one image, one thread, p50)",
+             "| format | accuracy | bytes | p50 ms |", "|---|---|---|---|"]
     lines += [f"| {r['format']} | {r['accuracy']:.4f} | {r['bytes']:,} | {r['p50_ms']:.3f} |" for r in rows]
     lines += ["", "## Compression",
               f"- edge TFLite variant: {edge.get('variant')} ({edge.get('bytes', 0):,} bytes, "

@@ -28,13 +28,10 @@ FLOAT_SIGNATURE = "serve_preprocessed"
 
 def decode_like_prepare(encoded: tf.Tensor, channels: int, stored_size: int | None = None) -> tf.Tensor:
     """One encoded image -> uint8 [H, W, channels], converted as `prepare` (PIL) converts it
-    (transparency onto white, PIL's integer grayscale formula).
-
-    With `stored_size` (prepare's stored short side) the image is reduced as
-    `data.decode.load_pixels` reduces it: a JPEG decodes at 1/2, 1/4 or 1/8 scale
-    as PIL's draft picks it, then `reduce_short_side`'s filter (within one grey
-    level of OpenCV's).
-    """
+    (transparency onto white, PIL's integer grayscale formula). With `stored_size` (prepare's
+    stored short side) it is reduced as `data.decode.load_pixels` reduces it: a JPEG decodes
+    at 1/2, 1/4 or 1/8 scale as PIL's draft picks it, then `reduce_short_side`'s filter
+    (within one grey level of OpenCV's)."""
     def jpeg():
         if stored_size is not None:
             return _draft_jpeg(encoded, channels, stored_size)
