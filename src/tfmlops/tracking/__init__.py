@@ -1,20 +1,11 @@
 """Every MLflow call of the project goes through this package.
 
-A stage says what to record; the package knows where (uri.py: the tracking URI,
-the repo's SQLite store unless MLFLOW_TRACKING_URI names a shared server, the
-chief-only rule), the run (run.py: naming, tags, params, nested runs, tuner
-workers attaching), lineage (lineage.py: git, data version, `mlflow_run.json`
-next to each stage's outputs so the chain survives DVC's cache), and what to do
-when the server goes away: retry with a bounded backoff (retry.py), then queue
-the call (ops.py) in an outbox (outbox.py) that `tfmlops sync` replays. A logging
-failure never destroys a stage's outputs. Runs a SIGKILL left RUNNING are closed by
-the next run of their stage (stale.py: on this machine, when the owner process is
-gone; on another, when its heartbeat stopped: heartbeat.py); URIs are written and
-logged without credentials (uri.redact). Tracking's fixed cost is kept out of the
-stage's way: the model logged in a thread (run.py); the runs of
-`prepare`, `tune` (with its trials' nested runs), `train`, `prune`, `quantize` and
-`export` (its registration too: `StageRun.perform`) kept by a separate process
-(sidecar.py, keras_file.py); promote (synchronous registry calls) keeps its own.
+A stage says what to record; the package knows where (uri.py), the run (run.py, or
+sidecar.py: kept by a separate process), lineage (lineage.py), and what to do when the
+store goes away: retry (retry.py), then queue the call (ops.py) in an outbox
+(outbox.py) that `tfmlops sync` replays. A logging failure never destroys a stage's
+outputs. Runs a SIGKILL left RUNNING are closed by the next run of their stage
+(stale.py, heartbeat.py).
 
 This file only re-exports the names callers use. Importing it imports no MLflow:
 `tfmlops --help` must not pay for it.

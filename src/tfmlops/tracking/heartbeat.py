@@ -1,29 +1,20 @@
 """Whether a run owned on another machine is still kept: its heartbeat.
 
-stale.py judges a run's owner process when it runs on this machine. Another host's
-(or container's) process cannot be looked up from here, so each stage's run carries
-a heartbeat tag (`HEARTBEAT_TAG`), a counter its owner renews every `HEARTBEAT_S`
-seconds from a daemon thread (`Heartbeat`). A run whose counter has not moved for
-longer than `stale_after_s` is taken for dead.
+An owner process on another host or container cannot be looked up (stale.py), so each
+stage's run carries a heartbeat tag (`HEARTBEAT_TAG`), a counter its owner renews every
+`HEARTBEAT_S` seconds from a daemon thread (`Heartbeat`).
 
-Why a counter, not a time: the issue asks for the tracking server's clock, never two
-machines' clocks, and MLflow 3 stamps nothing a run's owner can renew cheaply with
-the store's own time. Tags carry no time at all; a metric's timestamp and a run's
-start and end times are the client's; the times the store does stamp itself
-(an experiment's last_update_time on rename, delete or restore; a logged model's
-last_updated_timestamp_ms on finalize or delete; a registered model's or version's
-last_updated_time) belong to objects users see, and renewing them would rename
-experiments or churn the registry. So the time is the closer's own: it keeps what
-it saw of each counter, and when, in a small local file (`silent_runs`), and calls a
-run dead only when, over more than the threshold on its own clock, the counter did
-not change. Both sightings come from one machine's boot-time clock (the file
-records the boot, and forgets its sightings after a reboot). The cost: a run is
-closed by the first run of its stage that opens longer than the threshold after
-one that saw the counter, not by the first one after the owner died.
+A counter, not a time: two machines' clocks must never be compared, and MLflow 3
+stamps nothing a run's owner can renew cheaply with the store's own time (tags carry
+no time; metric and run times are the client's; the times the store stamps belong to
+experiments and models users see). So the closer keeps what it saw of each counter,
+and when, by its own boot-time clock, in a small local file (`silent_runs`), and
+calls a run dead only when the counter did not change for longer than the threshold.
+The cost: a run is closed by the first run of its stage that opens longer than the
+threshold after one that saw the counter, not by the first one after the owner died.
 
-The threshold is above the store's retry window (retry.py, uri.attempt_bound_s):
-a live owner that cannot reach the store keeps trying for that long before its
-next beat, so a run is not closed during an outage shorter than that.
+The threshold is above the store's retry window (retry.py, uri.attempt_bound_s): a
+live owner that cannot reach the store keeps trying that long before its next beat.
 """
 
 from __future__ import annotations
@@ -55,12 +46,10 @@ def heartbeat_s() -> float:
 
 
 def stale_after_s(attempts: int) -> float:
-    """How long a heartbeat must stand still before its run is taken for dead.
-
-    Between two beats that reach the store lie at most one interval and one retried
-    call (`attempts` tries, each at its bound): twice that, so one slow beat and
-    clock jitter never close a live run.
-    """
+    """How long a heartbeat must stand still before its run is taken for dead. Between
+    two beats that reach the store lie at most one interval and one retried call
+    (`attempts` tries, each at its bound): twice that, so one slow beat and clock
+    jitter never close a live run."""
     override = os.environ.get(STALE_AFTER_ENV)
     if override:
         return float(override)

@@ -1,17 +1,11 @@
 """A Keras model logged to MLflow from the file the stage already saved, without
-TensorFlow in the logging process (issue 16: tracking's fixed cost).
+TensorFlow in the logging process.
 
 `mlflow.tensorflow.save_model` imports TensorFlow and saves the model again; the
-tracking sidecar has neither TensorFlow nor the model object, only the `.keras`
-file and what `describe(model, example)` took from the model in the stage's
-process. `log_saved(run_id, described, pip_requirements)` writes the same layout
-the flavour writes (MLflow 3.x, `mlflow/tensorflow/__init__.py` save_model, Keras
-branch): `data/model.keras`, `data/keras_module.txt`, `data/save_format.txt`,
-`data/global_custom_objects.cloudpickle` when Keras has registered objects, the
-`tensorflow` and `python_function` flavours, the signature and the input example,
-so `mlflow.tensorflow.load_model`, `mlflow.pyfunc.load_model` and
-`mlflow models serve` load it as they load the flavour's own.
-tests/unit/test_tracking_sidecar.py compares it with the flavour's output.
+tracking sidecar has only the `.keras` file and what `describe(model, example)` took
+from the model in the stage's process. `log_saved` writes the layout the flavour writes
+(MLflow 3.x, `mlflow/tensorflow/__init__.py` save_model, Keras branch), so MLflow loads
+and serves it as the flavour's own (tests/unit/test_tracking_sidecar.py compares them).
 """
 
 from __future__ import annotations
@@ -24,8 +18,6 @@ from typing import Any
 from tfmlops.tracking.uri import client, import_mlflow
 
 DATA = "data"  # the flavour's _KERAS_MODEL_DATA_PATH
-MODEL_FILE = "model.keras"  # _MODEL_SAVE_PATH + ".keras" (TensorFlow >= 2.16)
-CUSTOM_OBJECTS_FILE = "global_custom_objects.cloudpickle"
 SAVE_FORMAT = "tf"  # what the flavour writes when save_format is not given
 
 
@@ -55,10 +47,9 @@ def describe(model, example, saved: str | Path) -> dict[str, Any]:
 
 
 def log_saved(run_id: str, described: dict[str, Any], pip_requirements: list[str]) -> None:
-    """Log the described model into `run_id`, as `mlflow.tensorflow.log_model` does, from
-    any thread (no fluent run): `Model.log` of the flavour, its logged model created in
-    the run's experiment by id (log_model would put it in the default experiment), with
-    the run's params."""
+    """Log the described model into `run_id` as `mlflow.tensorflow.log_model` does, from
+    any thread (no fluent run): its logged model is created in the run's experiment by
+    id (log_model would put it in the default experiment), with the run's params."""
     from mlflow.models import Model, infer_signature
 
     run = client().get_run(run_id)
@@ -95,11 +86,12 @@ class _SavedKerasFlavor:
         os.makedirs(os.path.join(path, DATA))
         _save_example(mlflow_model, input_example, path)
         mlflow_model.signature = signature
-        shutil.copyfile(d["saved"], os.path.join(path, DATA, MODEL_FILE))
+        # _MODEL_SAVE_PATH + ".keras" (TensorFlow >= 2.16)
+        shutil.copyfile(d["saved"], os.path.join(path, DATA, "model.keras"))
         Path(path, DATA, "keras_module.txt").write_text(d["keras_module"])
         Path(path, DATA, "save_format.txt").write_text(SAVE_FORMAT)
         if d["custom_objects"] is not None:
-            Path(path, DATA, CUSTOM_OBJECTS_FILE).write_bytes(d["custom_objects"])
+            Path(path, DATA, "global_custom_objects.cloudpickle").write_bytes(d["custom_objects"])
         mlflow_model.add_flavor("tensorflow", code=None, data=DATA, model_type="keras",
                                 keras_version=d["tf_version"], save_format=SAVE_FORMAT)
         pyfunc.add_to_model(mlflow_model, loader_module="mlflow.tensorflow",
@@ -108,10 +100,8 @@ class _SavedKerasFlavor:
         if size := get_total_file_size(path):
             mlflow_model.model_size_bytes = size
         mlflow_model.save(os.path.join(path, "MLmodel"))
-        conda_env, requirements, constraints = _process_pip_requirements(
-            None, pip_requirements, None)
-        with open(os.path.join(path, "conda.yaml"), "w") as f:
-            yaml.safe_dump(conda_env, stream=f, default_flow_style=False)
+        conda_env, requirements, constraints = _process_pip_requirements(None, pip_requirements, None)
+        Path(path, "conda.yaml").write_text(yaml.safe_dump(conda_env, default_flow_style=False))
         if constraints:
             Path(path, "constraints.txt").write_text("\n".join(constraints))
         Path(path, "requirements.txt").write_text("\n".join(requirements))

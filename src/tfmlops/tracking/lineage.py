@@ -45,21 +45,20 @@ def git_state(root: Path) -> tuple[str, bool]:
 
 
 def data_version(cfg: Config) -> str:
-    """The data version of `paths.prepared` (artifacts.data_version), or "none"."""
+    """The data version of `paths.prepared`, or "none"."""
     return artifacts.data_version(cfg.paths.prepared)
 
 
 def read_run_file(folder: str | Path) -> dict[str, Any]:
-    """The `mlflow_run.json` in `folder`, or {} if it is missing or unreadable; once the
-    run a stage handed over to be delivered is in the store (wait_delivered)."""
+    """The `mlflow_run.json` in `folder` ({} if missing or unreadable), once a run handed
+    over to be delivered is in the store (wait_delivered)."""
     wait_delivered(folder)
     return read_json(Path(folder) / RUN_FILE, {})
 
 
 def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bool:
-    """Wait while a detached sidecar delivers the run of `folder`'s stage (it holds the
-    delivery lock until it exits; tracking/sidecar.py). False if it still did after
-    `timeout_s`."""
+    """Wait while a detached sidecar (holding the delivery lock) delivers the run of
+    `folder`'s stage; False if it still did after `timeout_s`."""
     lock = Path(folder) / artifacts.DELIVERY_LOCK
     try:
         fd = os.open(lock, os.O_RDONLY)
@@ -87,10 +86,8 @@ def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bo
 
 def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None,
                    facts: dict[str, Any] | None = None) -> None:
-    """Write `mlflow_run.json` atomically (a reader never sees half a file).
-
-    The URI without its credentials: the file is a DVC output that `dvc push` uploads.
-    """
+    """Write `mlflow_run.json` atomically (a reader never sees half a file), the URI
+    without its credentials: the file is a DVC output that `dvc push` uploads."""
     data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri,
             **(facts or {})}
     write_text(out_dir / RUN_FILE, json.dumps(data, indent=2) + "\n")

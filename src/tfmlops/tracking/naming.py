@@ -37,8 +37,7 @@ def equals(key: str, value: str) -> str:
 
 
 def stage_run_name(stage: str, params: dict[str, Any]) -> str:
-    """`train-<dvc exp name>` under `dvc exp run`, else `train-3f9a1c`: a short, stable hash
-    of the params the stage reads (same params, same name)."""
+    """`train-<dvc exp name>`, else `train-3f9a1c` (same params, same name)."""
     if exp_name := os.environ.get("DVC_EXP_NAME"):
         return f"{stage}-{exp_name}"
     blob = json.dumps(params, sort_keys=True, default=str).encode()

@@ -1,27 +1,21 @@
 """The disk outbox: MLflow calls a run could not send, kept for `tfmlops sync`.
 
 Each run that lost its store writes `reports/outbox/<stage>-<run id>[-<pid>].jsonl`,
-one op per line (see ops.py) naming its run and its store (the URI without
-credentials), beside a `.files/` folder holding copies of the files those ops
-upload (stages move their staging folders after logging), one uniquely named
-folder per entry: a worker restarted under the same pid, appending to the same
-queue file, never overwrites the copies queued before it. A child run opened
-while the store was away is queued too: a `create_run` line under a local id,
+one op per line (ops.py) naming its run and its store (the URI without credentials),
+beside a `.files/` folder holding copies of the files those ops upload (stages move
+their staging folders after logging), one uniquely named folder per entry. A child run
+opened while the store was away is queued as a `create_run` line under a local id,
 which `sync` replaces by the real id in the lines after it.
 
-`sync` replays the files in order against the current store. What can never be
-sent is set aside in `<name>.rejected` (one JSON line each: the reason and the
-entry) so it blocks nothing: a line torn by a kill during the append, and a call
-the store refuses (run deleted...), which the live path drops too. Lines of
-another store are kept for a sync against that store. A store that fails midway
-stops `sync`, which resumes there next time. An artifact whose file is gone is
-set aside too, never counted as sent.
+`sync` replays the files in order. What can never be sent (a line torn by a kill, a
+call the store refuses, an artifact whose file is gone) is set aside in
+`<name>.rejected` so it blocks nothing. Lines of another store are kept for a sync
+against that store. A store that fails midway stops `sync`, which resumes there.
 
-A stage may append while `sync` replays its file. Both take the file's lock
-(`_locked`, flock): the stage for each append, `sync` twice and briefly: to read
-the file, and, after replaying it, to write back what it keeps followed by the
-lines appended meanwhile (read from where its first read ended). The stage never
-waits for the store's replies, only for a local rewrite, and no line is lost.
+A stage may append while `sync` replays its file. Both take the file's lock (`_locked`):
+the stage for each append, `sync` briefly twice: to read the file, and, after replaying
+it, to write back what it keeps followed by the lines appended meanwhile. The stage
+never waits for the store's replies, and no line is lost.
 """
 
 from __future__ import annotations
@@ -50,16 +44,12 @@ OUTBOX_DIR = "outbox"
 
 
 def outbox_path(cfg: Config, name: str) -> Path:
-    """The queue file `name`.jsonl of the project's outbox."""
     return Path(cfg.paths.reports) / OUTBOX_DIR / f"{name}.jsonl"
 
 
 class Outbox:
-    """One queue file and the copies of the files its entries name.
-
-    A run and its child runs share one: each entry names its run, and each entry's
-    `.files/<uuid>` folder is its own, so they never overwrite each other.
-    """
+    """One queue file and the copies of the files its entries name; a run and its child
+    runs share one (each entry names its run)."""
 
     def __init__(self, path: Path, store: str = ""):
         self.path = path
@@ -73,9 +63,8 @@ class Outbox:
             source = Path(payload["path"])
             if not source.exists():
                 return f"artifact {source}: gone before it could be queued"
-            # A copy the outbox owns: stages move their staging folders after logging. Each
-            # entry's own folder, a uuid: the count of entries restarts with the process,
-            # and the file may already hold its copies.
+            # Each entry's own folder, a uuid: a worker restarted under the same pid
+            # appends to the same file, which may already hold its copies.
             folder = self.path.with_suffix(".files") / uuid.uuid4().hex
             folder.mkdir(parents=True)
             kept = folder / source.name
@@ -144,12 +133,8 @@ def _locked(path: Path, create: bool) -> Iterator[int | None]:
 
 
 def sync(cfg: Config) -> dict[str, int]:
-    """Replay every queued call in `reports/outbox/` against the current store, in order.
-
-    A file is deleted (with its copied artifacts) once none of its calls is left.
-    If the store fails midway, the calls not yet sent are kept and the command
-    stops with one line: running it again resumes there.
-    """
+    """Replay every queued call in `reports/outbox/` against the current store, in order;
+    a file goes (with its copied artifacts) once none of its calls is left."""
     folder = Path(cfg.paths.reports) / OUTBOX_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     totals = {"files": len(files), "calls": 0, "rejected": 0, "other_store": 0}
@@ -274,18 +259,13 @@ class _Replay:
 
 
 def _create_run(client, local_id: str, payload: dict[str, Any]) -> str:
-    """Create a child run queued while the store was away; its real id.
-
-    Found by its local id first: a sync killed after creating it must not create it twice.
-    """
-    parent = client.get_run(payload["parent"])
-    experiment_id = parent.info.experiment_id
+    """Create a child run queued while the store was away; its real id. Found by its
+    local id first: a sync killed after creating it must not create it twice."""
+    experiment_id = client.get_run(payload["parent"]).info.experiment_id
     found = client.search_runs([experiment_id], f"tags.`tfmlops.outbox_id` = '{local_id}'",
                                max_results=1)
     if found:
         return found[0].info.run_id
-    tags = {**payload["tags"], "mlflow.parentRunId": payload["parent"],
-            "tfmlops.outbox_id": local_id}
-    run = client.create_run(experiment_id, start_time=payload.get("start_time"),
-                            tags=tags, run_name=payload.get("name"))
-    return run.info.run_id
+    tags = {**payload["tags"], "mlflow.parentRunId": payload["parent"], "tfmlops.outbox_id": local_id}
+    return client.create_run(experiment_id, start_time=payload.get("start_time"), tags=tags,
+                             run_name=payload.get("name")).info.run_id

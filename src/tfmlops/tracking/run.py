@@ -1,22 +1,14 @@
 """A stage's MLflow run: open it, record into it safely, close it.
 
-Owns `StageRun` (every call retried, then queued in the outbox: a logging failure
-never destroys a stage's outputs; without a run id, tracking off or not the chief, it
-records nothing), `stage_run` (the context manager every stage opens: tags, params, lineage file)
-and `attach_run` (a tuner worker records into the run its chief opened).
+Owns `StageRun` (every call retried, then queued in the outbox; without a run id it
+records nothing), `stage_run` (the context manager every stage opens: tags, params,
+lineage file, heartbeat) and `attach_run` (a tuner worker records into the run its
+chief opened). Most stages keep their run in a separate process (sidecar.py), which
+replays their calls into one of these.
 
-What keeps tracking cheap (issue 16): the model is logged from the file the stage
-saved, in a thread of the sidecar's run (`start_saved_keras_model`) while the stage
-works on, with its signature given so MLflow does not reload the model to validate
-the input example. `prepare`, `tune`,
-`train`, `prune`, `quantize` and `export` keep their runs in a separate process
-(sidecar.py), which opens the store while the stage imports TensorFlow. Metrics,
-params and tags are sent synchronously: MLflow's async queue made every stage's end
-wait about 1 s (its logging thread polls its queue each second before it can stop),
-more than a stage's few synchronous batches cost.
-
-A stage's run carries a heartbeat its owner renews in a thread (heartbeat.py), so
-a run whose owner died on another machine can be told from one still kept.
+Metrics, params and tags are sent synchronously: MLflow's async queue made every
+stage's end wait about 1 s (its logging thread polls its queue each second before it
+can stop), more than a stage's few synchronous batches cost.
 """
 
 from __future__ import annotations
@@ -56,10 +48,6 @@ from tfmlops.tracking.uri import (
 )
 
 log = logging.getLogger(__name__)
-
-# Beside the outbox (local state, never in git): this machine's sightings of other
-# machines' heartbeats (heartbeat.silent_runs).
-SIGHTINGS = "heartbeats_seen.json"
 
 
 class StageRun:
@@ -107,9 +95,8 @@ class StageRun:
 
     def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
         """Log what `draw(*args, folder)` writes into a scratch `folder` and returns (a
-        file or a folder): figures only the run shows, drawn when the run records (by
-        the sidecar, when one keeps it: out of the stage's time). Sent or queued (the
-        outbox keeps a copy) before the folder goes."""
+        file or a folder): figures only the run shows, drawn only if it records (by the
+        sidecar, out of the stage's time, when one keeps it)."""
         if self.active:
             with tempfile.TemporaryDirectory(prefix="tfmlops-drawn-") as folder:
                 self.log_artifact(draw(*args, Path(folder)), artifact_path)
@@ -122,18 +109,17 @@ class StageRun:
 
     def start_keras_model(self, model, saved_path: str | Path | None = None,
                           **kwargs) -> ModelLogging:
-        """Nothing to log in a run that records nothing (tracking off, not the chief). A
-        Keras model is logged from its saved file by a run the sidecar keeps
-        (`SidecarRun.start_keras_model`), never with TensorFlow and MLflow in one process."""
+        """Nothing to log in a run that records nothing. A Keras model is logged by a run
+        the sidecar keeps (`SidecarRun.start_keras_model`): never TensorFlow and MLflow in
+        one process."""
         if self.active:
             raise TypeError("a Keras model is logged by the tracking sidecar's run "
                             "(tracking.sidecar_run), not by a run in the stage's process")
         return ModelLogging(self, None)
 
     def start_saved_keras_model(self, described: dict[str, Any]) -> ModelLogging:
-        """Start logging a model from its saved file (`keras_file.describe`), with no
-        TensorFlow in this process (the tracking sidecar's way); the caller goes on
-        working and calls `wait(saved_path)` (the run's end waits too)."""
+        """Start logging a model from its saved file (`keras_file.describe`) in a thread
+        (the sidecar's way); the caller calls `wait(saved_path)` (the run's end waits too)."""
         if not self.active:
             return ModelLogging(self, None)
         # Declared, not inferred: MLflow's inference reloads the model in a fresh
@@ -147,8 +133,7 @@ class StageRun:
             except Exception as exc:
                 from mlflow.exceptions import MlflowException
 
-                # The store refused or could not be reached (MLflow's errors, network and
-                # file errors): retried, then the caller queues the saved file.
+                # The store's problem: retried, then the caller queues the saved file.
                 if isinstance(exc, (MlflowException, OSError)):
                     raise
                 bad.append(exc)  # a bug or a model that cannot be saved
@@ -176,17 +161,15 @@ class StageRun:
         return self._call(go, what, {})
 
     def perform(self, fn, *args):
-        """`fn(run, *args)` where the run is kept: here, or in the tracking sidecar
-        (`fn` importable there, `args` and the result picklable), whose process has the
-        store open: a stage's registry work then adds no MLflow client to its own."""
+        """`fn(run, *args)` where the run is kept: here, or in the tracking sidecar (`fn`
+        importable there, `args` and the result picklable), so a stage's registry work
+        adds no MLflow client to its own process."""
         return fn(self, *args)
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> StageRun:
-        """A nested run the caller ends with `end(status)`.
-
-        For code driven by hooks rather than a `with` block, such as keras-tuner's
-        on_trial_begin/on_trial_end, where a failed trial is not an exception.
-        """
+        """A nested run the caller ends with `end(status)`: for code driven by hooks, such
+        as keras-tuner's on_trial_begin/on_trial_end, where a failed trial is not an
+        exception."""
         # The parent's outbox: one queue file, whose entries each name their run.
         child = StageRun(self.cfg, self.stage, None, self._outbox)
         if not self.active:
@@ -229,19 +212,16 @@ class StageRun:
         self._call(lambda c: apply(c, self.run_id, op, payload), op, payload)
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
-        """Send one call: retried with a bounded backoff, then queued in the outbox.
-
-        After one call has exhausted its retries the stage is offline: every later
-        call goes straight to the outbox, so an outage costs its retries once.
-        """
+        """Send one call: retried, then queued in the outbox. After one call has exhausted
+        its retries the run is offline: later calls go straight to the outbox, so an
+        outage costs its retries once."""
         if not self.active:
             return False
         if self._offline:
             self._queue(op, payload)
             return False
         try:
-            call_with_retry(lambda: fn(client()), self.cfg.tracking.retries + 1,
-                            final_codes=REFUSED)
+            call_with_retry(lambda: fn(client()), self.cfg.tracking.retries + 1, final_codes=REFUSED)
             return True
         except RetriesExhausted as exc:
             self._offline = True
@@ -333,23 +313,15 @@ def _is_number(v: Any) -> bool:
 # ---------------------------------------------------------------- entry
 
 @contextlib.contextmanager
-def stage_run(
-    cfg: Config,
-    stage: str,
-    out_dir: str | Path,
-    upstream: dict[str, str | Path] | None = None,
-    params: dict[str, Any] | None = None,
-    *,
-    facts: dict[str, Any] | None = None,
-) -> Iterator[StageRun]:
+def stage_run(cfg: Config, stage: str, out_dir: str | Path,
+              upstream: dict[str, str | Path] | None = None, params: dict[str, Any] | None = None,
+              *, facts: dict[str, Any] | None = None) -> Iterator[StageRun]:
     """Open the stage's run, tag it, log its params, write `mlflow_run.json`.
 
-    `upstream` maps stage names to the output folders this stage reads; their
-    run ids become `tfmlops.upstream.<stage>` tags (lineage). `params` is the
-    part of the resolved config this stage uses (default: all of it).
-    `sidecar.sidecar_run` is the same run kept by a separate process.
-    `facts` go into `mlflow_run.json` too
-    (prepare's data version: lineage.run_tags checks it).
+    `upstream` maps stage names to the output folders this stage reads; their run ids
+    become `tfmlops.upstream.<stage>` tags (lineage). `params` is the part of the
+    resolved config this stage uses (default: all of it). `facts` go into
+    `mlflow_run.json` too (prepare's data version: lineage.linked_run_id checks it).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -362,9 +334,10 @@ def stage_run(
     params = params if params is not None else cfg.to_dict()
 
     run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
-    # runs of this stage a SIGKILL left RUNNING, here or on another machine
-    close_orphans(stage, run_id, Path(cfg.paths.reports) / OUTBOX_DIR / SIGHTINGS,
-                  cfg.tracking.retries + 1)
+    # Runs of this stage a SIGKILL left RUNNING. This machine's sightings of other machines'
+    # heartbeats are kept beside the outbox (local state, never in git).
+    sightings = Path(cfg.paths.reports) / OUTBOX_DIR / "heartbeats_seen.json"
+    close_orphans(stage, run_id, sightings, cfg.tracking.retries + 1)
     write_run_file(out_dir, stage, run_id, uri, facts)
     run = StageRun(cfg, stage, run_id, Outbox(outbox_path(cfg, f"{stage}-{run_id}"), uri))
     run.heartbeat = Heartbeat(run.run_id, cfg.tracking.retries + 1).start()
@@ -404,8 +377,7 @@ def ending(run: StageRun) -> Iterator[None]:
 
 def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path] | None,
               run_name: str) -> str:
-    """The id of a new run of `stage`, MLflow's active run; TrackingUnavailable if it
-    cannot open."""
+    """The id of a new run of `stage`, MLflow's active run; TrackingUnavailable if not."""
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)
     mlflow = use_uri(uri)
     try:
@@ -417,8 +389,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         launcher = os.environ.pop("MLFLOW_RUN_ID", None)
         if launcher:
             tags["mlflow.parentRunId"] = launcher
-        run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
-                                  tags=tags).info.run_id
+        run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags).info.run_id
         log.info("%s: MLflow run %s: %s (runs table: %s)", stage, run_name,
                  ui_url(uri, experiment_id, run_id), ui_url(uri, experiment_id))
         return run_id
@@ -432,12 +403,10 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
 
 
 def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.0) -> StageRun:
-    """The open run of `stage` carrying `tags`, started by another process.
-
-    For the workers of a distributed search: the chief opens the stage's run
-    and each worker nests its trials under it, so they appear once, under one
-    parent. The caller records into the run but never ends it. Tracking off,
-    or no such run within `wait_s` seconds: a run that records nothing.
+    """The open run of `stage` carrying `tags`, started by another process (the chief of
+    a distributed search, whose workers nest their trials under it). The caller records
+    into it but never ends it. Tracking off, or no such run within `wait_s` seconds: a
+    run that records nothing.
     """
     if not cfg.tracking.enabled:
         return StageRun(cfg, stage, None, None)

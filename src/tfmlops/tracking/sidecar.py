@@ -1,53 +1,35 @@
-"""A stage's MLflow run kept in a separate process (issue 16: tracking under 3%).
+"""A stage's MLflow run kept in a separate process, so tracking costs the stage little.
 
-Importing MLflow costs 3.6-3.9 s of CPU here, the SQLite store's import about
-1.3 s more, logging a model 1.4-2.3 s (BENCHMARKS.md, row 5). In a thread of the
-training process that is Python work under the GIL, and an 8-epoch `train` got
-15.7% slower with tracking on. TensorFlow leaves about a quarter of 2 cores idle while it trains, and one
-while it imports: a second process does the same work there, and the training
-process never imports MLflow. Once the run is open, the sidecar runs at a lower
-priority (NICENESS).
+Importing MLflow costs 3.6-3.9 s of CPU, the SQLite store's import 1.3 s more, logging
+a model 1.4-2.3 s (BENCHMARKS.md, row 5): in a thread of the training process that is
+work under the GIL, and an 8-epoch `train` got 15.7% slower. TensorFlow leaves about a
+quarter of 2 cores idle while it trains and one while it imports: a second process does
+the work there, and the training process never imports MLflow.
 
-- `SidecarRun` (the stage's side): the `StageRun` interface the stages use, with
-  nested runs (`SidecarChild`, tune's trials: the sidecar opens them; a child's
-  `run_id` waits for its reply, which may come among others). Calls are
-  sent over a pipe and return at once; the model goes as its saved file plus what
-  `keras_file.describe` took from it. The run's opening, the model's logging, a
-  `perform` (export's registration, whose version the stage writes down) and the
-  end are waited for, so the run file is written before the outputs move, a
-  model that cannot be logged fails the stage, and the stage ends only when
-  everything is in the store or queued in the outbox.
-- `serve()` (the sidecar process, `main`): opens the run with `stage_run`
-  and replays every call into it: the same retries, outbox and orphan rule as a
-  run opened in the stage's process, its batches sent synchronously (it keeps
-  nobody waiting). Its log records are sent
-  back and logged by the stage's `tfmlops` loggers. If the stage dies, the pipe
-  closes and the run ends KILLED instead of staying RUNNING.
+- `SidecarRun` (the stage's side): the `StageRun` interface, calls sent over a pipe that
+  return at once; nested runs (`SidecarChild`, tune's trials) are opened by the sidecar.
+  The model goes as its saved file plus `keras_file.describe`. The run's opening, the
+  model's logging, a `perform` and the end are waited for: the run file is written
+  before the outputs move, a model that cannot be logged fails the stage, and the stage
+  ends only when everything is in the store or queued in the outbox.
+- `serve()` (the sidecar process, `main`): replays every call into a `stage_run`, with
+  its retries, outbox and orphan rule. Its log records are sent back to the stage's
+  loggers. If the stage dies, the pipe closes and the run ends KILLED.
 
-A stage may also hand its run over and exit before it is in the store (`detach`:
-prepare from the command line, `tracking.wait: false`; its work can take less time
-than MLflow's import). The stage takes its delivery lock (artifacts.DELIVERY_LOCK in
-the run file's folder; a previous run's sidecar may still hold it) at its start, keeps
-its calls, and starts the sidecar only at its end, handing it the calls and the lock,
-which the sidecar keeps until it exits: the stage never waits for it, and the two
-never share the cores or add up in memory. That sidecar logs to the folder's
-`tracking.log` (warnings to its stderr too, unless that is a pipe, which would keep its
-reader waiting), runs niced, and leaves the stage's
-process group once handed the run. A later stage reading the run file waits for the lock
-first (lineage.read_run_file). The
-files the run logs are hard-linked when logged, so a later run of the stage that
-replaces them cannot change what this one uploads.
-
-The stage never waits on a sidecar that cannot answer: a reply is awaited with its
-liveness checked (`_Process.reply`), and a sidecar that exited or a reader thread
-that failed ends the stage with one line (SidecarGone) within seconds.
+A stage may hand its run over and exit before it is in the store (`detach`: prepare,
+`tracking.wait: false`). It takes its delivery lock (artifacts.DELIVERY_LOCK) at its
+start, keeps its calls, and starts the sidecar only at its end, handing it the calls and
+the lock, which the sidecar holds until it exits: the two never share the cores or add
+up in memory. That sidecar logs to `tracking.log`, runs niced and leaves the stage's
+process group. A later stage reading the run file waits for the lock first
+(lineage.read_run_file). Logged files are hard-linked when logged, so a later run of the
+stage that replaces them cannot change what this one uploads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import itertools
 import logging
 import os
@@ -91,26 +73,22 @@ EXIT_GRACE_S = 5.0
 # At the run's end the sidecar exits once it ended the run (a model may still upload):
 # past this, the stage kills it; the run is then closed as stale (stale.py).
 END_WAIT_S = 120.0
-PIPE_BYTES = 1 << 20  # a hand-over sidecar's pipe: every call queued before it started
 # Replies after which no other comes: the stage raises (`_Process.reply`).
 _ENDS_REPLIES = {"unavailable", "failed", "reader failed", "unreadable", _EOF[0]}
 
 
 class SidecarGone(TrackingUnavailable):
-    """The tracking sidecar can no longer answer: its process exited or the stage's
-    thread reading its replies failed."""
+    """The tracking sidecar can no longer answer (it exited, or our reader thread failed)."""
 
 
 def _send(conn: Connection, kind: str, body: Any) -> None:
-    """One message over a pipe: (kind, body), pickled."""
     conn.send_bytes(pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _messages(conn: Connection) -> Iterator[tuple[str, Any]]:
     """The messages a pipe brings, then _EOF once its other end is closed. One that
-    cannot be unpickled (a class the reader cannot import: a bug) comes as
-    ("unreadable", why), and reading goes on: the reader must not die silently with
-    its peer waiting."""
+    cannot be unpickled (a bug) comes as ("unreadable", why), and reading goes on: the
+    reader must not die silently with its peer waiting."""
     while True:
         try:
             data = conn.recv_bytes()
@@ -118,27 +96,25 @@ def _messages(conn: Connection) -> Iterator[tuple[str, Any]]:
             yield _EOF
             return
         try:
-            message = pickle.loads(data)
+            yield pickle.loads(data)
         except Exception as exc:  # noqa: BLE001 - named to the reader's peer
-            message = ("unreadable", f"{type(exc).__name__}: {first_line(exc)}")
-        yield message
+            yield ("unreadable", f"{type(exc).__name__}: {first_line(exc)}")
 
 
 _early: dict[str, Any] = {"process": None}
 
 
 def start_early(cfg, hold: Path | None = None) -> None:
-    """Spawn the sidecar now, at a stage's start: it imports MLflow and opens the
-    store while the stage imports TensorFlow (one core is idle then). `sidecar_run`
-    takes it over; a stage that fails before that closes the pipe and it exits.
-    `hold`: the delivery lock it holds until it exits (a stage that may detach)."""
+    """Spawn the sidecar now, at a stage's start: it imports MLflow while the stage
+    imports TensorFlow (one core is idle then); `sidecar_run` takes it over. `hold`: the
+    delivery lock of a stage that may detach."""
     if cfg.tracking.enabled and is_chief() and _early["process"] is None:
         _early["process"] = _Process(cfg, hold)
 
 
 def discard_early() -> None:
     """Close a sidecar `start_early` spawned that no run took over (its stage failed
-    first): it exits as its pipe closes. A library caller's process keeps none."""
+    first), so a library caller's process keeps none."""
     process, _early["process"] = _early["process"], None
     if process is not None:
         process.discard()
@@ -148,9 +124,9 @@ def discard_early() -> None:
 def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = None,
                 params: dict[str, Any] | None = None, facts: dict[str, Any] | None = None,
                 hold: Path | None = None) -> Iterator[StageRun]:
-    """`stage_run`, with the run kept by a sidecar process. The store is checked
-    here first, so a stage still fails within seconds when it is away. With `hold`
-    (the delivery lock) a run that ends FINISHED is handed over, not waited for."""
+    """`stage_run`, with the run kept by a sidecar process; the store is checked here
+    first, so a stage still fails within seconds when it is away. With `hold` (the
+    delivery lock) a run that ends FINISHED is handed over, not waited for."""
     if not cfg.tracking.enabled or not is_chief():
         with stage_run(cfg, stage, out_dir, upstream, params, facts=facts) as run:
             yield run
@@ -172,10 +148,8 @@ def sidecar_run(cfg, stage: str, out_dir: str | Path, upstream: dict | None = No
 
 class _Process:
     """The sidecar process and its two pipes; log records it sends are logged here.
-
-    With `hold` (a stage that hands its run over) the process starts only when it is
-    first needed, at the stage's end: the calls wait here until then, so its start-up
-    never shares the cores with the stage's work (`_launch`)."""
+    With `hold` (a stage that hands its run over) the process starts only at the
+    stage's end: the calls wait here until then."""
 
     def __init__(self, cfg, hold: Path | None = None):
         self.proc: subprocess.Popen | None = None
@@ -193,9 +167,9 @@ class _Process:
     def _launch(self) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        if self._pending:  # written at once: a pipe this size never blocks the stage on them
+        if self._pending:  # written at once: a pipe this size (1 MiB) never blocks the stage on them
             with contextlib.suppress(OSError):
-                fcntl.fcntl(to_child_w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+                fcntl.fcntl(to_child_w, fcntl.F_SETPIPE_SZ, 1 << 20)
         lock = self._lock
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w),
@@ -235,8 +209,7 @@ class _Process:
         self.launched()._out.close()
 
     def discard(self) -> None:
-        """Close a sidecar no run took over: it exits as its pipe closes (one never
-        started just lets its lock go)."""
+        """Close a sidecar no run took over (one never started lets its lock go)."""
         if self.proc is None:
             if self._lock is not None:
                 os.close(self._lock)
@@ -247,8 +220,8 @@ class _Process:
             self.proc.wait(10)
 
     def _read(self) -> None:
-        """Log records as they come; every other reply to the waiting stage. If this
-        thread fails, the waiting stage is told (`reply`), never left waiting."""
+        """Log records as they come, every other reply to the waiting stage, which is
+        told if this thread fails, never left waiting."""
         try:
             for kind, body in _messages(self._in):
                 if kind == "log":
@@ -259,8 +232,8 @@ class _Process:
             self._replies.put(("reader failed", f"{type(exc).__name__}: {first_line(exc)}"))
 
     def reply(self, expected: str, child: int | None = None) -> Any:
-        """The sidecar's reply `expected` (`child`: the run id of that nested run, whose
-        reply may have come among others); SidecarGone within seconds if none can come."""
+        """The sidecar's reply `expected` (`child`: that nested run's key; its reply may
+        have come among others); SidecarGone within seconds if none can come."""
         self.launched()
         wanted = (expected, child)
         while wanted not in self._early:
@@ -284,7 +257,12 @@ class _Process:
                 self.proc.wait(EXIT_GRACE_S)
             self._gone = (f"the tracking sidecar exited (code {self.proc.returncode}) before "
                           f"`{expected}`; its log is above")
-        self._abandon()
+        # No reply will be read: close our end, so a sidecar still writing gets an error
+        # (and exits once it ended the run) instead of blocking on a full pipe.
+        self.close()
+        if not self._reader.is_alive():  # a reader blocked on it keeps it: no fd reuse under it
+            with contextlib.suppress(OSError):
+                self._in.close()
         raise SidecarGone(self._gone)
 
     def _next_reply(self) -> tuple[str, Any]:
@@ -305,18 +283,10 @@ class _Process:
                 if time.monotonic() - exited_at > EXIT_GRACE_S:
                     return _EOF
 
-    def _abandon(self) -> None:
-        """No reply will be read: close our end, so a sidecar still writing gets an
-        error (and exits once it ended the run) instead of blocking on a full pipe."""
-        self.close()
-        if not self._reader.is_alive():  # a reader blocked on it keeps it: no fd reuse under it
-            with contextlib.suppress(OSError):
-                self._in.close()
-
 
 class _PipedRun(StageRun):
-    """A run whose calls go down the sidecar's pipe, in order: the stage's run, or one
-    of its nested runs (`child`: the key the sidecar knows it by)."""
+    """A run whose calls go down the sidecar's pipe, in order (`child`: the key of a
+    nested run)."""
 
     def __init__(self, cfg, stage: str, process: _Process, model_dir: Path,
                  child: int | None = None):
@@ -331,8 +301,8 @@ class _PipedRun(StageRun):
         self._process.send("do", (op, payload, self._child))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        """Log the file or folder as it is now: hard links (copies across filesystems) the
-        sidecar reads later, whatever replaces `path` meanwhile (a stage's next run)."""
+        """Log the file or folder as it is now: hard links the sidecar reads later,
+        whatever replaces `path` meanwhile (a stage's next run)."""
         source = Path(path)
         if not source.exists():
             return
@@ -356,11 +326,9 @@ class SidecarRun(_PipedRun):
         self._children = itertools.count(1)
 
     def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
-        """Drawn by the sidecar (`draw` importable there): not in the stage's time."""
         self._process.send("draw", (draw, args, artifact_path))
 
     def perform(self, fn, *args):
-        """`fn(run, *args)` in the sidecar, with its run; its result, or what it raised."""
         self._process.send("perform", (fn, args))
         done, value = self._process.reply("performed")
         if not done:
@@ -368,16 +336,15 @@ class SidecarRun(_PipedRun):
         return value
 
     def start_child(self, name: str, tags: dict[str, Any] | None = None) -> SidecarChild:
-        """A nested run (a tuner's trial), opened by the sidecar: its calls follow the
-        parent's on the same pipe, so they reach the store in the order they were made."""
+        """A nested run opened by the sidecar: its calls follow the parent's on the same
+        pipe, so they reach the store in the order they were made."""
         key = next(self._children)
         self._process.send("child", {"key": key, "name": name, "tags": tags})
         return SidecarChild(self, key)
 
     def start_keras_model(self, model, saved_path: str | Path | None = None,
                           input_example=None, **kwargs) -> SidecarModel:
-        """Log `model` from `saved_path`, the file the stage just saved (a hard link
-        keeps it while the stage moves its outputs)."""
+        """Log `model` from `saved_path`, the file the stage just saved."""
         if saved_path is None or input_example is None or kwargs:
             raise ValueError("the tracking sidecar logs a model from its saved file and an "
                              "input example only")
@@ -388,9 +355,8 @@ class SidecarRun(_PipedRun):
         return SidecarModel(self)
 
     def end(self, status: str = "FINISHED") -> None:
-        """End the run with `status` and wait for the sidecar to finish. A FINISHED run of
-        a detaching stage is handed over, its end too: this process does not wait for the
-        sidecar, which holds the delivery lock and removes the hard links once the run ends."""
+        """End the run with `status` and wait for the sidecar to finish; a FINISHED run of
+        a detaching stage is handed over instead (module doc)."""
         if status == "FINISHED" and self._detach_log is not None:
             self._process.send("detach", {"scratch": str(self._model_dir)})
             self._process.send("end", "FINISHED")
@@ -405,8 +371,7 @@ class SidecarRun(_PipedRun):
             self._process.close()
             self.wait_open()  # its reply comes first, if no model has waited for it
             result = self._process.reply("ended")
-            log.debug("tracking sidecar: waited %.2f s for the run's end",
-                      time.perf_counter() - started)
+            log.debug("tracking sidecar: waited %.2f s for the run's end", time.perf_counter() - started)
             self.queued, self.errors = result["queued"], result["errors"]
         except Exception as exc:
             if status == "FINISHED":
@@ -421,8 +386,7 @@ class SidecarRun(_PipedRun):
                             "run's end; killed", self.stage, END_WAIT_S)
                 self._process.proc.kill()
                 self._process.proc.wait()
-            log.debug("tracking sidecar: exited %.2f s after the run's end",
-                      time.perf_counter() - ended)
+            log.debug("tracking sidecar: exited %.2f s after the run's end", time.perf_counter() - ended)
             shutil.rmtree(self._model_dir, ignore_errors=True)
 
     def wait_open(self) -> None:
@@ -432,8 +396,8 @@ class SidecarRun(_PipedRun):
 
 
 class SidecarChild(_PipedRun):
-    """The stage's side of a nested run the sidecar opened (`SidecarRun.start_child`).
-    Its `run_id` is the store's, read from the sidecar's reply when first asked for."""
+    """A nested run the sidecar opened; its `run_id` is read from the sidecar's reply
+    when first asked for."""
 
     def __init__(self, parent: SidecarRun, key: int):
         self._id = None
@@ -459,9 +423,9 @@ class SidecarChild(_PipedRun):
 
 
 def _take_delivery_lock(path: Path) -> int:
-    """An open descriptor holding the exclusive delivery lock at `path`, for the sidecar
-    to inherit (the lock lives while any copy is open). Waits, saying so, while a
-    previous run's sidecar still delivers (seconds)."""
+    """An open descriptor holding the delivery lock at `path`, for the sidecar to inherit
+    (the lock lives while any copy is open); waits while a previous run's sidecar still
+    delivers."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -487,14 +451,13 @@ class SidecarModel:
         self._run: SidecarRun | None = run
 
     def wait(self, saved_path: str | Path | None) -> bool:
-        """True once logged; False when the store is away (`saved_path` queued for
-        `tfmlops sync`); raises what went wrong otherwise (a model that cannot be logged)."""
+        """True once logged; False when the store is away (`saved_path` queued); raises
+        what went wrong otherwise."""
         run, self._run = self._run, None
         if run is None:
             return False
         started = time.perf_counter()
-        run._process.send("model_wait",
-                          None if saved_path is None else str(Path(saved_path).resolve()))
+        run._process.send("model_wait", None if saved_path is None else str(Path(saved_path).resolve()))
         sent = run._process.reply("model")
         log.debug("tracking sidecar: waited %.2f s for the model", time.perf_counter() - started)
         return sent
@@ -537,8 +500,8 @@ class _Replies(logging.Handler):
 
 def _inbox(conn: Connection, replies: _Replies, on_detach: Callable[[], None]) -> queue.Queue:
     """Read the stage's calls as they come, so its writes never wait on the pipe. A
-    `detach` takes effect here, at once (the main thread may be importing MLflow), and
-    `on_detach` runs then."""
+    `detach` takes effect (and `on_detach` runs) at once: the main thread may still be
+    importing MLflow."""
     calls: queue.Queue = queue.Queue()
 
     def read() -> None:
@@ -563,9 +526,8 @@ _scratch: list[str] = []  # a detached stage's hard links: removed once the run 
 
 
 def _log_to_file(path: Path) -> Callable[[], None]:
-    """The run's log records go to `path`, warnings to stderr too: its stage may have
-    gone on before they are written. Returns what to do once the stage has gone on
-    (`_let_go_of_a_piped_stderr`; nothing if `path` cannot be written)."""
+    """The run's log records go to `path`, warnings to stderr too; returns what to do
+    once the stage has gone on (nothing if `path` cannot be written)."""
     logger = logging.getLogger("tfmlops")
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -574,36 +536,35 @@ def _log_to_file(path: Path) -> Callable[[], None]:
     logger.addHandler(to_stderr)
     try:
         path.write_bytes(b"")
-        # Appending: stderr may be pointed at the same file (_let_go_of_a_piped_stderr).
+        # Appending: stderr may be pointed at the same file (let_go_of_a_piped_stderr).
         to_file = logging.FileHandler(path, mode="a")
         to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(to_file)
     except OSError as exc:  # its folder is gone: the warnings still reach the terminal
         log.warning("tfmlops: cannot write %s (%s); delivering without it", path, exc)
         return lambda: None
-    return functools.partial(_let_go_of_a_piped_stderr, path, to_stderr)
 
+    def let_go_of_a_piped_stderr() -> None:
+        """A sidecar whose stderr is a pipe (`tfmlops prepare 2>&1 | tee log`, a CI runner,
+        `capture_output=True`) would keep its reader waiting until the run is delivered,
+        minutes during an outage: its stderr goes to tracking.log instead. A terminal or
+        a file keeps it: nobody waits for their end."""
+        with contextlib.suppress(OSError):
+            mode = os.fstat(sys.stderr.fileno()).st_mode
+            if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+                return
+            logger.removeHandler(to_stderr)  # the file has them
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            sys.stderr.flush()
+            os.dup2(fd, sys.stderr.fileno())
+            os.close(fd)
 
-def _let_go_of_a_piped_stderr(path: Path, to_stderr: logging.Handler) -> None:
-    """Once handed the run, a sidecar whose stderr is a pipe (`tfmlops prepare 2>&1 | tee
-    log`, a CI runner, `subprocess.run(capture_output=True)`) would keep its reader
-    waiting until the run is delivered, minutes during an outage: the stage promised not
-    to wait for the store. Its stderr goes to tracking.log instead, which its stage's
-    hand-over line names. A terminal or a file keeps it: nobody waits for their end."""
-    with contextlib.suppress(OSError):
-        mode = os.fstat(sys.stderr.fileno()).st_mode
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            return
-        logging.getLogger("tfmlops").removeHandler(to_stderr)  # the file has them
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        sys.stderr.flush()
-        os.dup2(fd, sys.stderr.fileno())
-        os.close(fd)
+    return let_go_of_a_piped_stderr
 
 
 def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> None:
-    """Open the stage's run and replay its calls into it until it ends. `hands_over`:
-    its records go to tracking.log (`_log_to_file`); otherwise they go to the stage."""
+    """Open the stage's run and replay its calls into it until it ends. Its log records
+    go to the stage, unless it `hands_over` (`_log_to_file`)."""
     kind, start = calls.get()
     if kind == "warm":  # MLflow imported and the experiment found (or made) before the run is asked for
         with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
@@ -648,8 +609,7 @@ def _yield_cpu() -> None:
 
 def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
     """Apply the stage's calls until it ends the run; the status it ended with. Nested
-    runs the stage left open (it died, or failed between a trial's start and end) end
-    KILLED with it."""
+    runs the stage left open end KILLED."""
     job = None
     children: dict[int, StageRun] = {}
     try:
@@ -689,10 +649,9 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
 
 def _performed(run: StageRun, fn, args: tuple) -> tuple[bool, Any]:
     """(True, `fn(run, *args)`), or (False, what it raised) for the stage to raise: as
-    raised if it survives a pickle round trip (a UserError keeps its one line and exit
-    code), else its line. The round trip, not a dump alone: an exception whose __init__
-    takes other arguments pickles but fails to load, and the stage's reader would get an
-    unreadable reply, which ends the stage instead of raising this."""
+    raised if it survives a pickle round trip (a UserError keeps its exit code), else its
+    line. A round trip, not a dump alone: an exception whose __init__ takes other
+    arguments pickles but fails to load, which would end the stage as unreadable."""
     try:
         return True, fn(run, *args)
     except Exception as exc:  # noqa: BLE001 - raised in the stage, not here

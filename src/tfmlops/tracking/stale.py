@@ -1,17 +1,15 @@
 """Runs left RUNNING by a killed process: who owns a run, and closing the orphans.
 
-A SIGKILL (or a power cut) gives a stage no chance to end its MLflow run, which
-then shows RUNNING forever. Every run opens with owner tags (`owner_tags`: host,
-boot, pid namespace, pid and the process's start time, repo). When a stage opens
-its next run, `close_orphans` marks KILLED the RUNNING runs of the same stage and
-repo in the same store whose owner is gone:
+A SIGKILL (or a power cut) gives a stage no chance to end its MLflow run. Every run
+opens with owner tags (`owner_tags`: host, boot, pid namespace, pid and start time,
+repo). When a stage opens its next run, `close_orphans` marks KILLED the RUNNING runs
+of the same stage and repo whose owner is gone:
 - owned on this machine (same host, boot and pid namespace): that pid no longer
   exists or belongs to a process that started at another time (pid reuse);
-- owned elsewhere (another host or container, unknowable from here): its
-  heartbeat (heartbeat.py) has not moved for longer than `stale_after_s`, as this
-  machine saw it. A run without a heartbeat (opened by an older tfmlops) is left alone.
-Child runs (trials, finalists) of a closed run are closed with it, unless another
-live process of this machine owns them.
+- owned elsewhere: its heartbeat (heartbeat.py) has not moved for longer than
+  `stale_after_s`, as this machine saw it. A run without a heartbeat is left alone.
+Child runs of a closed run are closed with it, unless another live process of this
+machine owns them.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ SEARCH_PAGE = 1000  # runs per search call (the store's own maximum is larger)
 
 
 def owner_tags() -> dict[str, str]:
-    """The tags naming this process as a run's owner."""
     pid = os.getpid()
     return {f"{OWNER}{k}": v for k, v in {
         "host": socket.gethostname(), "boot": boot_id(), "pidns": pid_namespace(),
@@ -63,12 +60,8 @@ def judged_here(tags: dict[str, str]) -> bool:
 
 def close_orphans(stage: str, current_run_id: str, sightings: Path, attempts: int) -> None:
     """Mark KILLED the RUNNING runs of `stage` (this repo) whose owner is gone, now that
-    its run `current_run_id` has opened; a failure only warns.
-
-    `sightings` is the file where this machine keeps what it saw of other machines'
-    heartbeats; `attempts` is how many tries their owners give each call (the store's
-    retry window: heartbeat.stale_after_s).
-    """
+    its run `current_run_id` has opened; a failure only warns. `sightings`: see
+    heartbeat.silent_runs; `attempts`: how many tries their owners give each call."""
     try:
         mlflow_client = client()
         experiment_id = mlflow_client.get_run(current_run_id).info.experiment_id

@@ -1,13 +1,7 @@
-"""Where runs are recorded, and whether this process records at all.
-
-Owns the project root (also from inside a `dvc exp run --temp` copy), the tracking
-URI (MLFLOW_TRACKING_URI or params' tracking.uri), where a local store keeps its
-artifacts, the chief-only rule of multi-worker training, the reachability check
-that fails a stage in seconds, `redact` (a URI as it may be written or logged:
-no user, password or token), and `use_uri`: the one place that points MLflow at a
-store (and serialises the creation of a fresh SQLite store).
-
-MLflow is imported lazily: `tfmlops --help` must not pay for it.
+"""Where runs are recorded, and whether this process records at all: the tracking URI,
+where a local store keeps its artifacts, the chief-only rule, the reachability check
+that fails a stage in seconds, `redact` (no credentials in what is written or logged)
+and `use_uri`, the one place that points MLflow at a store. MLflow is imported lazily.
 """
 
 from __future__ import annotations
@@ -33,11 +27,8 @@ _SECRET_QUERY = re.compile(
 
 
 def redact(text: str) -> str:
-    """`text` with the credentials of every URI in it removed: `scheme://host...`.
-
-    The tracking URI goes into `mlflow_run.json` (a DVC output, pushed to the
-    remote), logs and error messages; its user and password must go nowhere.
-    """
+    """`text` with the credentials of every URI in it removed: the tracking URI goes into
+    `mlflow_run.json` (pushed to the DVC remote), logs and error messages."""
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1", str(text)))
 
 
@@ -60,18 +51,14 @@ def artifact_location(uri: str) -> str | None:
     return None  # a server decides (`mlflow server --artifacts-destination`)
 
 
-LOCAL_UI = "http://127.0.0.1:5000"  # the README's `mlflow ui` for a local store
-# MLflow's UI keeps a GenAI / Model-training switch in the browser (default GenAI): a link
-# names the view, or a fresh browser opens an experiment on the GenAI overview.
-TRAINING_VIEW = "workflowType=machine_learning"
-
-
 def ui_url(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     """The MLflow UI's page of an experiment (or of one of its runs), in the training
-    view: the tracking server's own UI, or `mlflow ui`'s address for a local store."""
-    base = redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+    view: the tracking server's own UI, or the README's `mlflow ui` for a local store."""
+    base = redact(uri).rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     page = f"{base}/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
-    return f"{page}?{TRAINING_VIEW}"
+    # MLflow's UI keeps a GenAI / Model-training switch in the browser (default GenAI):
+    # a link names the view, or a fresh browser opens an experiment on the GenAI overview.
+    return f"{page}?workflowType=machine_learning"
 
 
 def is_chief() -> bool:
@@ -134,11 +121,8 @@ def _health_request(uri: str):
 
 
 def preflight(cfg: Config) -> None:
-    """Fail now, in seconds, if the store this stage will record to is away.
-
-    For a stage to call first, before it reads or validates data or imports
-    TensorFlow; `stage_run` checks again when it opens the run.
-    """
+    """Fail now, in seconds, if the store this stage will record to is away: for a stage
+    to call before it reads data or imports TensorFlow."""
     if cfg.tracking.enabled and is_chief():
         ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
 
@@ -178,8 +162,8 @@ def attempt_bound_s() -> float:
             + bound("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR") * 2 ** (tries - 1))
 
 
-# MLflow's default is 7 retries and minutes of backoff: bounded here so our
-# retry/outbox logic decides; a user's explicit setting still wins.
+# MLflow's own HTTP retries, bounded so our retry loop decides (retry.py); a user's
+# explicit setting still wins.
 _HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
