@@ -12,7 +12,6 @@ This file only re-exports the names callers use. Importing it imports no MLflow:
 """
 
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tracking.history import stage_runs
 from tfmlops.tracking.lineage import (
     RUN_FILE,
     data_version,
@@ -22,7 +21,7 @@ from tfmlops.tracking.lineage import (
     read_run_file,
 )
 from tfmlops.tracking.outbox import sync
-from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run
+from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run, stage_runs
 from tfmlops.tracking.sidecar import discard_early as discard_sidecar
 from tfmlops.tracking.sidecar import sidecar_run
 from tfmlops.tracking.sidecar import start_early as start_sidecar

@@ -50,8 +50,7 @@ def stale_after_s(attempts: int) -> float:
     two beats that reach the store lie at most one interval and one retried call
     (`attempts` tries, each at its bound): twice that, so one slow beat and clock
     jitter never close a live run."""
-    override = os.environ.get(STALE_AFTER_ENV)
-    if override:
+    if override := os.environ.get(STALE_AFTER_ENV):
         return float(override)
     return 2 * (heartbeat_s() + retry_window_s(attempts, attempt_bound_s()))
 

@@ -94,8 +94,7 @@ def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | Non
 
 
 def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:
-    """The tags a stage's run opens with: stage, params hash, data, git, owner process,
-    upstream runs."""
+    """The tags a stage's run opens with: its lineage, owner process and upstream runs."""
     commit, dirty = git_state(repo_root())
     tags = {
         "tfmlops.stage": stage,
@@ -108,11 +107,10 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
         "tfmlops.git_dirty": str(dirty).lower(),
         **owner_tags(),  # so a later run can tell this one was orphaned by a kill
     }
-    if os.environ.get("DVC_EXP_NAME"):
-        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    if exp_name := os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = exp_name
     for name, folder in (upstream or {}).items():
-        run_id = linked_run_id(folder, tags[artifacts.TAG_DATA_VERSION])
-        if run_id:
+        if run_id := linked_run_id(folder, tags[artifacts.TAG_DATA_VERSION]):
             tags[f"tfmlops.upstream.{name}"] = run_id
     return tags
 

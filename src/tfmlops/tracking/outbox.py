@@ -48,8 +48,7 @@ def outbox_path(cfg: Config, name: str) -> Path:
 
 
 class Outbox:
-    """One queue file and the copies of the files its entries name; a run and its child
-    runs share one (each entry names its run)."""
+    """One queue file and the copies of the files its entries name (a run's and its children's)."""
 
     def __init__(self, path: Path, store: str = ""):
         self.path = path
@@ -133,8 +132,7 @@ def _locked(path: Path, create: bool) -> Iterator[int | None]:
 
 
 def sync(cfg: Config) -> dict[str, int]:
-    """Replay every queued call in `reports/outbox/` against the current store, in order;
-    a file goes (with its copied artifacts) once none of its calls is left."""
+    """Replay every queued call in `reports/outbox/` against the current store, in order."""
     folder = Path(cfg.paths.reports) / OUTBOX_DIR
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     totals = {"files": len(files), "calls": 0, "rejected": 0, "other_store": 0}

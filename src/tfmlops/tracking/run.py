@@ -2,9 +2,9 @@
 
 Owns `StageRun` (every call retried, then queued in the outbox; without a run id it
 records nothing), `stage_run` (the context manager every stage opens: tags, params,
-lineage file, heartbeat) and `attach_run` (a tuner worker records into the run its
-chief opened). Most stages keep their run in a separate process (sidecar.py), which
-replays their calls into one of these.
+lineage file, heartbeat), `attach_run` (a tuner worker records into the run its chief
+opened) and `stage_runs` (what `tfmlops history` reads). Most stages keep their run in
+a separate process (sidecar.py), which replays their calls into one of these.
 
 Metrics, params and tags are sent synchronously: MLflow's async queue made every
 stage's end wait about 1 s (its logging thread polls its queue each second before it
@@ -35,7 +35,7 @@ from tfmlops.tracking.naming import equals, experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
 from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
-from tfmlops.tracking.stale import close_orphans, owner_tags
+from tfmlops.tracking.stale import all_runs, close_orphans, owner_tags
 from tfmlops.tracking.uri import (
     client,
     ensure_reachable,
@@ -83,8 +83,7 @@ class StageRun:
         self._do("metrics", {"metrics": clean, "step": step, "timestamp": now_ms()})
 
     def wait_open(self) -> None:
-        """Return once the run is open and its `mlflow_run.json` is in the stage's output
-        folder: already so here; a run kept by the sidecar (sidecar.py) opens meanwhile."""
+        """Return once the run is open and its `mlflow_run.json` written (already so here)."""
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._do("tags", {k: str(v) for k, v in tags.items()})
@@ -236,8 +235,7 @@ class StageRun:
     def _queue(self, op: str, payload: dict[str, Any]) -> None:
         if self._outbox is None or op == "model":
             return  # its caller queues the saved file instead
-        problem = self._outbox.queue(self.run_id, op, payload)
-        if problem:
+        if problem := self._outbox.queue(self.run_id, op, payload):
             self.errors.append(problem)
         else:
             self.queued += 1
@@ -386,8 +384,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
         # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
         # start_run would resume: every stage of `-e main` would share one run.
         # Each stage opens its own run instead, nested under the launcher's.
-        launcher = os.environ.pop("MLFLOW_RUN_ID", None)
-        if launcher:
+        if launcher := os.environ.pop("MLFLOW_RUN_ID", None):
             tags["mlflow.parentRunId"] = launcher
         run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags).info.run_id
         log.info("%s: MLflow run %s: %s (runs table: %s)", stage, run_name,
@@ -430,3 +427,19 @@ def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.
                         "this process records nothing", stage, tags, wait_s)
             return StageRun(cfg, stage, None, None)
         time.sleep(min(2.0, max(give_up - time.monotonic(), 0.1)))
+
+
+def stage_runs(cfg: Config, stage: str, params: dict[str, str] | None = None) -> list[dict]:
+    """Every run of `stage` (with these `params`), oldest first: id, status, start time, tags.
+    Every alias move is a `promote` run whose tags hold its decision (`stages/promote.py`),
+    so the registry's history is a query of those runs; `mlflow.user` says who ran it."""
+    uri = tracking_uri(cfg)
+    ensure_reachable(uri, cfg.tracking.connect_timeout_s)
+    mlflow_client = use_uri(uri).MlflowClient()
+    experiment = mlflow_client.get_experiment_by_name(cfg.tracking.experiment)
+    if experiment is None:
+        return []
+    query = " and ".join([equals(f"tags.`{TAG_STAGE}`", stage),
+                          *(equals(f"params.`{k}`", v) for k, v in (params or {}).items())])
+    return [{"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
+             "tags": dict(r.data.tags)} for r in all_runs(mlflow_client, experiment.experiment_id, query)]

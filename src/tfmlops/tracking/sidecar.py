@@ -113,8 +113,7 @@ def start_early(cfg, hold: Path | None = None) -> None:
 
 
 def discard_early() -> None:
-    """Close a sidecar `start_early` spawned that no run took over (its stage failed
-    first), so a library caller's process keeps none."""
+    """Close a sidecar `start_early` spawned that no run took over (its stage failed first)."""
     process, _early["process"] = _early["process"], None
     if process is not None:
         process.discard()
@@ -220,8 +219,7 @@ class _Process:
             self.proc.wait(10)
 
     def _read(self) -> None:
-        """Log records as they come, every other reply to the waiting stage, which is
-        told if this thread fails, never left waiting."""
+        """Log records as they come; every other reply, or this thread's failure, to the stage."""
         try:
             for kind, body in _messages(self._in):
                 if kind == "log":
@@ -285,8 +283,7 @@ class _Process:
 
 
 class _PipedRun(StageRun):
-    """A run whose calls go down the sidecar's pipe, in order (`child`: the key of a
-    nested run)."""
+    """A run whose calls go down the sidecar's pipe, in order (`child`: a nested run's key)."""
 
     def __init__(self, cfg, stage: str, process: _Process, model_dir: Path,
                  child: int | None = None):
@@ -355,8 +352,7 @@ class SidecarRun(_PipedRun):
         return SidecarModel(self)
 
     def end(self, status: str = "FINISHED") -> None:
-        """End the run with `status` and wait for the sidecar to finish; a FINISHED run of
-        a detaching stage is handed over instead (module doc)."""
+        """End the run and wait for the sidecar; a detaching stage's FINISHED run is handed over."""
         if status == "FINISHED" and self._detach_log is not None:
             self._process.send("detach", {"scratch": str(self._model_dir)})
             self._process.send("end", "FINISHED")
@@ -396,8 +392,7 @@ class SidecarRun(_PipedRun):
 
 
 class SidecarChild(_PipedRun):
-    """A nested run the sidecar opened; its `run_id` is read from the sidecar's reply
-    when first asked for."""
+    """A nested run the sidecar opened; its `run_id` comes from the sidecar when first read."""
 
     def __init__(self, parent: SidecarRun, key: int):
         self._id = None
@@ -451,8 +446,7 @@ class SidecarModel:
         self._run: SidecarRun | None = run
 
     def wait(self, saved_path: str | Path | None) -> bool:
-        """True once logged; False when the store is away (`saved_path` queued); raises
-        what went wrong otherwise."""
+        """True once logged; False when the store is away (`saved_path` queued); else raises."""
         run, self._run = self._run, None
         if run is None:
             return False
@@ -563,8 +557,7 @@ def _log_to_file(path: Path) -> Callable[[], None]:
 
 
 def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> None:
-    """Open the stage's run and replay its calls into it until it ends. Its log records
-    go to the stage, unless it `hands_over` (`_log_to_file`)."""
+    """Open the stage's run and replay its calls into it until it ends."""
     kind, start = calls.get()
     if kind == "warm":  # MLflow imported and the experiment found (or made) before the run is asked for
         with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
@@ -608,8 +601,7 @@ def _yield_cpu() -> None:
 
 
 def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
-    """Apply the stage's calls until it ends the run; the status it ended with. Nested
-    runs the stage left open end KILLED."""
+    """Apply the stage's calls until it ends the run; the status it ended with."""
     job = None
     children: dict[int, StageRun] = {}
     try:

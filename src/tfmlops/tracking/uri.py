@@ -121,8 +121,7 @@ def _health_request(uri: str):
 
 
 def preflight(cfg: Config) -> None:
-    """Fail now, in seconds, if the store this stage will record to is away: for a stage
-    to call before it reads data or imports TensorFlow."""
+    """Fail in seconds if the store is away: for a stage to call before its expensive work."""
     if cfg.tracking.enabled and is_chief():
         ensure_reachable(tracking_uri(cfg), cfg.tracking.connect_timeout_s)
 
