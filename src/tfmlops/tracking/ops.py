@@ -56,7 +56,15 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
     elif op == "dict":
         client.log_dict(run_id, payload["data"], payload["name"])
     elif op == "dataset":
-        _log_dataset(client, run_id, **payload)
+        warnings.filterwarnings("ignore", message="The specified dataset source")
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        source = resolve_dataset_source(payload["source"])
+        ds = MetaDataset(source, name=payload["name"], digest=payload["digest"])
+        tag = InputTag(key="mlflow.data.context", value=payload["context"])
+        client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(), [tag])])
     elif op == "end":
         client.set_terminated(run_id, payload["status"])
     else:
@@ -66,14 +74,3 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
 def now_ms() -> int:
     """Now, in MLflow's unit (epoch milliseconds): stamped when measured, not when sent."""
     return int(time.time() * 1000)
-
-
-def _log_dataset(client, run_id: str, name: str, source: str, digest: str, context: str) -> None:
-    warnings.filterwarnings("ignore", message="The specified dataset source")
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
-
-    ds = MetaDataset(resolve_dataset_source(source), name=name, digest=digest)
-    tag = InputTag(key="mlflow.data.context", value=context)
-    client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(), [tag])])

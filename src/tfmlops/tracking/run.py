@@ -54,10 +54,7 @@ class StageRun:
     """One MLflow run. Every method is safe: failures are retried, then queued."""
 
     def __init__(self, cfg: Config, stage: str, run_id: str | None, outbox: Outbox | None):
-        self.cfg = cfg
-        self.stage = stage
-        self.run_id = run_id
-        self._outbox = outbox
+        self.cfg, self.stage, self.run_id, self._outbox = cfg, stage, run_id, outbox
         self._offline = False
         self.errors: list[str] = []
         self.queued = 0  # calls of this run written to the outbox
