@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logs.setup(args.verbosity)  # before any stage imports TensorFlow
+    logs.configure(args.verbosity)  # before any stage imports TensorFlow
     if args.command in LEGACY_KERAS_STAGES:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
     # A stage ends as on Ctrl-C on SIGTERM; `serve` keeps the default (its server stops).

@@ -33,7 +33,7 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def setup(verbosity: int = NORMAL) -> None:
+def configure(verbosity: int = NORMAL) -> None:
     """Messages on stderr (stdout carries the command's JSON result); call before TensorFlow loads.
 
     QUIET: warnings and errors only. NORMAL: the stages' one-line messages as

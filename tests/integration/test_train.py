@@ -23,6 +23,7 @@ from tfmlops.artifacts import (
     RUN_FILE,
     SEARCHED,
     TUNE_MERGE,
+    data_version,
 )
 from tfmlops.errors import ConfigError, DataError
 
@@ -41,7 +42,6 @@ def report(cfg) -> dict:
 
 def write_best(cfg, **model_changes) -> None:
     """A search result as tune leaves it: best_hparams.yaml and the params it read."""
-    from tfmlops import tracking
     from tfmlops.model import hparams
 
     tree = hparams.tuned_tree(cfg)
@@ -49,7 +49,7 @@ def write_best(cfg, **model_changes) -> None:
     path = hparams.best_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(tree))
-    hparams.write_searched(cfg, path.parent, tracking.data_version(cfg))
+    hparams.write_searched(cfg, path.parent, data_version(cfg.paths.prepared))
 
 
 def artifact_paths(client, run_id: str, folder: str = "") -> list[str]:

@@ -67,12 +67,12 @@ def test_quiet_and_verbose_together_are_refused(workdir):
     ([], "3", None), (["-q"], "3", "WARNING"), (["-v"], None, None),
 ])
 def test_tensorflow_log_level_is_set_unless_verbose(flags, expected, mlflow_level):
-    """Checked in a fresh interpreter: setup() edits os.environ and global loggers."""
+    """Checked in a fresh interpreter: configure() edits os.environ and global loggers."""
     code = (
         "import logging, os, sys\n"
         "from tfmlops import logs\n"
         "from tfmlops.cli import build_parser\n"
-        f"logs.setup(build_parser().parse_args({flags!r} + ['check']).verbosity)\n"
+        f"logs.configure(build_parser().parse_args({flags!r} + ['check']).verbosity)\n"
         "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), logging.getLogger('absl').level,\n"
         "      logging.getLogger('tfmlops').level, os.environ.get('MLFLOW_LOGGING_LEVEL'))\n"
     )
@@ -85,7 +85,7 @@ def test_tensorflow_log_level_is_set_unless_verbose(flags, expected, mlflow_leve
 
 
 def test_a_user_setting_of_the_tensorflow_log_level_wins():
-    code = ("import os\nfrom tfmlops import logs\nlogs.setup()\n"
+    code = ("import os\nfrom tfmlops import logs\nlogs.configure()\n"
             "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**cli_env(), "TF_CPP_MIN_LOG_LEVEL": "1"}, timeout=60, check=True)

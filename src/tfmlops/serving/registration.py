@@ -26,6 +26,7 @@ from tfmlops.artifacts import (
     TAG_LINEAGE_DATA,
     TAG_LINEAGE_RUN,
     TAG_PARITY,
+    data_version,
     require,
     run_dir,
 )
@@ -114,7 +115,7 @@ def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
     root = tracking.repo_root()
     commit, dirty = tracking.git_state(root)
     tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
-            TAG_LINEAGE_DATA: tracking.data_version(cfg)}
+            TAG_LINEAGE_DATA: data_version(cfg.paths.prepared)}
     for stage in ("prepare", "tune", "train", "prune", "quantize"):
         tags[TAG_LINEAGE_RUN + stage] = tracking.linked_run_id(
             run_dir(cfg, stage), tags[TAG_LINEAGE_DATA]) or "none"

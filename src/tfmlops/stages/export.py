@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tfmlops import harness, tracking
+from tfmlops import harness
 from tfmlops.artifacts import (
     FORMATS_CSV,
     MODEL_CARD,
@@ -30,6 +30,7 @@ from tfmlops.artifacts import (
     SKEW,
     TAG_PARITY_PASSED,
     TAG_SERVED_RUNTIME,
+    data_version,
 )
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_json, write_text
@@ -82,7 +83,7 @@ def run(cfg: Config) -> dict:
         lineage = reg.registry_lineage(cfg, run.run_id)
         data = {"classes": prepared.classes, "image_size": prepared.image_size,
                 "channels": prepared.channels, "counts": prepared.counts,
-                "version": tracking.data_version(cfg), "mean": prepared.mean, "std": prepared.std}
+                "version": data_version(cfg.paths.prepared), "mean": prepared.mean, "std": prepared.std}
         card = reg.model_card(cfg.promote.registered_model, data, rows,
                           [p.to_dict() for p in parities], edge, serving, lineage)
         write_text(out / MODEL_CARD, card)

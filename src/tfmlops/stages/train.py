@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from tfmlops import harness, tracking
+from tfmlops.artifacts import data_version
 from tfmlops.config import Config
 from tfmlops.model import backbones, hparams
 from tfmlops.model.artifacts import MODEL_FILE
@@ -47,7 +48,7 @@ def run(cfg: Config) -> dict:
     tuned = None
     if cfg.train.use_tuned:
         tuned = hparams.read_best(cfg)
-        hparams.check_fresh(cfg, tracking.data_version(cfg))  # a stale search is refused
+        hparams.check_fresh(cfg, data_version(cfg.paths.prepared))  # a stale search is refused
     merged, changes = hparams.merge(cfg, tuned)
     backbones.ensure_weights(merged.model)  # ImageNet weights: in Keras' cache, or fetched now
     # The run's process starts now: it imports MLflow while this one imports TensorFlow.

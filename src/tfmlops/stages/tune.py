@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from tfmlops import harness, tracking
-from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, report_path
+from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, data_version, report_path
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
 from tfmlops.model import backbones, hparams, search_space
@@ -64,7 +64,7 @@ def run(cfg: Config) -> dict[str, Any]:
         write_csv(_csv_path(cfg), rows, report.columns())
         write_text(out / BEST_HPARAMS, report.best_text(cfg, best, key, best_cfg, winner,
                                                        result.stop_reason == "budget"))
-        hparams.write_searched(cfg, out, tracking.data_version(cfg))
+        hparams.write_searched(cfg, out, data_version(cfg.paths.prepared))
         metrics = st.report({**report.search_metrics(result, best),
                              **final_round.final_round_metrics(final, winner)})
         if final:
@@ -108,7 +108,7 @@ def _write_untuned(cfg: Config) -> dict[str, Any]:
         text = report.header("tune.enabled: false: the settings of params.yaml, no search")
         write_text(out / BEST_HPARAMS, text + yaml.safe_dump(hparams.tuned_tree(cfg),
                                                                    sort_keys=False))
-        hparams.write_searched(cfg, out, tracking.data_version(cfg))
+        hparams.write_searched(cfg, out, data_version(cfg.paths.prepared))
         write_csv(_csv_path(cfg), [], report.columns())
         st.swap()
         parent.log_artifact(hparams.best_path(cfg), "tune")

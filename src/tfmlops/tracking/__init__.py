@@ -14,7 +14,6 @@ This file only re-exports the names callers use. Importing it imports no MLflow:
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.tracking.lineage import (
     RUN_FILE,
-    data_version,
     dvc_data_hashes,
     git_state,
     linked_run_id,
@@ -39,7 +38,7 @@ from tfmlops.tracking.uri import (
 
 __all__ = [
     "RUN_FILE", "StageRun", "TrackingUnavailable", "artifact_location", "attach_run",
-    "data_version", "dvc_data_hashes", "ensure_reachable", "git_state", "import_mlflow",
+    "dvc_data_hashes", "ensure_reachable", "git_state", "import_mlflow",
     "is_chief", "linked_run_id", "pinned_requirements", "preflight", "read_run_file", "redact",
     "repo_root", "sidecar_run", "start_sidecar", "discard_sidecar", "stage_run", "stage_runs",
     "sync", "tracking_uri", "use_uri",

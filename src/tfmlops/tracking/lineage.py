@@ -44,11 +44,6 @@ def git_state(root: Path) -> tuple[str, bool]:
         return "unknown", False
 
 
-def data_version(cfg: Config) -> str:
-    """The data version of `paths.prepared`, or "none"."""
-    return artifacts.data_version(cfg.paths.prepared)
-
-
 def read_run_file(folder: str | Path) -> dict[str, Any]:
     """The `mlflow_run.json` in `folder` ({} if missing or unreadable), once a run handed
     over to be delivered is in the store (wait_delivered)."""
@@ -99,7 +94,7 @@ def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) ->
     tags = {
         "tfmlops.stage": stage,
         "tfmlops.params_hash": cfg.digest(),
-        artifacts.TAG_DATA_VERSION: data_version(cfg),
+        artifacts.TAG_DATA_VERSION: artifacts.data_version(cfg.paths.prepared),
         "mlflow.source.git.commit": commit,
         # MLflow's own guess is this process's argv[0]: `-c` in train's sidecar process.
         "mlflow.source.name": f"tfmlops {stage}",

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import profiling, tracking
-from tfmlops.artifacts import PRECISION
+from tfmlops.artifacts import PRECISION, data_version
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.files import TEMP_PATTERN, read_json, write_json
@@ -322,7 +322,7 @@ def backup_fingerprint(merged: Config, keras) -> dict:
                        "pipeline": merged.pipeline.without_speed_settings()},
                       sort_keys=True, default=str)
     found = {"params": hashlib.sha256(blob.encode()).hexdigest()[:16],
-             "data": tracking.data_version(merged)}
+             "data": data_version(merged.paths.prepared)}
     return found if is_keras3(keras) else {**found, "format": BACKUP_FORMAT}
 
 

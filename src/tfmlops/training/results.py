@@ -11,8 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tfmlops import evaluation as ev
-from tfmlops import profiling, tracking
-from tfmlops.artifacts import PRECISION, RESOLVED_PARAMS, TUNE_MERGE
+from tfmlops import profiling
+from tfmlops.artifacts import PRECISION, RESOLVED_PARAMS, TUNE_MERGE, data_version
 from tfmlops.config import Config
 from tfmlops.data import pipeline
 from tfmlops.files import pyplot, write_csv, write_json, write_png
@@ -53,7 +53,7 @@ def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes
                   "tfmlops.trained_params_hash": merged.digest(),
                   "tfmlops.resumed_after_epoch": resumed.done})
     run.log_dataset("prepared", str(Path(merged.paths.prepared).resolve()),
-                    tracking.data_version(merged), context="training")
+                    data_version(merged.paths.prepared), context="training")
     for row in resumed.rows:
         run.log_metrics(metrics_of(row), step=row["epoch"])
     log_precision(run, decision)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfmlops import tracking
+from tfmlops.artifacts import data_version
 from tfmlops.config import Config
 from tfmlops.model import hparams, search_space
 
@@ -31,7 +31,7 @@ def search_key(cfg: Config) -> str:
         "loss": d["train"]["loss"],
         # the pipeline's speed settings (autotune, cache) change speed, not batches
         "pipeline": cfg.pipeline.without_speed_settings(),
-        "data": tracking.data_version(cfg),
+        "data": data_version(cfg.paths.prepared),
     }
     text = json.dumps(blob, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
