@@ -231,3 +231,29 @@ def test_stage_modules_are_at_most_150_lines():
     big = {p.name: n for p in (SRC / "stages").glob("*.py")
            if (n := len(p.read_text().splitlines())) > 150}
     assert big == {}, "a stage module is its own logic; its lifecycle is the harness's"
+
+
+# Every stage module has its `run(cfg)` and a command its `main`: one name, one role.
+SHARED_NAMES = {"run", "main"}
+
+
+def shared_public_names(root: Path) -> dict[str, list[str]]:
+    """{name: modules} of each public top-level function or class defined in more than one
+    module (other than SHARED_NAMES): two `first_line`s doing different things read as one."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and not node.name.startswith("_") and node.name not in SHARED_NAMES:
+                where.setdefault(node.name, []).append(str(path.relative_to(root)))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_two_modules_define_the_same_public_name():
+    assert shared_public_names(SRC) == {}
+
+
+def test_shared_public_names_finds_a_repeated_one(tmp_path):
+    (tmp_path / "a.py").write_text("def first_line(exc):\n    pass\n\ndef run(cfg):\n    pass\n")
+    (tmp_path / "b.py").write_text("def first_line(text):\n    pass\n\ndef run(cfg):\n    pass\n")
+    assert shared_public_names(tmp_path) == {"first_line": ["a.py", "b.py"]}
