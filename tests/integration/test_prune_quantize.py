@@ -142,7 +142,7 @@ def test_prune_reaches_the_scheduled_sparsity(compressed):
         key=lambda m: m.step)]
     assert len(losses) == 3
     full = [e for e in range(3) if (e + 1) * schedule["steps_per_epoch"] >= schedule["end_step"]]
-    assert full and metrics["kept_epoch"] == min(full, key=lambda e: losses[e])
+    assert full and metrics["kept_epoch"] == 1 + min(full, key=lambda e: losses[e])  # 1-based
     assert run.data.metrics["sparsity"] == pytest.approx(metrics["sparsity"])
     run_file = json.loads((Path(cfg.paths.pruned) / RUN_FILE).read_text())
     assert run_file["run_id"] == run.info.run_id

@@ -75,6 +75,7 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
     assert [r["trial"] for r in rows] == ["0", "1", "2"]
     assert {"score", "status", "learning_rate", "batch_size", "schedule"} <= set(rows[0])
     assert all(r["status"] == "COMPLETED" and float(r["score"]) > 0 for r in rows)
+    assert all(1 <= int(r["best_epoch"]) <= int(r["epochs"]) for r in rows)  # 1-based, as train's
     # the tiny params' batch size 32 lies outside TINY_SPACE: no baseline trial
     assert [r["baseline"] for r in rows] == ["False"] * 3
 
@@ -182,6 +183,10 @@ def test_final_round_trains_the_finalists_as_train_does_and_keeps_the_winner(dig
         assert child.info.status == "FINISHED"
         history = client.get_metric_history(child.info.run_id, "val_loss")
         assert [m.step for m in history] == [0, 1, 2]  # train's length, not the search's
+        lowest = 1 + min(range(3), key=lambda i: history[i].value)  # 1-based, as train.json's
+        assert child.data.metrics["best_epoch"] == lowest
+        row = next(r for r in final if child.info.run_name == f"final-{r['candidate']}")
+        assert int(row["best_epoch"]) == lowest
     assert parent.data.tags["tfmlops.tune.winner"] == ("trial-" + best_trial if beats else "params")
     assert "tune/final_round.csv" in {a.path for a in client.list_artifacts(parent.info.run_id,
                                                                             "tune")}

@@ -126,7 +126,7 @@ def keep_best_pruned(keras, end_step: int, steps_per_epoch: int):
             loss = (logs or {}).get("val_loss")
             full_sparsity = (epoch + 1) * steps_per_epoch >= end_step
             if full_sparsity and loss is not None and loss < self.best_loss:
-                self.best_loss, self.best_epoch = float(loss), epoch
+                self.best_loss, self.best_epoch = float(loss), epoch + 1  # 1-based, as train's
                 self._weights = self.model.get_weights()
 
         def restore(self) -> int | None:

@@ -74,7 +74,7 @@ def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRe
             kept = min(range(len(history["val_loss"])), key=lambda i: history["val_loss"][i])
             entry.score = float(history[cfg.tune.objective][kept])
             entry.val_loss = float(history["val_loss"][kept])
-            entry.epochs, entry.best_epoch = len(history["val_loss"]), kept
+            entry.epochs, entry.best_epoch = len(history["val_loss"]), kept + 1  # 1-based, as train's
         except Exception as exc:  # noqa: BLE001 - a finalist that fails is recorded, not fatal
             entry.error = last_line(f"{type(exc).__name__}: {exc}")
         entry.seconds = round(time.perf_counter() - started, 2)

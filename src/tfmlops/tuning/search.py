@@ -83,7 +83,8 @@ def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None) -> T
     values = dict(trial.hyperparameters.values)
     return TrialRecord(
         trial_id=str(trial.trial_id), status=str(trial.status),
-        score=None if trial.score is None else float(trial.score), best_epoch=trial.best_step,
+        score=None if trial.score is None else float(trial.score),
+        best_epoch=None if trial.best_step is None else trial.best_step + 1,  # 1-based, as train's
         values=values, seconds=side.get("seconds"), run_id=side.get("run_id"),
         message=trial.message, baseline=search_space.is_baseline(trial.trial_id, values, baseline))
 

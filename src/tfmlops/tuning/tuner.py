@@ -83,7 +83,7 @@ class TrackedTuner(kt.Tuner):
         if ended.message:
             child.set_tags({"tfmlops.tune.error": last_line(ended.message)})
         if ended.score is not None and status == "FINISHED":
-            child.log_metrics({"score": ended.score, "best_epoch": ended.best_step or 0})
+            child.log_metrics({"score": ended.score, "best_epoch": (ended.best_step or 0) + 1})
         child.log_metrics({"seconds": seconds})
         child.end(status)
         self.ran_now.append(trial.trial_id)
