@@ -251,9 +251,12 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
             print("training", trial.run_id, flush=True)
             time.sleep(600)
     """)
-    stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path,
-                             stdout=subprocess.PIPE, text=True)
+    scratch = tmp_path / "tmp"  # the stage's TMPDIR: where its hard links to logged files go
+    scratch.mkdir()
+    stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "TMPDIR": str(scratch)})
     said, child_id = stage.stdout.readline().split()
+    assert list(scratch.glob("tfmlops-model-*"))
     assert said == "training"
     deadline = time.monotonic() + 120
     while not stage_runs(cfg, "train") and time.monotonic() < deadline:
@@ -271,6 +274,10 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
     trial = mlflow_client(cfg).get_run(child_id)
     assert trial.info.status == "KILLED"
     assert trial.data.tags["mlflow.parentRunId"] == run.info.run_id
+    # the killed stage could not remove its scratch folder: the sidecar did, as it exited
+    while list(scratch.glob("tfmlops-model-*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert list(scratch.glob("tfmlops-model-*")) == []
 
 
 def test_a_sidecar_run_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):

@@ -319,6 +319,8 @@ class SidecarRun(_PipedRun):
 
     def __init__(self, cfg, stage: str, process: _Process, detach_log: Path | None = None):
         super().__init__(cfg, stage, process, Path(tempfile.mkdtemp(prefix="tfmlops-model-")))
+        # The sidecar removes it as it exits too: a stage killed with -9 cannot.
+        process.send("scratch", str(self._model_dir))
         self._detach_log = detach_log  # set: a FINISHED end hands the run over (module doc)
         self._children = itertools.count(1)
 
@@ -354,7 +356,7 @@ class SidecarRun(_PipedRun):
     def end(self, status: str = "FINISHED") -> None:
         """End the run and wait for the sidecar; a detaching stage's FINISHED run is handed over."""
         if status == "FINISHED" and self._detach_log is not None:
-            self._process.send("detach", {"scratch": str(self._model_dir)})
+            self._process.send("detach", None)
             self._process.send("end", "FINISHED")
             self._process.close()
             log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
@@ -500,8 +502,9 @@ def _inbox(conn: Connection, replies: _Replies, on_detach: Callable[[], None]) -
 
     def read() -> None:
         for kind, body in _messages(conn):
-            if kind == "detach":
-                _scratch.append(body["scratch"])
+            if kind == "scratch":
+                _scratch.append(body)
+            elif kind == "detach":
                 replies.detached = True
                 # Out of the stage's process group and terminal: a Ctrl-C or a group
                 # SIGTERM meant for the next stage must not end this finished run KILLED.
@@ -516,7 +519,7 @@ def _inbox(conn: Connection, replies: _Replies, on_detach: Callable[[], None]) -
     return calls
 
 
-_scratch: list[str] = []  # a detached stage's hard links: removed once the run has ended
+_scratch: list[str] = []  # the stage's hard links: removed once the run has ended
 
 
 def _log_to_file(path: Path) -> Callable[[], None]:
