@@ -84,9 +84,14 @@ def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None) -> T
     return TrialRecord(
         trial_id=str(trial.trial_id), status=str(trial.status),
         score=None if trial.score is None else float(trial.score),
-        best_epoch=None if trial.best_step is None else trial.best_step + 1,  # 1-based, as train's
+        best_epoch=best_epoch(trial),
         values=values, seconds=side.get("seconds"), run_id=side.get("run_id"),
         message=trial.message, baseline=search_space.is_baseline(trial.trial_id, values, baseline))
+
+
+def best_epoch(trial) -> int | None:
+    """keras-tuner's best step of `trial` as an epoch counted from 1, as train.json counts."""
+    return None if trial.best_step is None else trial.best_step + 1
 
 
 def last_line(message: str) -> str:

@@ -19,7 +19,7 @@ from tfmlops.files import write_json
 from tfmlops.model import search_space
 from tfmlops.tuning.hypermodel import TrialModel
 from tfmlops.tuning.oracles import make_oracle
-from tfmlops.tuning.search import ENDED, TRIAL_FILE, SearchResult, last_line, project_name, record
+from tfmlops.tuning.search import ENDED, TRIAL_FILE, SearchResult, best_epoch, last_line, project_name, record
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class TrackedTuner(kt.Tuner):
         if ended.message:
             child.set_tags({"tfmlops.tune.error": last_line(ended.message)})
         if ended.score is not None and status == "FINISHED":
-            child.log_metrics({"score": ended.score, "best_epoch": (ended.best_step or 0) + 1})
+            child.log_metrics({"score": ended.score, "best_epoch": best_epoch(ended)})
         child.log_metrics({"seconds": seconds})
         child.end(status)
         self.ran_now.append(trial.trial_id)
