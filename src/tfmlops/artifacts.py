@@ -26,7 +26,9 @@ QUARANTINE = "quarantine.json"  # prepare: every rejected file and why
 BEST_HPARAMS = "best_hparams.yaml"  # tune: the partial params tree train merges
 SEARCHED = "searched_params.json"  # tune: what the search read (train refuses it stale)
 FINAL_ROUND = "final_round.csv"  # tune
-PRECISION = "precision.json"  # tune and train: the timed precision decisions
+# tune and train: the timed precision decisions, per architecture (in paths.tuner; tune
+# copies the file to paths.tuned, where train reads the one it trained)
+PRECISION = "precision.json"
 MODEL_FILE = "model.keras"  # train and prune
 RESOLVED_PARAMS = "resolved_params.yaml"  # train: the config really trained
 TUNE_MERGE = "tune_merge.json"  # train: what tune changed

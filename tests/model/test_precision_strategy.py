@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import child_env
+from tfmlops.artifacts import PRECISION
 from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig, replace
 from tfmlops.errors import ConfigError
 from tfmlops.model.precision import decide_policy
@@ -178,7 +179,7 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     auto = prepared_digits
     prepared_digits = replace(
         auto, train=replace(auto.train, precision="timed"))
-    cache = tmp_path / fit.PRECISION_CACHE
+    cache = tmp_path / PRECISION
     bf16 = {"avx2", "amx_bf16"}
     first = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
     margin = prepared_digits.train.precision_margin
@@ -196,13 +197,13 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     assert other_batch.reason == "timed" and len(json.loads(cache.read_text())) == 2
     # train reads tune's copy without writing into it (paths.tuned is tune's output).
     precision._decided.clear()
-    read_only = tmp_path / "tuned" / fit.PRECISION_CACHE
+    read_only = tmp_path / "tuned" / PRECISION
     read_only.parent.mkdir()
     read_only.write_text(cache.read_text())
     assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=read_only, write=False,
                                 flags=bf16) == first
     precision._decided.clear()
-    missing = tmp_path / "untuned" / fit.PRECISION_CACHE
+    missing = tmp_path / "untuned" / PRECISION
     assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=missing, write=False,
                                 flags=bf16).reason == "timed"
     assert not missing.exists()
@@ -211,7 +212,7 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
         assert (here.policy, here.reason) == ("float32", "no-bf16-units")
     # auto, on any machine: no timing, nothing written
     precision._decided.clear()
-    untimed = tmp_path / "auto" / fit.PRECISION_CACHE
+    untimed = tmp_path / "auto" / PRECISION
     assert fit.decide_precision(auto, prepared, 32, cache_file=untimed,
                                 flags=bf16).reason == "amx-dense"
     assert not untimed.exists()
@@ -338,13 +339,12 @@ def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
 
     from tfmlops.data import pipeline
     from tfmlops.model import precision, search_space
-    from tfmlops.training.fit import PRECISION_CACHE
     from tfmlops.tuning.hypermodel import TrialModel
 
     cfg = make_cfg(train={"precision": setting})
     hypermodel = TrialModel(cfg, pipeline.load_prepared(prepared_digits), deadline=1e12)
     model = hypermodel.build(kt.HyperParameters())
-    cache = Path(cfg.paths.tuner) / PRECISION_CACHE
+    cache = Path(cfg.paths.tuner) / PRECISION
     if setting == "timed" and precision.has_bf16_units(precision.cpu_flags()):
         (stored,) = json.loads(cache.read_text()).values()  # timed once, kept for the tune
         expected = stored["policy"]

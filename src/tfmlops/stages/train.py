@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from tfmlops import harness, tracking
-from tfmlops.artifacts import data_version
+from tfmlops.artifacts import PRECISION, data_version
 from tfmlops.config import Config
 from tfmlops.model import backbones, hparams
 from tfmlops.model.artifacts import MODEL_FILE
@@ -91,7 +91,7 @@ def _fit_and_save(cfg: Config, merged: Config, changes: list, prepared, setup,
     decision = (fit.decide_precision(merged, prepared, merged.train.batch_size, timed=False)
                 if setup.across_workers else
                 fit.decide_precision(merged, prepared, merged.train.batch_size, write=False,
-                                     cache_file=Path(cfg.paths.tuned) / fit.PRECISION_CACHE))
+                                     cache_file=Path(cfg.paths.tuned) / PRECISION))
     setup.keras.utils.set_random_seed(merged.seed)
     output = cfg.paths.train if scratch is None else scratch
     with harness.stage(cfg, STAGE, output=output, upstream=("prepare", "tune"), sidecar=True,

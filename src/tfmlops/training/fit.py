@@ -44,15 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import profiling, tracking
-from tfmlops.artifacts import PRECISION, data_version
+from tfmlops.artifacts import data_version
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.files import TEMP_PATTERN, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-# tune's timed decisions, per architecture: in paths.tuner, copied to paths.tuned for train
-PRECISION_CACHE = PRECISION
 JIT = {"true": True, "false": False}  # `auto`: Keras 3's "auto", tf_keras' None (its default)
 TF_KERAS_OPTIMIZERS = ("adam", "adamw", "rmsprop", "sgd")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import tracking
+from tfmlops.artifacts import PRECISION
 from tfmlops.config import Config
 from tfmlops.model import hparams, search_space
 from tfmlops.tuning.search import TrialRecord, last_line
@@ -101,7 +102,7 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
     with fit.op_determinism(merged.pipeline.deterministic):
         # Timed once per architecture (the search's trials share the file); before the seed.
         decision = fit.decide_precision(merged, prepared, t.batch_size,
-                                        cache_file=Path(merged.paths.tuner) / fit.PRECISION_CACHE)
+                                        cache_file=Path(merged.paths.tuner) / PRECISION)
         fit.log_precision(child, decision)
         keras.utils.set_random_seed(merged.seed)
         with precision.global_policy(decision.policy, keras):

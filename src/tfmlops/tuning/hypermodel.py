@@ -11,6 +11,7 @@ import keras
 import keras_tuner as kt
 
 from tfmlops import profiling
+from tfmlops.artifacts import PRECISION
 from tfmlops.config import Config
 from tfmlops.model import precision, search_space
 from tfmlops.training import fit
@@ -53,7 +54,7 @@ class TrialModel(kt.HyperModel):
         # as train resolves it (timed once, the file shared with the final round); before the seed
         policy = fit.decide_precision(
             trial_cfg, self.prepared, trial_cfg.train.batch_size,
-            cache_file=Path(self.cfg.paths.tuner) / fit.PRECISION_CACHE).policy
+            cache_file=Path(self.cfg.paths.tuner) / PRECISION).policy
         keras.utils.set_random_seed(self.cfg.seed)  # same values, same initial weights
         with precision.global_policy(policy, keras):  # read when the layers are created
             return fit.built_model(trial_cfg, self.prepared, keras)
