@@ -54,10 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "promote":
             g = p.add_mutually_exclusive_group()
             g.add_argument("--rollback", action="store_true",
-                           help="move @production back to the version holding @previous")
-            g.add_argument("--version", type=int, help="promote this registered version")
+                           help="move @production back to the version holding @previous "
+                           "(holds across dvc repro)")
+            g.add_argument("--version", type=int, help="gate this registered version")
+            g.add_argument("--adopt", action="store_true",
+                           help="keep the version an alias move outside tfmlops put in @production")
+            g.add_argument("--release", action="store_true",
+                           help="undo an alias move outside tfmlops: back to the ledger's version")
             p.add_argument("--force", action="store_true",
-                           help="with --version: skip the gate (recorded as forced)")
+                           help="with --version: skip the gate (recorded as forced; holds "
+                           "across dvc repro)")
+            p.add_argument("--reason", help="why (recorded in the promotion ledger)")
+    for verb, text in (("approve", "move a version awaiting approval (or inconclusive) to "
+                        "@production"),
+                       ("reject", "record that a version must not reach @production")):
+        p = sub.add_parser(verb, help=text, description=text.capitalize() + ", in the promotion "
+                           "ledger with who and why. A workflow, not an access control: anyone "
+                           "with EDIT on the model can move an alias in MLflow.")
+        p.add_argument("version", type=int, metavar="VERSION")
+        p.add_argument("--reason", required=True, help="why (recorded in the promotion ledger)")
     sub.add_parser("check", help="validate params.yaml and exit",
                    description="Validate params.yaml and exit.")
     sub.add_parser("doctor", help="train 2 epochs on built-in digits in a temp folder; print "
@@ -77,10 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--port", type=int, default=5000, help="default: %(default)s")
     p.add_argument("-w", "--workers", type=int, default=1, help="server processes "
                    "(default: %(default)s)")
-    p = sub.add_parser("history", help="list every promotion, refusal and rollback in order",
-                       description="Every `promote` run of the experiment, oldest first: when, "
-                       "who (mlflow.user), the action and outcome, @production before and "
-                       "after, the candidate, and why.")
+    p = sub.add_parser("history", help="list every promotion decision in order (the ledger)",
+                       description="The promotion ledger of promote.registered_model, oldest "
+                       "first: when, who (mlflow.user), the decision, @production before and "
+                       "after, the version decided about, the commit and why.")
     p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
     sub.add_parser("accept-reference", help="accept the last prepare's data profile as the "
                    "reference later runs are checked against",
@@ -132,9 +147,10 @@ def _command(args: argparse.Namespace):
         log.info("%s: ok", args.params)
         return None
     if args.command == "history":
-        from tfmlops.promotion import history, history_table
+        from tfmlops.promotion.history import history, history_table
+        from tfmlops.registry import Registry
 
-        rows = history(cfg)
+        rows = history(Registry(cfg))
         if args.json:
             return rows
         sys.stdout.write(history_table(rows) + "\n")  # the command's output, not a log line
@@ -150,7 +166,11 @@ def _command(args: argparse.Namespace):
         from tfmlops.tracking import sync
 
         return sync(cfg)
+    if args.command in ("approve", "reject"):
+        promote = importlib.import_module("tfmlops.stages.promote")
+        return promote.run(cfg, **{args.command: args.version, "reason": args.reason})
     module = importlib.import_module(f"tfmlops.stages.{args.command}")
     if args.command == "promote":
-        return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force)
+        return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force,
+                          adopt=args.adopt, release=args.release, reason=args.reason)
     return module.run(cfg)

@@ -97,6 +97,22 @@ def paired_interval(candidate_correct: np.ndarray, production_correct: np.ndarra
             "confidence": confidence, "method": "exact McNemar (Clopper-Pearson on b/(b+c))"}
 
 
+def monotone_low(b: int, c: int, n: int, confidence: float) -> float:
+    """The paired interval's lower bound, made monotone in b: the best lower bound of b'
+    candidate-only images for any b' <= b. The exact interval alone is not: with n = 269,
+    b=0, c=2 gives -2/n but b=1, c=2 (one more image right) gives -2.95/n, so a strictly
+    better candidate could fail a margin the worse one passes."""
+    from scipy.stats import beta
+
+    if n == 0:
+        return 0.0
+    alpha = 1.0 - confidence
+    bs = np.arange(b + 1)
+    low_p = np.where(bs > 0, beta.ppf(alpha / 2, np.maximum(bs, 1), c + 1), 0.0)
+    lows = np.where(bs + c > 0, (2 * low_p - 1) * (bs + c) / n, 0.0)
+    return float(lows.max())
+
+
 def size_bucket(width, height) -> str:
     """The source-size bucket of an image by its longer side; UNKNOWN without sizes."""
     try:

@@ -41,6 +41,16 @@ class Check:
     value: float | bool | None
     limit: float | bool | None
     message: str
+    # Not passed, yet not shown worse: the evidence cannot decide (a person can).
+    inconclusive: bool = False
+
+
+def outcome(checks: list[Check]) -> str:
+    """"passed", "refused" (a check failed) or "inconclusive" (only undecided checks)."""
+    failed = [c for c in checks if not c.passed]
+    if any(not c.inconclusive for c in failed):
+        return "refused"
+    return "inconclusive" if failed else "passed"
 
 
 def evaluate_gate(gate: GateConfig, candidate: VersionMetrics, production: VersionMetrics | None,
@@ -54,7 +64,7 @@ def evaluate_gate(gate: GateConfig, candidate: VersionMetrics, production: Versi
                             if mine is not None else (c.accuracy, "serving.accuracy", "accuracy"))
     checks = [
         _bound("min_accuracy", c, accuracy, gate.min_accuracy, tag, at_least=True, label=label),
-        _regression(gate, c, production, ev.get("paired")),
+        _regression(gate, c, production, ev.get("paired")), *_evidence(gate, evaluation),
         _class_recall(gate, mine), _class_drop(gate, production, mine, theirs),
         _not_evaluated(gate, "max_ece", gate.max_ece) if mine is None else
         _bound("max_ece", c, mine["ece"], gate.max_ece, "", at_least=False,
@@ -141,27 +151,65 @@ def _regression(gate: GateConfig, c: VersionMetrics, production: VersionMetrics 
     if production is None:
         return Check("max_regression", True, None, gate.max_regression,
                      "no other version holds @production: nothing to compare with")
-    if paired is not None:  # refused only when the whole interval lies below -max_regression
-        high, limit = paired["high"], -gate.max_regression
-        ok = high >= limit
-        text = (f"accuracy change vs production version {production.version} on the same "
-                f"{paired['images']} images: {paired['difference']:+.4f} (better on "
-                f"{paired['candidate_only']}, worse on {paired['production_only']}); "
-                f"{paired['confidence']:.0%} interval [{paired['low']:+.4f}, {high:+.4f}]")
-        text += (f", within max_regression {gate.max_regression:g}" if ok else
-                 f": worse by more than max_regression {gate.max_regression:g} "
-                 f"(upper bound short by {limit - high:.4f})")
-        return Check("max_regression", ok, round(high, 6), limit, text)
+    if paired is not None:
+        return _paired(gate, production, paired)
     if c.accuracy is None or production.accuracy is None:
         return _missing("max_regression", c if c.accuracy is None else production, "serving.accuracy")
+    # Each measured on its own split (promote.gate.evaluate: false): no interval, the
+    # point estimate alone, never more than max_regression worse.
     change = c.accuracy - production.accuracy
     ok = change >= -gate.max_regression
     text = (f"accuracy {c.accuracy:.4f} vs production version {production.version} "
-            f"{production.accuracy:.4f}: change {change:+.4f}")
+            f"{production.accuracy:.4f} (export's tags, each on its own split): change {change:+.4f}")
     if not ok:
         text += (f", worse by more than max_regression {gate.max_regression:g} "
                  f"(by {-change - gate.max_regression:.4f})")
     return Check("max_regression", ok, change, -gate.max_regression, text)
+
+
+def _paired(gate: GateConfig, production: VersionMetrics, paired: dict) -> Check:
+    """Non-inferiority, the burden of proof on the candidate: passed when the lower bound
+    (evaluation.monotone_low) is >= -max_regression; refused when the point estimate is
+    below it; else inconclusive."""
+    from tfmlops.evaluation import monotone_low
+
+    m, d = gate.max_regression, paired["difference"]
+    low = monotone_low(paired["candidate_only"], paired["production_only"], paired["images"],
+                       paired["confidence"])
+    text = (f"accuracy change vs production version {production.version} on the same "
+            f"{paired['images']} images: {d:+.4f} (better on {paired['candidate_only']}, worse "
+            f"on {paired['production_only']}); {paired['confidence']:.0%} interval "
+            f"[{paired['low']:+.4f}, {paired['high']:+.4f}]" + (f", monotone lower bound "
+            f"{low:+.4f}" if low > paired["low"] + 1e-12 else ""))
+    if d < -m:
+        return Check("max_regression", False, round(d, 6), -m,
+                     f"{text}: worse by more than max_regression {m:g} (by {-m - d:.4f})")
+    if low >= -m:
+        return Check("max_regression", True, round(low, 6), -m,
+                     f"{text}: not worse by more than max_regression {m:g}")
+    return Check("max_regression", False, round(low, 6), -m,
+                 f"{text}: inconclusive, the interval reaches below -max_regression {m:g} "
+                 "(a larger test split decides, or a person: `tfmlops approve` / `reject`)",
+                 inconclusive=True)
+
+
+def _evidence(gate: GateConfig, evaluation: dict | None) -> list[Check]:
+    """Enough evaluated images, and none either version trained on left in by ignorance."""
+    if not evaluation or "images" not in evaluation:
+        return []
+    n = evaluation["images"]
+    checks = [Check("min_images", n >= gate.min_images, n, gate.min_images,
+                    f"{n} evaluated test images {'>=' if n >= gate.min_images else '<'} "
+                    f"min_images {gate.min_images}" + ("" if n >= gate.min_images else
+                    ": inconclusive (a larger test split decides, or a person)"),
+                    inconclusive=n < gate.min_images)]
+    unknown = evaluation.get("exclusion_unknown") or []
+    checks.append(Check("training_images_known", not unknown, len(unknown), 0,
+                        "; ".join(unknown) + ": its training images may be in the test split, "
+                        "so the comparison is biased: inconclusive" if unknown else
+                        "both versions' training images are known (left out of the test split)",
+                        inconclusive=bool(unknown)))
+    return checks
 
 
 def _missing(name: str, v: VersionMetrics, tag: str) -> Check:

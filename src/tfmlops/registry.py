@@ -2,7 +2,10 @@
 
 With the tracking package, the only code that calls MLflow. Aliases, never the deprecated
 stages: `production`, `previous` (what production replaced, the rollback target),
-`candidate` (refused by the gate) and `exp-<name>` (a version a DVC experiment produced).
+`candidate` (refused by the gate), `inconclusive` (the gate could not show it is not worse),
+`awaiting-approval` (passed, waiting for `tfmlops approve`) and `exp-<name>` (a version a
+DVC experiment produced). The promotion ledger (promotion/ledger.py, the model's tags) is
+the record of every decision; the aliases are its cache.
 
 Registration is idempotent: `register` looks for the version tagged with its key
 (`tfmlops.register_key`) before creating one, inside the retried call: a timeout
@@ -50,6 +53,7 @@ from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, error_code
 log = logging.getLogger(__name__)
 
 PRODUCTION, PREVIOUS, CANDIDATE = "production", "previous", "candidate"
+INCONCLUSIVE, AWAITING = "inconclusive", "awaiting-approval"
 LOCK_SUFFIX = ".promotion-lock"
 LOCK_WAIT_S = 300.0
 LOCK_WAIT_MARGIN_S = 30.0  # beyond the holder's lease: time to see it unrenewed and break it
@@ -80,6 +84,26 @@ class Registry:
         except _Missing:
             return {}
         return {a: str(v) for a, v in (model.aliases or {}).items()}
+
+    def model_tags(self) -> dict[str, str]:
+        """The registered model's own tags ({} when the model does not exist yet)."""
+        try:
+            model = self._call(lambda c: c.get_registered_model(self.name), "read the model")
+        except _Missing:
+            return {}
+        return dict(model.tags or {})
+
+    def set_model_tag(self, key: str, value: str) -> None:
+        """A tag of the registered model (created first if it does not exist yet)."""
+        def write():
+            self._write(lambda c: c.set_registered_model_tag(self.name, key, value), f"tag {self.name}")
+
+        try:
+            write()
+        except _Missing:
+            with contextlib.suppress(_Exists):
+                self._call(lambda c: c.create_registered_model(self.name), "create the model")
+            write()
 
     def tags(self, version: str) -> dict[str, str]:
         try:

@@ -61,7 +61,7 @@ real_init = registry_module.Registry.__init__
 def init(self, *a, **k):
     real_init(self, *a, **k)
     for name in ("set_registered_model_alias", "set_model_version_tag",
-                 "delete_registered_model_alias"):
+                 "delete_registered_model_alias", "set_registered_model_tag"):
         real = getattr(self.client, name)
 
         def wrapped(*args, _real=real, _name=name, **kwargs):
@@ -83,13 +83,16 @@ print("finished", flush=True)
 # ----------------------------------------------------------------- item 12
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [0, 1, 2, 3])
+@pytest.mark.parametrize("n", range(7))
 def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the_wrong_version(
         reg, n):
     """v1 then v2 promoted; the promotion of v3 is killed (SIGKILL) after `n` registry
-    writes, its lock left held. Then --rollback must wait out the lease, restore the
-    version production replaced (never an older one), and running the promotion again
-    must complete it."""
+    writes (the ledger's pending entry, the version tag, @previous, @production, the
+    outcome tags, the confirmation), its lock left held. Then --rollback must wait out the
+    lease, restore the version production replaced (never an older one), and running the
+    promotion again must complete it. The ledger settles the interrupted move (confirmed
+    when @production reached it, else aborted), never takes it for an outside move, and
+    lists every move that happened."""
     from tfmlops.stages import promote
 
     cfg, registry, register = reg
@@ -105,6 +108,11 @@ def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the
     assert production in (v2, v3)
     expected = v1 if production == v2 else v2  # what the current production replaced
     result = promote.run(cfg, rollback=True)
+    ledger = _ledger(registry)
+    assert "moved_from_outside" not in [e["decision"] for e in ledger]
+    interrupted = [e for e in ledger if e["version"] == v3 and e["decision"].startswith("gate")]
+    if interrupted:  # the kill came after the pending entry
+        assert interrupted[0]["state"] == ("confirmed" if production == v3 else "aborted")
     if result["outcome"] == "repaired":  # @previous was already moved: fixed, not rolled back
         assert result["production"] == production
         result = promote.run(cfg, rollback=True)
@@ -121,6 +129,14 @@ def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the
     assert promote.run(fresh_cfg, rollback=True)["production"] == w2
     assert fresh.aliases() == {"production": w2, "previous": w1}
     assert _locks(registry) == [] and _locks(fresh) == []  # the killed holders' locks broken
+    moved = [(e["from"], e["to"]) for e in _ledger(fresh) if e["moved"]]
+    assert moved == [("-", w1), (w1, w2), (w2, w3), (w3, w2)]
+
+
+def _ledger(registry) -> list[dict]:
+    from tfmlops.promotion.history import history
+
+    return history(registry)
 
 
 def crash_promotion(cfg, version: str, n: int) -> list[str]:
@@ -151,11 +167,12 @@ def _fresh(cfg, name: str):
 
 # ------------------------------------------------------------------ item 3
 
-def test_a_dvc_experiment_never_moves_production_unless_allowed(reg, monkeypatch):
+def test_a_dvc_experiment_never_moves_production(reg, monkeypatch):
+    from tfmlops.errors import ConfigError, DataError
     from tfmlops.stages import promote
 
     cfg, registry, register = reg
-    v1, v2, v3 = register(), register(), register()
+    v1, v2 = register(), register()
     promote.run(cfg, version=int(v1))
 
     monkeypatch.setenv("DVC_EXP_NAME", "sober-vent")
@@ -163,22 +180,27 @@ def test_a_dvc_experiment_never_moves_production_unless_allowed(reg, monkeypatch
     assert result["outcome"] == "held" and result["production"] == v1
     assert registry.aliases() == {"production": v1, "exp-sober-vent": v2}
     d = decision(cfg)
-    assert d["experiment"] == "sober-vent" and "promote.from_experiments is false" in d["reason"]
+    assert d["experiment"] == "sober-vent" and "experiments never move @production" in d["reason"]
     assert d["promoted"] is False and not d["failed"]
     run = [r for r in stage_runs(cfg, "promote")
            if r.data.tags.get("tfmlops.promote.candidate") == v2]
     assert run and run[0].data.tags["dvc.exp_name"] == "sober-vent"  # the same detection
+    for command in ({"rollback": True}, {"version": int(v2), "force": True}):
+        with pytest.raises(DataError, match="under `dvc exp run`"):
+            promote.run(cfg, **command)
+    assert registry.alias("production") == v1
 
+    # `dvc exp run -S promote.from_experiments=true` is refused in one line
     allowed = cfg.to_dict()
     allowed["promote"]["from_experiments"] = True
     path = Path(cfg.paths.reports).parent / "params-allowed.yaml"
     path.write_text(yaml.safe_dump(allowed, sort_keys=False))
-    assert promote.run(load_config(path), version=int(v3))["outcome"] == "promoted"
-    assert registry.alias("production") == v3
+    with pytest.raises(ConfigError, match="from_experiments: true is no longer accepted"):
+        load_config(path)
 
-    monkeypatch.delenv("DVC_EXP_NAME")  # plain `dvc repro`: promotes as before
+    monkeypatch.delenv("DVC_EXP_NAME")  # a person's `tfmlops promote --version`: gated
     assert promote.run(cfg, version=int(v2))["outcome"] == "promoted"
-    assert registry.alias("production") == v2 and decision(cfg)["reason"] == "the gate passed"
+    assert registry.alias("production") == v2 and decision(cfg)["reason"] == "--version"
 
 
 # ----------------------------------------------------------------- item 14
@@ -353,7 +375,9 @@ def test_an_alias_moved_by_another_writer_during_the_promotion_is_a_conflict(reg
     """A writer outside the lock (an old tfmlops, a hand in the UI) moves @production
     right after this promotion's write: the re-read after the writes reports it."""
     from tfmlops.errors import DataError
-    from tfmlops.stages import promote
+    from tfmlops.promotion import Request, act
+    from tfmlops.promotion.moves import Actor
+    from tfmlops.promotion.workspace import Checkout
 
     cfg, registry, register = reg
     v1, v2 = register(), register()
@@ -365,8 +389,10 @@ def test_an_alias_moved_by_another_writer_during_the_promotion_is_a_conflict(reg
             real(name, "production", v2)  # the other writer's move lands after ours
 
     registry.client.set_registered_model_alias = and_another_writer
+    actor = Actor("tester", None, None, "run")
     with pytest.raises(DataError) as caught:
-        promote.decide(cfg, registry, v1, False, lambda: None, "run")
+        act(cfg, registry, Request("gate", v1), v1, actor, lambda: None,
+            checkout=Checkout.read(Path(cfg.paths.reports)), data="none", out_dir=None)
     assert str(caught.value).startswith(
         f"conflict on safety: @production is {v2}, this promotion left version {v1}: another "
         "writer moved the aliases")

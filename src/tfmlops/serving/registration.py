@@ -67,7 +67,7 @@ def register(run, cfg, out: Path, serving, tags: dict, card, example_png) -> dic
     name = cfg.promote.registered_model
     if not run.active:
         log.warning("export: tracking is off: the model is not registered (promote needs the registry)")
-        return {"name": name, "version": None, "run_id": None, "model_uri": None}
+        return {"name": name, "version": None, "run_id": None, "model_uri": None, "store": None}
     log.info("export: logging the formats and registering %s in MLflow", name)
     run.log_artifact(out / MODEL_CARD)
     run.log_artifact(out / SKEW)
@@ -83,7 +83,8 @@ def register(run, cfg, out: Path, serving, tags: dict, card, example_png) -> dic
     version = reg.register(uri, tags, card, key=registration_key(cfg))
     log.info("export: registered %s version %s", name, version)
     return {"name": name, "version": version, "run_id": run.run_id,
-            "model_uri": reg.source(version)}  # an earlier run's, if it registered these inputs
+            "model_uri": reg.source(version),  # an earlier run's, if it registered these inputs
+            "store": tracking.redact(reg.uri)}  # promote holds a version of another store
 
 
 def registration_key(cfg: Config) -> str:

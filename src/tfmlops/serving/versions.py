@@ -36,6 +36,7 @@ from tfmlops.errors import DataError
 from tfmlops.files import write_csv
 
 log = logging.getLogger(__name__)
+UNKNOWN_MANIFEST = "unknown:"
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,13 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None, out
                  for role, v in versions.items()]
         excluded = set().union(*(held for held, _ in found))
         exclusion = "; ".join(how for _, how in found)
+        unknown = [how for _, how in found if how.startswith(UNKNOWN_MANIFEST)]
         predictors = {role: served_predictor(registry, v, Path(tmp) / role) for role, v in versions.items()}
         runs = predict_split(predictors, versions, prepared, classes, lambda sha: sha not in excluded)
     first = runs["candidate"]
     summary = {"images": len(first.sha256),
                "excluded": int(manifest["split_counts"]["test"]) - len(first.sha256),
-               "exclusion": exclusion, "classes": classes}
+               "exclusion": exclusion, "exclusion_unknown": unknown, "classes": classes}
     for role, p in runs.items():
         summary[role] = {"version": p.version, "runtime": p.runtime,
                          **ev.summarize(p.labels, p.predicted, p.confidence, classes)}
@@ -103,7 +105,7 @@ def trained_hashes(registry, version: str, current_data: str, dest: Path) -> tup
             return held, f"version {version}'s prepare run {run_id}: {len(held)} train/val images"
     log.warning("promote: version %s names no prepare run whose manifest is in the store: "
                 "its training images cannot be left out of the test split", version)
-    return set(), f"unknown: version {version}'s training manifest is not in the store"
+    return set(), f"{UNKNOWN_MANIFEST} version {version}'s training manifest is not in the store"
 
 
 def predict_split(predictors: dict, versions: dict[str, str], prepared: Path,

@@ -1,28 +1,18 @@
-"""Stage `promote`: a gate written as data between the exported version and @production.
+"""Stage `promote`: @production moves through the gate or a person's recorded decision.
 
-The gate (`promote.gate` in params) reads both versions' evaluation on the same
-current test split, as each would serve (serving/versions.py): a floor on accuracy,
-the paired change against the version holding @production (refused only when worse
-beyond max_regression with `confidence`), per-class recall floors and drops, a
-calibration ceiling; and the version tags `export` wrote: size and latency budgets,
-the parity checks, the INT8 edge file's agreement with the float model. Pass:
-the candidate gets @production and the version it replaced @previous. Fail:
-the candidate gets @candidate, production is unchanged, and the stage exits 0
-unless `promote.fail_pipeline`. `--rollback` moves @production back to @previous;
-`--version N [--force]` promotes a chosen version (forced: the gate is not applied).
+Plain `dvc repro` (DVC runs promote on every repro) gates the version export registered
+(`registered.json`) against @production, when the policy allows it (committed work on a
+promotion branch, no person's decision standing in the way: promotion/policy.py). The
+gate (`promote.gate`, gate.py) evaluates both versions on the same current test split:
+passed moves @production (the old one becomes @previous, or with `promote.approval:
+required` it waits for `tfmlops approve`); inconclusive and refused leave production
+where it is. A person's commands: `--version N` (gate a chosen version), `--version N
+--force`, `--rollback`, `tfmlops approve|reject N --reason ...`, `--adopt`/`--release`
+(after an alias moved outside tfmlops). A `dvc exp run` is tentative: @exp-<name> only.
 
-DVC runs the stage on every `dvc repro` (an applied experiment changes none of its
-deps); when the exported version holds @production it only says so in promote.json.
-A promotion run by `dvc exp run` (DVC sets DVC_EXP_NAME; the run is tagged
-`dvc.exp_name`) is tentative: the gate is evaluated and recorded, the version
-gets @exp-<name>, and @production is left alone unless `promote.from_experiments`.
-
-Every alias move happens under the registry's promotion lock, after reading
-@production again, so concurrent promotions serialize. The writes of a
-promotion go in an order whose every prefix is safe for `--rollback`: the
-candidate's `promote.replaced` tag, then @previous, then @production. Each decision goes
-to `reports/promote.json`, a `promote` MLflow run and the candidate version's tags; the
-evaluation to `reports/promote_evaluation.json` and `reports/promote/` (plots, per image).
+Every decision goes to the promotion ledger (the registry's record, promotion/ledger.py),
+`reports/promote.json`, a `promote` MLflow run and the version's tags; the evaluation to
+`reports/promote_evaluation.json` and `reports/promote/`. Tracking off: nothing to do.
 """
 
 from __future__ import annotations
@@ -33,84 +23,106 @@ import time
 from pathlib import Path
 
 from tfmlops import harness
-from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, report_path, require, run_dir
+from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version, report_path, run_dir
 from tfmlops.config import Config
-from tfmlops.errors import ConfigError, DataError
+from tfmlops.errors import DataError
 from tfmlops.files import write_json
-from tfmlops.promotion import decide, dvc_experiment, record_evaluation, roll_back
+from tfmlops.promotion import Request, decided, foreign, user, verdict
+from tfmlops.promotion.workspace import Checkout
 
 log = logging.getLogger(__name__)
 
 STAGE = "promote"
 
 
-def run(cfg: Config, rollback: bool = False, version: int | None = None,
-        force: bool = False) -> dict:
+def run(cfg: Config, request: Request | None = None, **asked) -> dict:
+    """`asked`: rollback=True, version=N, force=True, ... as the CLI's flags (Request.of)."""
+    from tfmlops import tracking
+    from tfmlops.project import repo_root
+
+    request = request or Request.of(**asked)
+    if not cfg.tracking.enabled:
+        return summary_of(cfg, finish(cfg, verdict("skipped", None, None, "tracking is off (tracking."
+                                             "enabled: false): no registry, nothing to promote")))
+    candidate, registered = (request.version, None) if request.action != "auto" else exported(cfg)
+    if request.action == "auto" and candidate is None:
+        return summary_of(cfg, finish(cfg, verdict("skipped", None, None, f"nothing registered: "
+                                             f"{registered} names no version (export ran with "
+                                             "tracking off)")))
+    uri, checkout = tracking.tracking_uri(cfg), Checkout.read(repo_root())
+    data = data_version(cfg.paths.prepared)
+    inputs = decided.inputs(cfg, uri, registered, checkout) if registered else None
+    if remembered := decided.recall(cfg, inputs):
+        log.info("promote: %s", remembered["summary"])
+        return summary_of(cfg, remembered)
+    from tfmlops.promotion import act, precheck
     from tfmlops.registry import Registry
 
-    if force and version is None:
-        raise ConfigError("promote --force needs --version N (the version to promote ungated)")
-    if not cfg.tracking.enabled:
-        raise DataError("promote needs the MLflow model registry; set tracking.enabled: true")
-    candidate = None if rollback else (str(version) if version else exported_version(cfg))
     registry = Registry(cfg)
-    if candidate and not version and (cfg.promote.from_experiments or not dvc_experiment()) \
-            and registry.alias("production") == candidate:
-        return unchanged(cfg, registry.name, candidate)  # dvc runs promote on every repro
+    early = precheck(cfg, registry, request, candidate, checkout, data) if registered else None
+    if early is None and registered and (elsewhere := foreign(registry, candidate, registered)):
+        early = verdict("held", candidate, registry.alias("production"), f"held: {elsewhere}")
+    if early is not None:
+        decided.remember(cfg, decided.verified(registry, inputs, finish(cfg, early)), early)
+        return summary_of(cfg, early)
     out_dir = run_dir(cfg, STAGE)  # mlflow_run.json; paths.export is export's output
-    params = {"promote": cfg.to_dict()["promote"], "rollback": rollback,
-              "version": version, "force": force}
-    # In this process (no sidecar): registry calls stay synchronous, so the decision is
-    # recorded before the run ends.
-    with harness.stage(cfg, STAGE, run_dir=out_dir, upstream=("export",),
-                       params=params) as st:
-        run = st.run
+    params = {"promote": cfg.to_dict()["promote"], "action": request.action,
+              "version": request.version, "why": request.why}
+    with harness.stage(cfg, STAGE, run_dir=out_dir, upstream=("export",), params=params) as st:
+        run = st.run  # in this process: registry calls stay synchronous
+        from tfmlops.promotion.moves import Actor
+        from tfmlops.promotion.record import record_evaluation
+
+        actor = Actor(user(), checkout.head, checkout.branch, run.run_id)
         with registry.promotion_lock() as still_held:
-            if rollback:
-                decision = roll_back(registry, still_held, run.run_id)
-            else:
-                decision = decide(cfg, registry, candidate, force, still_held, run.run_id,
-                                  experiment=dvc_experiment(), out_dir=out_dir)
+            decision = act(cfg, registry, request, candidate, actor, still_held,
+                           checkout=checkout, data=data, out_dir=out_dir)
         if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
             decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
-        decision.update(model=registry.name, run_id=run.run_id,
-                        time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                        promoted=decision["production_after"] != decision["production_before"])
+        decision.update(model=registry.name, run_id=run.run_id, who=actor.who)
         run.log_dict(decision, "decision.json")
         run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
                       ("action", "outcome", "candidate", "production_before", "production_after")}
-                     | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})  # `tfmlops history`
-        run.log_metrics({"promoted": int(decision["promoted"]),
-                         **{f"gate.{c['name']}": c["value"] for c in decision["checks"]}})
-        st.report(decision, log_metrics=False)
-    log.info("promote: %s", decision["summary"])
-    if decision["outcome"] == "refused" and cfg.promote.fail_pipeline:
-        raise DataError(f"{decision['summary']} (promote.fail_pipeline is true)")
-    return {"outcome": decision["outcome"], "promoted": decision["promoted"],
-            "candidate": decision["candidate"], "production": decision["production_after"]}
+                     | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})
+        run.log_metrics({"promoted": int(decision["production_after"] != decision["production_before"]),
+                         **{f"gate.{c['name']}": c["value"] for c in decision["checks"]
+                            if isinstance(c["value"], (int, float))}})
+        finish(cfg, decision, report=st.report)
+    if request.action == "auto":  # after the run ended: its last write to the store
+        decided.remember(cfg, decided.verified(registry, inputs, decision), decision)
+    return summary_of(cfg, decision)
 
 
-def unchanged(cfg: Config, name: str, candidate: str) -> dict:
-    """The exported version holds @production already: nothing to gate, move or record."""
-    summary = f"version {candidate} already holds @production; nothing to do"
-    result = {"outcome": "unchanged", "promoted": False, "candidate": candidate}
-    write_json(report_path(cfg.paths.reports, STAGE), {
-        **result, "action": "promote", "model": name, "production_before": candidate,
-        "production_after": candidate, "checks": [], "failed": [], "reason": summary,
-        "summary": summary, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    log.info("promote: %s", summary)
-    return {**result, "production": candidate}
+def exported(cfg: Config) -> tuple[str | None, Path]:
+    """(the version `export` registered, its registered.json)."""
+    from tfmlops.artifacts import require
 
-
-def exported_version(cfg: Config) -> str:
-    """The version `export` registered (paths.export/registered.json)."""
     path = require(Path(cfg.paths.export) / REGISTERED, "export", hint=" (or pass --version N)")
     registered = json.loads(path.read_text())
-    if not registered.get("version"):
-        raise DataError(f"{path}: export ran with tracking off, nothing was registered; set "
-                        "tracking.enabled: true and run export again")
-    if registered.get("name") != cfg.promote.registered_model:
+    if registered.get("version") and registered.get("name") != cfg.promote.registered_model:
         raise DataError(f"{path} registered '{registered.get('name')}', params name "
                         f"'{cfg.promote.registered_model}' (promote.registered_model); run "
                         "`dvc repro export` again")
-    return str(registered["version"])
+    return (str(registered["version"]) if registered.get("version") else None), path
+
+
+def finish(cfg: Config, decision: dict, report=None) -> dict:
+    """promote.json (through the stage's report when there is a run), the one log line."""
+    decision.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    decision["promoted"] = decision["production_after"] != decision["production_before"]
+    if report is not None:
+        report(decision, log_metrics=False)
+    else:
+        write_json(report_path(cfg.paths.reports, STAGE), decision)
+    log.info("promote: %s", decision["summary"])
+    return decision
+
+
+def summary_of(cfg: Config, decision: dict) -> dict:
+    """The command's JSON result; a refusal (also one already decided) fails the pipeline
+    with promote.fail_pipeline."""
+    if decision["outcome"] == "refused" and cfg.promote.fail_pipeline:
+        raise DataError(f"{decision['summary']} (promote.fail_pipeline is true)")
+    return {"outcome": decision["outcome"], "promoted": decision.get("promoted", False),
+            "candidate": decision["candidate"], "production": decision["production_after"],
+            **({"already_decided": True} if decision.get("already_decided") else {})}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta, field
 
@@ -15,10 +15,14 @@ class GateConfig(Section):
     # per-class and calibration checks are not applied).
     evaluate: bool = True
     min_accuracy: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.95
-    max_regression: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.005
-    # The paired interval's confidence: a regression refuses only when the whole
-    # interval lies below -max_regression.
-    confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.95
+    # The non-inferiority margin: promoted automatically only when the paired interval's
+    # lower bound is >= -max_regression; refused when the point estimate is below it.
+    # At most 0.01: no candidate more than 1 point worse is ever promoted automatically.
+    max_regression: Annotated[float, Meta(ge=0.0, le=0.01)] = 0.01
+    confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.95  # of the paired interval
+    # Fewer evaluated images than this (after leaving out what either version trained on):
+    # inconclusive, never promoted automatically.
+    min_images: Annotated[int, Meta(ge=1)] = 200
     min_class_recall: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.8
     max_class_drop: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.2
     max_ece: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
@@ -32,13 +36,21 @@ class PromoteConfig(Section):
     registered_model: Text = "digits-classifier"
     gate: GateConfig = field(default_factory=GateConfig)
     fail_pipeline: bool = False
-    # A `dvc exp run` is tentative until applied and committed: its version gets
-    # @exp-<name>, never @production, unless this is true.
+    # required: a candidate that passes the gate waits for `tfmlops approve VERSION`.
+    approval: Literal["none", "required"] = "none"
+    # Where plain `dvc repro` may move @production; empty: the branch production was first
+    # promoted from, or main.
+    branches: list[Text] = field(default_factory=list)
+    # Removed: a `dvc exp run` never moves @production (its workspace is not committed work).
     from_experiments: bool = False
     # A promotion lock not renewed for this long (its holder died) may be broken.
     lock_lease_s: Annotated[float, Meta(ge=1.0, le=3600.0)] = 60.0
 
     def _rules(self):
+        if self.from_experiments:
+            raise Rule("{p}from_experiments: true is no longer accepted: an experiment's "
+                       "workspace is not committed work; `dvc exp apply` it, commit, then "
+                       "`dvc repro` (or `tfmlops promote --version N`)")
         # MLflow refuses '/' and ':' in a model name, but only when export registers it,
         # after the whole pipeline; a name with both quote kinds cannot be searched for.
         name = self.registered_model
