@@ -25,7 +25,7 @@ from tfmlops.promotion import decisions, moves
 from tfmlops.promotion import ledger as L
 from tfmlops.promotion.ledger import Ledger
 from tfmlops.promotion.moves import experiment_alias  # noqa: F401 - re-exported
-from tfmlops.promotion.policy import decision_key, hold_reason
+from tfmlops.promotion.policy import decision_key, hold_reason, outside_line
 from tfmlops.promotion.workspace import Checkout
 from tfmlops.registry import PRODUCTION
 
@@ -87,7 +87,7 @@ def needs_reconcile(registry, ledger: Ledger) -> bool:
 
 
 def precheck(cfg, registry, request: Request, candidate: str | None, checkout: Checkout,
-             data: str) -> dict | None:
+             data: str, registered) -> dict | None:
     """Plain `dvc repro`'s answer when it needs no write: unchanged, held or already
     decided; None when the gate must run or the ledger needs recording (under the lock)."""
     if request.action != "auto" or dvc_experiment():
@@ -95,18 +95,19 @@ def precheck(cfg, registry, request: Request, candidate: str | None, checkout: C
     ledger = Ledger(registry)
     if needs_reconcile(registry, ledger):
         return None
-    return plan(cfg, registry, ledger, candidate, checkout, data)
+    return plan(cfg, registry, ledger, candidate, checkout, data, registered)
 
 
-def plan(cfg, registry, ledger: Ledger, candidate: str, checkout: Checkout, data: str) -> dict | None:
+def plan(cfg, registry, ledger: Ledger, candidate: str, checkout: Checkout, data: str,
+         registered) -> dict | None:
     production = registry.alias(PRODUCTION)
+    if outside := ledger.unresolved_outside:
+        return verdict("held", candidate, production, f"held: {outside_line(outside)}")
+    if elsewhere := foreign(registry, candidate, registered):
+        return verdict("held", candidate, production, f"held: {elsewhere}")
     if production == candidate:
         return verdict("unchanged", candidate, production,
-                      f"version {candidate} already holds @production; nothing to do")
-    if not registry.exists(candidate):
-        return verdict("held", candidate, production, f"registered.json names version {candidate}"
-                      f", which {registry.name} in this store does not have (registered in another "
-                      "store?): run `dvc repro -f export` to register the model here")
+                       f"version {candidate} already holds @production; nothing to do")
     commit = registry.tags(candidate).get("lineage.git_commit")
     if reason := hold_reason(cfg, ledger, checkout, candidate, commit):
         return verdict("held", candidate, production, f"held: {reason}")
@@ -114,8 +115,8 @@ def plan(cfg, registry, ledger: Ledger, candidate: str, checkout: Checkout, data
     if last is not None and last.key == decision_key(cfg, candidate, production, data) \
             and last.kind in ALREADY:
         return verdict(ALREADY[last.kind], candidate, production, f"already decided: version "
-                      f"{candidate} {last.kind} ({last.time}, run {last.run_id}); candidate, "
-                      "production and gate params are unchanged", already_decided=True)
+                       f"{candidate} {last.kind} ({last.time}, run {last.run_id}); candidate, "
+                       "production and gate params are unchanged", already_decided=True)
     return None
 
 
@@ -131,8 +132,8 @@ def verdict(outcome: str, candidate, production, summary: str, **extra) -> dict:
 def foreign(registry, candidate: str, registered) -> str | None:
     """Why registered.json's version is not this store's (a teammate's clone with its own
     SQLite store, or MLFLOW_TRACKING_URI pointing elsewhere), else None."""
-    facts = json.loads(Path(registered).read_text())
-    if registry.exists(candidate) and registry.source(candidate) == facts.get("model_uri"):
+    facts = json.loads(Path(registered).read_text()) if registered else {}
+    if not facts or registry.exists(candidate) and registry.source(candidate) == facts.get("model_uri"):
         return None
     return (f"registered.json names version {candidate} of {facts.get('store') or 'another store'}"
             f", not of this store's {registry.name}: run `dvc repro -f export` to register the "
@@ -140,7 +141,7 @@ def foreign(registry, candidate: str, registered) -> str | None:
 
 
 def act(cfg, registry, request: Request, candidate: str | None, actor: moves.Actor, still_held, *,
-        checkout: Checkout, data: str, out_dir, evaluate=None) -> dict:
+        checkout: Checkout, data: str, out_dir, evaluate=None, registered=None) -> dict:
     """Under the promotion lock: reconcile the ledger, then what `request` asks."""
     if evaluate is None:
         from tfmlops.serving.versions import evaluate_versions as evaluate
@@ -158,7 +159,7 @@ def act(cfg, registry, request: Request, candidate: str | None, actor: moves.Act
             return decisions.approve(cfg, registry, ledger, version, actor, still_held, why,
                                      evaluate=evaluate, key=key, out_dir=out_dir)
         if request.action == "auto" and not experiment and \
-                (early := plan(cfg, registry, ledger, candidate, checkout, data)):
+                (early := plan(cfg, registry, ledger, candidate, checkout, data, registered)):
             return early
         return moves.gate(cfg, registry, ledger, version, actor, still_held, evaluate=evaluate,
                           key=key, experiment=experiment, out_dir=out_dir,

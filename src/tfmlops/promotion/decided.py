@@ -37,23 +37,29 @@ def inputs(cfg, uri: str, registered: Path, checkout: Checkout) -> dict | None:
 
 
 def store_identity(uri: str) -> list | None:
-    """(name, inode, size, mtime_ns) of a SQLite store's database and journal files."""
+    """A SQLite store's file change counter (header bytes 24-27, which every committed
+    write transaction increments), and (name, inode, size, mtime_ns) of its database and
+    journal files (a WAL-mode database changes its -wal file instead)."""
     if not uri.startswith(project.SQLITE):
         return None
     db = project.local_store(uri)[0]
-    found = []
+    try:
+        with open(db, "rb") as fh:
+            found: list = [int.from_bytes(fh.read(100)[24:28], "big")]
+    except OSError:
+        return None
     for path in (db, Path(f"{db}-wal"), Path(f"{db}-journal")):
         try:
             st = path.stat()
         except OSError:
             continue
         found.append([path.name, st.st_ino, st.st_size, st.st_mtime_ns])
-    return found or None
+    return found
 
 
 def recall(cfg, now: dict | None) -> dict | None:
     """The decision remembered for exactly these inputs, as this run's answer, else None.
-    A version it moved to @production now holds it; any other outcome stands as decided."""
+    A version it promoted now holds @production; any other outcome stands as decided."""
     if now is None:
         return None
     saved = read_json(run_dir(cfg, "promote") / FILE, {})
@@ -61,7 +67,7 @@ def recall(cfg, now: dict | None) -> dict | None:
         return None
     result = dict(saved["result"])
     after = result["production_after"]
-    if after == result["candidate"]:
+    if result["outcome"] in ("promoted", "unchanged"):
         result.update(outcome="unchanged", production_before=after, promoted=False,
                       summary=f"version {after} already holds @production; nothing to do")
     elif not result["summary"].startswith("already decided"):

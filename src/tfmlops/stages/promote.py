@@ -26,8 +26,8 @@ from tfmlops import harness
 from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version, report_path, run_dir
 from tfmlops.config import Config
 from tfmlops.errors import DataError
-from tfmlops.files import write_json
-from tfmlops.promotion import Request, decided, foreign, user, verdict
+from tfmlops.files import read_json, write_json
+from tfmlops.promotion import Request, decided, user, verdict
 from tfmlops.promotion.workspace import Checkout
 
 log = logging.getLogger(__name__)
@@ -42,26 +42,24 @@ def run(cfg: Config, request: Request | None = None, **asked) -> dict:
 
     request = request or Request.of(**asked)
     if not cfg.tracking.enabled:
-        return summary_of(cfg, finish(cfg, verdict("skipped", None, None, "tracking is off (tracking."
-                                             "enabled: false): no registry, nothing to promote")))
+        return skipped(cfg, "tracking is off (tracking.enabled: false): no registry, nothing "
+                       "to promote")
     candidate, registered = (request.version, None) if request.action != "auto" else exported(cfg)
     if request.action == "auto" and candidate is None:
-        return summary_of(cfg, finish(cfg, verdict("skipped", None, None, f"nothing registered: "
-                                             f"{registered} names no version (export ran with "
-                                             "tracking off)")))
-    uri, checkout = tracking.tracking_uri(cfg), Checkout.read(repo_root())
+        return skipped(cfg, f"nothing registered: {registered} names no version (export ran "
+                       "with tracking off)")
+    reference = cfg.data.contract.reference  # an input, when it is the repository's file
+    checkout = Checkout.read(repo_root(), () if Path(reference).is_absolute() else (reference,))
+    uri = tracking.tracking_uri(cfg)
     data = data_version(cfg.paths.prepared)
     inputs = decided.inputs(cfg, uri, registered, checkout) if registered else None
-    if remembered := decided.recall(cfg, inputs):
-        log.info("promote: %s", remembered["summary"])
-        return summary_of(cfg, remembered)
+    if remembered := decided.recall(cfg, inputs):  # DVC removed promote.json: written again
+        return summary_of(cfg, finish(cfg, remembered))
     from tfmlops.promotion import act, precheck
     from tfmlops.registry import Registry
 
     registry = Registry(cfg)
-    early = precheck(cfg, registry, request, candidate, checkout, data) if registered else None
-    if early is None and registered and (elsewhere := foreign(registry, candidate, registered)):
-        early = verdict("held", candidate, registry.alias("production"), f"held: {elsewhere}")
+    early = precheck(cfg, registry, request, candidate, checkout, data, registered)
     if early is not None:
         decided.remember(cfg, decided.verified(registry, inputs, finish(cfg, early)), early)
         return summary_of(cfg, early)
@@ -75,8 +73,8 @@ def run(cfg: Config, request: Request | None = None, **asked) -> dict:
 
         actor = Actor(user(), checkout.head, checkout.branch, run.run_id)
         with registry.promotion_lock() as still_held:
-            decision = act(cfg, registry, request, candidate, actor, still_held,
-                           checkout=checkout, data=data, out_dir=out_dir)
+            decision = act(cfg, registry, request, candidate, actor, still_held, checkout=checkout,
+                           data=data, out_dir=out_dir, registered=registered)
         if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
             decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
         decision.update(model=registry.name, run_id=run.run_id, who=actor.who)
@@ -110,12 +108,17 @@ def finish(cfg: Config, decision: dict, report=None) -> dict:
     """promote.json (through the stage's report when there is a run), the one log line."""
     decision.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     decision["promoted"] = decision["production_after"] != decision["production_before"]
+    path = report_path(cfg.paths.reports, STAGE)
     if report is not None:
         report(decision, log_metrics=False)
-    else:
-        write_json(report_path(cfg.paths.reports, STAGE), decision)
+    elif {**read_json(path, {}), "time": None} != {**decision, "time": None}:
+        write_json(path, decision)  # the same answer again: DVC's metric stays as it was
     log.info("promote: %s", decision["summary"])
     return decision
+
+
+def skipped(cfg: Config, why: str) -> dict:
+    return summary_of(cfg, finish(cfg, verdict("skipped", None, None, why)))
 
 
 def summary_of(cfg: Config, decision: dict) -> dict:
