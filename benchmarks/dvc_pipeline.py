@@ -2,12 +2,25 @@
 its no-op `dvc repro` against a no-op `dvc repro` of an empty two-stage pipeline,
 measured in the same run (median of N). Target: no-op within 1.5x of the empty one.
 
+Then promote's share (issue 46): `promote` is `always_changed`, so every `dvc repro`
+runs it. The reproduced project is copied with only promote's `cmd` replaced by `true`
+(same stages, deps, outs, always_changed: DVC's own floor for this shape), the copy
+reproduced once to settle, both committed, and the two no-op `dvc repro`s alternated
+(median of --repeats, at least 5, also with --quick). Target: the project's within 2x of
+the floor. Promote's line is printed, and whether it answered from
+reports/promote/decided.json (reports/promote.json untouched by every timed run).
+
     .venv/bin/python benchmarks/dvc_pipeline.py [--repeats 5] [--skip-cold REPO] [--quick]
+        [--ref HEAD]
+
+The stages run the copy's own code (PYTHONPATH=<copy>/src, checked), not the venv's
+editable install of this checkout.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -18,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cold_repro import imported_from  # noqa: E402
 from common import ROOT, save  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -26,12 +40,18 @@ ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_A
 ENV.pop("MLFLOW_TRACKING_URI", None)
 
 
-def sh(*args: str, cwd: Path) -> float:
+def run(*args: str, cwd: Path) -> tuple[float, str]:
+    """(wall seconds, stdout + stderr); a project copy's commands run its own src."""
+    env = {**ENV, "PYTHONPATH": str(cwd / "src")} if (cwd / "src" / "tfmlops").is_dir() else ENV
     start = time.perf_counter()
-    proc = subprocess.run(args, cwd=cwd, env=ENV, capture_output=True, text=True)
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed in {cwd}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, proc.stdout + proc.stderr
+
+
+def sh(*args: str, cwd: Path) -> float:
+    return run(*args, cwd=cwd)[0]
 
 
 def git_repo(path: Path) -> Path:
@@ -47,7 +67,7 @@ def git_repo(path: Path) -> Path:
 # needs an @production version).
 QUICK_PARAMS = {"tune": {"enabled": False}, "train": {"epochs": 4},
                 "prune": {"epochs": 2}, "quantize": {"qat_epochs": 1},
-                "promote": {"gate": {"min_accuracy": 0.5}}}
+                "promote": {"gate": {"min_accuracy": 0.5, "max_ece": 1.0}}}
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -57,22 +77,34 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def project_copy(dest: Path, params: dict | None = None) -> Path:
+COPIED = ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore",
+          "data/reference_profile.json",  # a dependency of prepare
+          "src", ".dvc")
+
+
+def project_copy(dest: Path, params: dict | None = None, ref: str | None = None) -> Path:
     """The project as a user has it: code, dvc.yaml, params.yaml (with `params`
-    merged in), committed."""
+    merged in), committed; from this checkout's working tree, or from commit `ref`
+    (`git archive`: someone's uncommitted edits here stay out)."""
     git_repo(dest)
-    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore",
-                 "data/reference_profile.json"):  # a dependency of prepare
-        if (ROOT / name).exists():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
+    if ref:
+        names = [n for n in COPIED if subprocess.run(
+            ["git", "cat-file", "-e", f"{ref}:{n}"], cwd=ROOT, capture_output=True).returncode == 0]
+        archive = subprocess.run(["git", "archive", "--format=tar", ref, "--", *names], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    else:
+        for name in COPIED[:5]:
+            if (ROOT / name).exists():
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, dest / name)
+        shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / ".dvc", dest / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
     if params:
         import yaml
 
         merged = merge(yaml.safe_load((dest / "params.yaml").read_text()), params)
         (dest / "params.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
-    shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / ".dvc", dest / ".dvc", ignore=shutil.ignore_patterns("tmp", "cache"))
     sh("git", "add", "-A", cwd=dest)
     sh("git", "commit", "-qm", "bench", cwd=dest)
     return dest
@@ -94,12 +126,100 @@ def noop_seconds(repo: Path, repeats: int) -> float:
     return statistics.median(sh(str(BIN / "dvc"), "repro", cwd=repo) for _ in range(repeats))
 
 
-def measure(repeats: int = 5, repo: Path | None = None,
-            quick: bool = False) -> tuple[dict, Path]:
+def commit_all(repo: Path) -> None:
+    sh("git", "add", "-A", cwd=repo)
+    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=repo).returncode:
+        sh("git", "commit", "-qm", "bench: reproduced", cwd=repo)
+
+
+def floor_copy(repo: Path, dest: Path) -> Path:
+    """`repo` after its repro, with only promote's cmd replaced by `true`, settled and
+    committed: DVC's own no-op floor for the same stages, deps, outs and always_changed."""
+    shutil.copytree(repo, dest, symlinks=True)
+    path = dest / "dvc.yaml"
+    text = path.read_text()
+    stage = "  promote:\n    cmd: tfmlops promote\n"
+    if text.count(stage) != 1:
+        raise SystemExit(f"{path}: no single `promote` stage whose cmd is `tfmlops promote`")
+    path.write_text(text.replace(stage, "  promote:\n    cmd: 'true'\n"))
+    sh(str(BIN / "dvc"), "repro", cwd=dest)  # promote's cmd changed: it runs once
+    commit_all(dest)
+    return dest
+
+
+def promote_line(output: str) -> str:
+    """promote's log line in a `dvc repro`'s output (its stderr), or ''."""
+    lines = [line for line in output.splitlines() if line.startswith("promote: ")]
+    return lines[-1] if lines else ""
+
+
+def promote_vs_floor(repo: Path, work: Path, repeats: int) -> dict:
+    """The project's no-op `dvc repro` against the same repo's with promote's cmd `true`,
+    alternated (the order reversed every round), medians."""
+    commit_all(repo)
+    floor = floor_copy(repo, work / "floor")
+    dvc = str(BIN / "dvc")
+    load = os.getloadavg()[0]
+    # warm-up: the commit moved HEAD, which a remembered decision records: the first
+    # no-op reads the store once and remembers again
+    warm = [promote_line(run(dvc, "repro", cwd=repo)[1]) for _ in range(2)]
+    sh(dvc, "repro", cwd=floor)
+    report = repo / "reports" / "promote.json"
+    decided = repo / "reports" / "promote" / "decided.json"
+    stamp = (report.stat().st_mtime_ns, decided.stat().st_mtime_ns if decided.exists() else None)
+    times: dict[str, list[float]] = {"project": [], "floor": []}
+    lines: list[str] = []
+    for i in range(repeats):
+        for which in (("project", "floor") if i % 2 == 0 else ("floor", "project")):
+            seconds, output = run(dvc, "repro", cwd=repo if which == "project" else floor)
+            times[which].append(seconds)
+            if which == "project":
+                lines.append(promote_line(output))
+    recalled = stamp == (report.stat().st_mtime_ns,
+                         decided.stat().st_mtime_ns if decided.exists() else None)
+    project, floor_s = statistics.median(times["project"]), statistics.median(times["floor"])
+    return {"noop_repro_promote_s": round(project, 3), "noop_repro_floor_s": round(floor_s, 3),
+            "promote_floor_ratio": round(project / floor_s, 2), "promote_floor_target": 2.0,
+            "promote_floor_met": project / floor_s <= 2.0,
+            "promote_floor_runs_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
+            "promote_warmup_lines": warm, "promote_lines": sorted(set(lines)),
+            "promote_answered_from_decided": recalled and all(
+                "already holds @production" in line or "already decided" in line for line in lines),
+            "load_1min_before_after": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "floor_repo": str(floor)}
+
+
+def check_import(repo: Path) -> None:
+    package = imported_from(repo, {**ENV, "PYTHONPATH": str(repo / "src")})
+    if not package.is_relative_to(repo.resolve() / "src"):
+        raise SystemExit(f"tfmlops is imported from {package}, not from the copy {repo}")
+
+
+def source_state(ref: str | None) -> dict:
+    """Where a project copy comes from: a commit, or the working tree (HEAD, and whether
+    the copied files differ from it)."""
+    head = subprocess.run(["git", "rev-parse", ref or "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    if ref:
+        return {"source_commit": head}
+    diff = subprocess.run(["git", "diff", "HEAD", "--", *COPIED], cwd=ROOT,
+                          capture_output=True).stdout
+    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--",
+                                *COPIED], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    return {"source_head": head, "source_dirty": bool(diff or untracked),
+            "source_diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None,
+            "source_untracked": untracked}
+
+
+def measure(repeats: int = 5, repo: Path | None = None, quick: bool = False,
+            floor_repeats: int = 5, ref: str | None = None) -> tuple[dict, Path]:
     work = Path(tempfile.mkdtemp(prefix="tfmlops-bench-dvc-"))
-    result: dict = {"benchmark": "dvc_pipeline", "repeats": repeats, "quick": quick}
+    result: dict = {"benchmark": "dvc_pipeline", "repeats": repeats, "quick": quick,
+                    "floor_repeats": floor_repeats}
     if repo is None:
-        repo = project_copy(work / "project", QUICK_PARAMS if quick else None)
+        result.update(source_state(ref))
+        repo = project_copy(work / "project", QUICK_PARAMS if quick else None, ref)
+        check_import(repo)
         result["cold_repro_s"] = round(sh(str(BIN / "dvc"), "repro", cwd=repo), 1)
     empty = empty_pipeline(work / "empty")
     project_noop = noop_seconds(repo, repeats)
@@ -112,22 +232,36 @@ def measure(repeats: int = 5, repo: Path | None = None,
         "met": project_noop / empty_noop <= 1.5,
         "repo": str(repo),
     })
+    check_import(repo)
+    result.update(promote_vs_floor(repo, work, floor_repeats))
     return result, repo
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="no-op runs per median (the promote-vs-floor row: at least 5)")
     parser.add_argument("--skip-cold", type=Path, help="an already reproduced project copy")
     parser.add_argument("--quick", action="store_true",
-                        help="reproduce a small pipeline (no search, few epochs), 1 repeat")
+                        help="reproduce a small pipeline (no search, few epochs), 1 repeat "
+                             "for the empty-pipeline row")
+    parser.add_argument("--ref", help="copy the project from this commit (e.g. HEAD), not "
+                                          "from the working tree")
     args = parser.parse_args()
-    result, _ = measure(1 if args.quick else args.repeats, args.skip_cold, args.quick)
+    result, _ = measure(1 if args.quick else args.repeats, args.skip_cold, args.quick,
+                        max(5, args.repeats), args.ref)
     path = save("dvc_pipeline", result)
     cold = f"cold repro {result['cold_repro_s']} s; " if "cold_repro_s" in result else ""
     print(f"dvc pipeline: {cold}no-op {result['noop_repro_s']} s vs empty two-stage no-op "
           f"{result['empty_two_stage_noop_s']} s = {result['ratio']}x (target <= 1.5x: "
           f"{'met' if result['met'] else 'MISSED'}) -> {path}")
+    for line in result["promote_lines"]:
+        print(f"  no-op repro's {line}")
+    if not result["promote_answered_from_decided"]:
+        print("  promote did NOT answer every timed no-op from reports/promote/decided.json")
+    print(f"noop repro: project {result['noop_repro_promote_s']} s vs same-shape floor "
+          f"{result['noop_repro_floor_s']} s = {result['promote_floor_ratio']} x (target <= 2x: "
+          f"{'met' if result['promote_floor_met'] else 'MISSED'})")
 
 
 if __name__ == "__main__":

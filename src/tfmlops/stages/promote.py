@@ -54,14 +54,14 @@ def run(cfg: Config, request: Request | None = None, **asked) -> dict:
     data = data_version(cfg.paths.prepared)
     inputs = decided.inputs(cfg, uri, registered, checkout) if registered else None
     if remembered := decided.recall(cfg, inputs):  # DVC removed promote.json: written again
-        return summary_of(cfg, finish(cfg, remembered))
+        return summary_of(cfg, write_decision(cfg, remembered))
     from tfmlops.promotion import act, precheck
     from tfmlops.registry import Registry
 
     registry = Registry(cfg)
     early = precheck(cfg, registry, request, candidate, checkout, data, registered)
     if early is not None:
-        decided.remember(cfg, decided.verified(registry, inputs, finish(cfg, early)), early)
+        decided.remember(cfg, decided.verified(registry, inputs, write_decision(cfg, early)), early)
         return summary_of(cfg, early)
     out_dir = run_dir(cfg, STAGE)  # mlflow_run.json; paths.export is export's output
     params = {"promote": cfg.to_dict()["promote"], "action": request.action,
@@ -85,7 +85,7 @@ def run(cfg: Config, request: Request | None = None, **asked) -> dict:
         run.log_metrics({"promoted": int(decision["production_after"] != decision["production_before"]),
                          **{f"gate.{c['name']}": c["value"] for c in decision["checks"]
                             if isinstance(c["value"], (int, float))}})
-        finish(cfg, decision, report=st.report)
+        write_decision(cfg, decision, report=st.report)
     if request.action == "auto":  # after the run ended: its last write to the store
         decided.remember(cfg, decided.verified(registry, inputs, decision), decision)
     return summary_of(cfg, decision)
@@ -104,7 +104,7 @@ def exported(cfg: Config) -> tuple[str | None, Path]:
     return (str(registered["version"]) if registered.get("version") else None), path
 
 
-def finish(cfg: Config, decision: dict, report=None) -> dict:
+def write_decision(cfg: Config, decision: dict, report=None) -> dict:
     """promote.json (through the stage's report when there is a run), the one log line."""
     decision.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     decision["promoted"] = decision["production_after"] != decision["production_before"]
@@ -118,7 +118,7 @@ def finish(cfg: Config, decision: dict, report=None) -> dict:
 
 
 def skipped(cfg: Config, why: str) -> dict:
-    return summary_of(cfg, finish(cfg, verdict("skipped", None, None, why)))
+    return summary_of(cfg, write_decision(cfg, verdict("skipped", None, None, why)))
 
 
 def summary_of(cfg: Config, decision: dict) -> dict:
