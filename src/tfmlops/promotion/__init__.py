@@ -25,7 +25,7 @@ from tfmlops.promotion import decisions, moves
 from tfmlops.promotion import ledger as L
 from tfmlops.promotion.ledger import Ledger
 from tfmlops.promotion.moves import experiment_alias  # noqa: F401 - re-exported
-from tfmlops.promotion.policy import decision_key, hold_reason, outside_line
+from tfmlops.promotion.policy import decision_key, gate_key, hold_reason, outside_line
 from tfmlops.promotion.workspace import Checkout
 from tfmlops.registry import PRODUCTION
 
@@ -112,6 +112,13 @@ def plan(cfg, registry, ledger: Ledger, candidate: str, checkout: Checkout, data
     if reason := hold_reason(cfg, ledger, checkout, candidate, commit):
         return verdict("held", candidate, production, f"held: {reason}")
     last = ledger.last_decision(candidate)
+    if last is not None and last.kind == L.REFUSED and last.gate == gate_key(cfg, data) \
+            and last.key != decision_key(cfg, candidate, production, data):
+        return verdict("held", candidate, production, f"held: the gate refused version "
+                       f"{candidate} against version {last.against or 'none'} ({last.time}, run "
+                       f"{last.run_id}); production has changed since, but a refused version is "
+                       "gated again only when the gate's params change, or with `tfmlops "
+                       f"promote --version {candidate}`")
     if last is not None and last.key == decision_key(cfg, candidate, production, data) \
             and last.kind in ALREADY:
         return verdict(ALREADY[last.kind], candidate, production, f"already decided: version "
@@ -157,12 +164,13 @@ def act(cfg, registry, request: Request, candidate: str | None, actor: moves.Act
         key = decision_key(cfg, version, registry.alias(PRODUCTION), data)
         if request.action == "approve":
             return decisions.approve(cfg, registry, ledger, version, actor, still_held, why,
-                                     evaluate=evaluate, key=key, out_dir=out_dir)
+                                     evaluate=evaluate, key=key, gate=gate_key(cfg, data),
+                                     out_dir=out_dir)
         if request.action == "auto" and not experiment and \
                 (early := plan(cfg, registry, ledger, candidate, checkout, data, registered)):
             return early
         return moves.gate(cfg, registry, ledger, version, actor, still_held, evaluate=evaluate,
-                          key=key, experiment=experiment, out_dir=out_dir,
+                          key=key, gate=gate_key(cfg, data), experiment=experiment, out_dir=out_dir,
                           why=why or ("--version" if request.action == "gate" else ""))
     if request.action == "force":
         return moves.force(registry, ledger, request.version, actor, still_held, why)

@@ -12,12 +12,13 @@ from __future__ import annotations
 from tfmlops.errors import DataError
 from tfmlops.promotion import ledger as L
 from tfmlops.promotion.ledger import Ledger
-from tfmlops.promotion.moves import SERVING_TAG, Actor, gate, mark, move, person
+from tfmlops.promotion.moves import SERVING_TAG, Actor, mark, move, person
+from tfmlops.promotion.moves import gate as gate_version
 from tfmlops.registry import PRODUCTION
 
 
 def approve(cfg, registry, ledger: Ledger, version: str, actor: Actor, still_held, why: str,
-            *, evaluate, key: str, out_dir) -> dict:
+            *, evaluate, key: str, gate: str, out_dir) -> dict:
     """Move a version awaiting approval (or inconclusive) to @production. Its request was
     evaluated against a production that has since changed: gated again first."""
     production = registry.alias(PRODUCTION)
@@ -28,11 +29,12 @@ def approve(cfg, registry, ledger: Ledger, version: str, actor: Actor, still_hel
     if last is None or last.kind not in (L.AWAITING, L.INCONCLUSIVE):
         raise DataError(f"version {version} cannot be approved: " + _not_approvable(version, last))
     if last.against != production:
-        return gate(cfg, registry, ledger, version, actor, still_held, evaluate=evaluate, key=key,
-                    out_dir=out_dir, kind=L.APPROVAL, accept_inconclusive=last.kind == L.INCONCLUSIVE,
-                    why=f"approved by {actor.who}: {why} (gated again: its request was evaluated "
-                        f"against version {last.against or 'none'}, production is now "
-                        f"{production or 'empty'})")
+        return gate_version(cfg, registry, ledger, version, actor, still_held, evaluate=evaluate,
+                            key=key, gate=gate, out_dir=out_dir, kind=L.APPROVAL,
+                            accept_inconclusive=last.kind == L.INCONCLUSIVE,
+                            why=f"approved by {actor.who}: {why} (gated again: its request was "
+                                f"evaluated against version {last.against or 'none'}, production "
+                                f"is now {production or 'empty'})")
     entry = move(registry, ledger, L.APPROVAL, version, actor, still_held, key=last.key,
                  against=production, why=why)
     return person("approve", version, production, version, f"version {version} -> @production, "

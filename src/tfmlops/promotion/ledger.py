@@ -51,6 +51,7 @@ class Entry:
     state: str = CONFIRMED
     key: str | None = None  # candidate, production and gate params it was decided on
     against: str | None = None  # the production version the evaluation compared with
+    gate: str | None = None  # the gate params and test split alone
 
     @property
     def tag(self) -> str:
@@ -71,10 +72,11 @@ class Ledger:
         self.entries = parse(registry.model_tags())
 
     def append(self, kind: str, version, before, after, *, who: str, why: str, commit=None,
-               branch=None, run_id=None, state: str = CONFIRMED, key=None, against=None) -> Entry:
+               branch=None, run_id=None, state: str = CONFIRMED, key=None, against=None,
+               gate=None) -> Entry:
         seq = self.entries[-1].seq + 1 if self.entries else 1
         entry = Entry(seq, kind, _v(version), _v(before), _v(after), who, why[:WHY_LIMIT],
-                      commit, branch, run_id, now(), state, key, _v(against))
+                      commit, branch, run_id, now(), state, key, _v(against), gate)
         self.registry.set_model_tag(entry.tag, entry.text())
         self.entries.append(entry)
         return entry

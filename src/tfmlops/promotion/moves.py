@@ -67,8 +67,8 @@ def reconcile(registry, ledger: Ledger, actor: Actor) -> list[str]:
 
 
 def gate(cfg, registry, ledger: Ledger, candidate: str, actor: Actor, still_held, *,
-         evaluate, key: str | None, experiment: str | None = None, out_dir=None,
-         kind: str = L.GATE, why: str = "", accept_inconclusive: bool = False) -> dict:
+         evaluate, key: str | None, gate: str | None = None, experiment: str | None = None,
+         out_dir=None, kind: str = L.GATE, why: str = "", accept_inconclusive: bool = False) -> dict:
     """Evaluate both versions, apply the gate, then move or record the outcome. An approval
     (`kind` APPROVAL) moves on a pass, and on an inconclusive result a person accepted."""
     metrics = VersionMetrics.from_tags(candidate, registry.tags(candidate))
@@ -105,7 +105,7 @@ def gate(cfg, registry, ledger: Ledger, candidate: str, actor: Actor, still_held
     if state:
         mark(registry, candidate, state, actor)
         entry = ledger.append(state, candidate, production, production, **actor.entry(), key=key,
-                              against=production, why=(why + "; " if why else "") + (undecided or
+                              against=production, gate=gate, why=(why + "; " if why else "") + (undecided or
                               "the gate passed; promote.approval is required"))
         next_step = {L.REFUSED: "", L.INCONCLUSIVE: f"; a person decides: `tfmlops approve "
                      f"{candidate} --reason ...` or `tfmlops reject {candidate} --reason ...`",
@@ -114,7 +114,7 @@ def gate(cfg, registry, ledger: Ledger, candidate: str, actor: Actor, still_held
                    f"{STATE_ALIASES[state]}){': ' + undecided if undecided else ''}; {stays}{next_step}")
         return done(record, result, production, summary, entry=entry)
     entry = move(registry, ledger, kind, candidate, actor, still_held, key=key, against=production,
-                 why=why or "the gate passed")
+                 gate=gate, why=why or "the gate passed")
     summary = (f"version {candidate} -> @production" + (f" (replaced version {production}, now "
                f"@previous)" if production else "") + (f"; approved: {why}" if kind == L.APPROVAL else ""))
     return done(record, "promoted" if kind == L.GATE else "approved", candidate, summary,

@@ -68,7 +68,14 @@ def outside_line(outside: Entry) -> str:
 
 def decision_key(cfg, candidate: str, production: str | None, data: str) -> str:
     """What a gate decision depends on: the two versions, the gate and the test split."""
-    text = json.dumps({"candidate": str(candidate), "production": production,
-                       "gate": cfg.to_dict()["promote"]["gate"], "approval": cfg.promote.approval,
-                       "data": data}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _digest({"candidate": str(candidate), "production": production,
+                    "gate": gate_key(cfg, data), "approval": cfg.promote.approval})
+
+
+def gate_key(cfg, data: str) -> str:
+    """The gate's params and the test split: a refusal stands until one of them changes."""
+    return _digest({"gate": cfg.to_dict()["promote"]["gate"], "data": data})
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
