@@ -3,11 +3,11 @@ new candidates better, equal or worse than production, plain repro (clean, uncom
 under `dvc exp run`), rollback, a forced version, `--version N`, approve, reject, an alias
 moved outside tfmlops, adopt, release, and a promotion interrupted after any write.
 
-At function level: `promotion.act` under the real promotion lock of a real registry (temp
-SQLite) in a real git repository, with registered.json written as export writes it; DVC
-itself is not run per step. Each version is a set of right answers on 200 synthetic test
-images, so the gate sees a real paired evaluation (`evaluate` is the one seam: it reads
-those sets instead of serving two models).
+At function level: `promotion.act` on a real registry (temp SQLite) in a real git
+repository, with registered.json written as export writes it; DVC itself is not run per
+step. Each version is a set of right answers on 200 synthetic test images, so the gate
+sees a real paired evaluation (`evaluate` is the one seam: it reads those sets instead
+of serving two models).
 
 Properties, after every step:
 - production moves only with a confirmed ledger entry: the alias is the ledger's
@@ -67,7 +67,7 @@ def summary(correct: np.ndarray) -> dict:
 class Promotions(RuleBasedStateMachine):
     versions = Bundle("versions")
 
-    @initialize(target=versions, evaluate=st.booleans(),
+    @initialize(target=versions, evaluate=st.sampled_from([True, False]),
                 approval=st.sampled_from(["none", "none", "required"]))
     def start(self, evaluate, approval):
         from tfmlops.config import load_config
@@ -91,7 +91,9 @@ class Promotions(RuleBasedStateMachine):
         self.registered = self.root / "registered.json"
         self.last_crashed = False
         rng = np.random.default_rng(len(self.root.name))
-        return self.version(rng.random(N) < 0.9)
+        first = self.version(rng.random(N) < 0.9)
+        self.act("auto")  # the pipeline's first run
+        return first
 
     def commit(self):
         git("add", "-A", cwd=self.root)
@@ -137,12 +139,11 @@ class Promotions(RuleBasedStateMachine):
         if experiment:
             os.environ["DVC_EXP_NAME"] = experiment
         self.last_crashed = False
-        try:
-            with registry.promotion_lock() as still_held:
-                result = act(self.cfg, registry, Request(action, version, "machine"), candidate,
-                             Actor("machine", checkout.head, checkout.branch, "run"), still_held,
-                             checkout=checkout, data="none", out_dir=None, evaluate=self.evaluate,
-                             registered=self.registered)
+        try:  # one promotion at a time: the lock is tested in test_promote_safety.py
+            result = act(self.cfg, registry, Request(action, version, "machine"), candidate,
+                         Actor("machine", checkout.head, checkout.branch, "run"), lambda: None,
+                         checkout=checkout, data="none", out_dir=None, evaluate=self.evaluate,
+                         registered=self.registered)
         except DataError:
             result = None
         except Crash:
@@ -157,12 +158,6 @@ class Promotions(RuleBasedStateMachine):
             assert after not in refused, f"plain repro promoted version {after}, refused before"
         return result
 
-    @rule(target=versions, base=st.sampled_from(["production", "last"]),
-          kind=st.sampled_from(["better", "equal", "worse"]), k=st.integers(1, 6), data=st.data())
-    def new_candidate(self, base, kind, k, data):
-        """A commit, then export registers a version k images better, worse or both ways."""
-        return self._candidate(base, kind, k, data)
-
     def _candidate(self, base, kind, k, data):
         self.commit()
         source = self.registry.alias("production") if base == "production" else None
@@ -175,13 +170,24 @@ class Promotions(RuleBasedStateMachine):
             correct[pick.sample(list(right), min(k, len(right)))] = False
         return self.version(correct)
 
-    @rule(target=versions, kind=st.sampled_from(["better", "equal", "worse"]),
-          k=st.integers(1, 6), data=st.data())
+    # Hypothesis draws the first choices most often: a worse model by 5 images (-2.5
+    # points), the case the gate exists for, comes first.
+    @rule(target=versions, kind=st.sampled_from(["worse", "better", "equal"]),
+          k=st.sampled_from([5, 2, 8, 1, 3]), data=st.data())
     def pipeline_run(self, kind, k, data):
-        """What `dvc repro` after a commit does: export registers a version, promote runs."""
+        """What `dvc repro` after a commit does: export registers a version k images worse
+        than production, better, or both ways (equal), then promote runs."""
         version = self._candidate("production", kind, k, data)
         self.act("auto")
         return version
+
+    @rule(target=versions, base=st.sampled_from(["production", "last"]),
+          kind=st.sampled_from(["better", "equal", "worse"]), k=st.sampled_from([1, 2, 5]),
+          data=st.data())
+    def export_only(self, base, kind, k, data):
+        """A commit and export's registration with no promote after it (a `dvc exp run`
+        or a repro stopped before promote)."""
+        return self._candidate(base, kind, k, data)
 
     @rule()
     def repro(self):
@@ -309,6 +315,6 @@ def test_production_moves_only_through_the_gate_or_a_recorded_decision(tmp_path,
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     Promotions.TestCase.settings = settings(
         max_examples=int(os.environ.get("TFMLOPS_MACHINE_EXAMPLES", "30")),
-        stateful_step_count=12, deadline=None,
+        stateful_step_count=16, deadline=None, derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     Promotions.TestCase().runTest()
