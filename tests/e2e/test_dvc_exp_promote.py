@@ -84,9 +84,44 @@ def test_an_applied_and_committed_experiment_reaches_production_on_dvc_repro(pip
     exp_version = registry.alias(f"exp-{name}")
     assert exp_version not in (None, before) and registry.alias("production") == before
     dvc("exp", "apply", name, cwd=repo)
+    held = dvc("repro", cwd=repo)  # applied, not committed: not promoted (issue 46)
+    assert "uncommitted changes to params.yaml" in held.stdout + held.stderr
+    assert registry.alias("production") == before
     git("add", "-A", cwd=repo)
     git("commit", "-q", "-m", f"apply {name}", cwd=repo)
     dvc("repro", cwd=repo)
     assert registry.alias("production") == exp_version
     assert registry.alias("previous") == before
     # A further repro runs promote alone, which does nothing: test_readme checks that.
+
+
+@pytest.mark.timeout(1800)
+def test_a_committed_training_change_is_gated_and_promoted_by_dvc_repro(pipeline_repo, tmp_path,
+                                                                        monkeypatch):
+    """Issue 46: the committed-work rule holds an uncommitted workspace, not a committed
+    change: `train.epochs` raised and committed, then plain `dvc repro` retrains, exports,
+    and the gate compares the better model with production on the same images."""
+    import shutil
+
+    import yaml
+
+    from tfmlops.config import load_config
+    from tfmlops.registry import Registry
+
+    repo = tmp_path / "repo"
+    shutil.copytree(pipeline_repo[0], repo, symlinks=True)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "--allow-empty", "-m", "the pipeline's first run", cwd=repo)
+    monkeypatch.chdir(repo)
+    registry = Registry(load_config(repo / "params.yaml"))
+    before = registry.alias("production")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["epochs"] = 8  # from TINY's 2: a clearly better model
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git("commit", "-q", "-am", "train longer", cwd=repo)
+    proc = dvc("repro", cwd=repo, timeout=1500)
+    decision = json.loads((repo / "reports" / "promote.json").read_text())
+    assert decision["outcome"] == "promoted", proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert registry.alias("production") not in (None, before)
+    paired = decision["evaluation"]["paired"]
+    assert paired["candidate_only"] > paired["production_only"]
