@@ -78,10 +78,11 @@ TINY = {
 }
 
 
-# The tiny models (16 px, 2 to 8 epochs) are neither accurate nor calibrated on every class:
-# the gate's class and calibration checks are loosened where a test wants a promotion.
+# The tiny models (16 px, 2 to 8 epochs) are neither accurate nor calibrated on every class,
+# and the tiny data sets' test splits hold a few dozen images: the gate's class, calibration
+# and evaluated-images checks are loosened where a test wants a promotion.
 LOOSE_GATE = {"min_accuracy": 0.5, "min_class_recall": 0.0, "max_class_drop": 0.5,
-              "max_ece": 0.5, "min_edge_agreement": 0.5}
+              "max_ece": 0.5, "min_edge_agreement": 0.5, "min_images": 1}
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

@@ -384,3 +384,24 @@ def test_both_versions_see_the_same_images_without_productions_training_images(s
 
     excluded, _ = versions.trained_hashes(registry, production, "current", tmp_path / "l")
     assert excluded & {f["sha256"] for f in test_files} == held  # and the train and val files
+
+
+def test_production_trained_on_an_unknown_manifest_is_never_replaced_automatically(store):
+    """Production's lineage names no prepare run in the store and another data version:
+    its training images cannot be left out of the test split, so the comparison could
+    favour it (or hide a leak): the same model as candidate is inconclusive, not promoted."""
+    from tfmlops.promotion.history import history
+    from tfmlops.stages import promote
+
+    cfg, registry, register = store
+    production = register(tags={"lineage.data_version": "older", "lineage.run.prepare": "none"})
+    assert promote.run(cfg, version=int(production))["outcome"] == "inconclusive"  # itself too
+    promote.run(cfg, version=int(production), force=True)
+    candidate = register(0.0)
+    assert promote.run(cfg, version=int(candidate))["outcome"] == "inconclusive"
+    checks = {c["name"]: c for c in decision(cfg)["checks"]}
+    assert checks["training_images_known"]["inconclusive"]
+    assert f"version {production}'s training manifest is not in the store" in \
+        checks["training_images_known"]["message"]
+    assert registry.aliases() == {"production": production, "inconclusive": candidate}
+    assert [e["decision"] for e in history(registry)] == ["inconclusive", "forced", "inconclusive"]

@@ -89,10 +89,12 @@ def gate(cfg, registry, ledger: Ledger, candidate: str, actor: Actor, still_held
         registry.set_alias(alias, candidate)
         registry.tag_version(candidate, {"promote.outcome": f"experiment:{result}",
                                          "promote.run_id": actor.run_id})
+        then = ("apply and commit the experiment, then `dvc repro`, to promote it"
+                if result == "passed" else f"committed as it is, `dvc repro` would find it {result}")
         return done(record, "held", production, f"DVC experiment {experiment}: version "
                     f"{candidate} -> @{alias}, not @production (the gate: {result}"
-                    f"{': ' + undecided if undecided else ''}); {stays}; apply and commit the "
-                    "experiment, then `dvc repro`, to promote it", experiment=experiment,
+                    f"{': ' + undecided if undecided else ''}); {stays}; {then}",
+                    experiment=experiment,
                     reason=f"DVC experiment {experiment}: experiments never move @production")
     if production == candidate:
         return done(record, "unchanged", production, f"version {candidate} already holds @production")
@@ -116,7 +118,8 @@ def gate(cfg, registry, ledger: Ledger, candidate: str, actor: Actor, still_held
     entry = move(registry, ledger, kind, candidate, actor, still_held, key=key, against=production,
                  gate=gate, why=why or "the gate passed")
     summary = (f"version {candidate} -> @production" + (f" (replaced version {production}, now "
-               f"@previous)" if production else "") + (f"; approved: {why}" if kind == L.APPROVAL else ""))
+               "@previous)" if production else " (the first: no production to compare with)")
+               + (f"; approved: {why}" if kind == L.APPROVAL else ""))
     return done(record, "promoted" if kind == L.GATE else "approved", candidate, summary,
                 entry=entry, reason=entry.why)
 

@@ -22,7 +22,7 @@ class GateConfig(Section):
     confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.95  # of the paired interval
     # Fewer evaluated images than this (after leaving out what either version trained on):
     # inconclusive, never promoted automatically.
-    min_images: Annotated[int, Meta(ge=1)] = 200
+    min_images: Annotated[int, Meta(ge=1)] = 100
     min_class_recall: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.8
     max_class_drop: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.2
     max_ece: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
