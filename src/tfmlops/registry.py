@@ -94,16 +94,9 @@ class Registry:
         return dict(model.tags or {})
 
     def set_model_tag(self, key: str, value: str) -> None:
-        """A tag of the registered model (created first if it does not exist yet)."""
-        def write():
-            self._write(lambda c: c.set_registered_model_tag(self.name, key, value), f"tag {self.name}")
-
-        try:
-            write()
-        except _Missing:
-            with contextlib.suppress(_Exists):
-                self._call(lambda c: c.create_registered_model(self.name), "create the model")
-            write()
+        """A tag of the registered model (the ledger writes only about a model that exists:
+        one of its versions or its alias is what an entry decides about)."""
+        self._write(lambda c: c.set_registered_model_tag(self.name, key, value), f"tag {self.name}")
 
     def tags(self, version: str) -> dict[str, str]:
         try:

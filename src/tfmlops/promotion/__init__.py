@@ -24,7 +24,6 @@ from tfmlops.errors import ConfigError, DataError
 from tfmlops.promotion import decisions, moves
 from tfmlops.promotion import ledger as L
 from tfmlops.promotion.ledger import Ledger
-from tfmlops.promotion.moves import experiment_alias  # noqa: F401 - re-exported
 from tfmlops.promotion.policy import decision_key, gate_key, hold_reason, outside_line
 from tfmlops.promotion.workspace import Checkout
 from tfmlops.registry import PRODUCTION

@@ -18,21 +18,21 @@ import os
 from pathlib import Path
 
 from tfmlops import __version__, project
-from tfmlops.artifacts import data_version, run_dir
+from tfmlops.artifacts import run_dir
 from tfmlops.files import read_json, write_json
 from tfmlops.promotion.workspace import Checkout
 
 FILE = "decided.json"
 
 
-def inputs(cfg, uri: str, registered: Path, checkout: Checkout) -> dict | None:
+def inputs(cfg, uri: str, registered: Path, checkout: Checkout, data: str) -> dict | None:
     store = store_identity(uri)
     if store is None:
         return None
     return {"registered": hashlib.sha256(registered.read_bytes()).hexdigest(),
             "promote": cfg.to_dict()["promote"], "uri": uri, "store": store,
             "head": checkout.head, "branch": checkout.branch, "changed": list(checkout.changed),
-            "data": data_version(cfg.paths.prepared), "experiment": os.environ.get("DVC_EXP_NAME"),
+            "data": data, "experiment": os.environ.get("DVC_EXP_NAME"),
             "tfmlops": __version__}
 
 
@@ -79,10 +79,6 @@ def recall(cfg, now: dict | None) -> dict | None:
 def remember(cfg, now: dict | None, result: dict) -> None:
     if now is not None:
         write_json(run_dir(cfg, "promote") / FILE, {"inputs": now, "result": result})
-
-
-def forget(cfg) -> None:
-    (run_dir(cfg, "promote") / FILE).unlink(missing_ok=True)
 
 
 def verified(registry, inputs: dict | None, decision: dict) -> dict | None:

@@ -52,7 +52,7 @@ def run(cfg: Config, request: Request | None = None, **asked) -> dict:
     checkout = Checkout.read(repo_root(), () if Path(reference).is_absolute() else (reference,))
     uri = tracking.tracking_uri(cfg)
     data = data_version(cfg.paths.prepared)
-    inputs = decided.inputs(cfg, uri, registered, checkout) if registered else None
+    inputs = decided.inputs(cfg, uri, registered, checkout, data) if registered else None
     if remembered := decided.recall(cfg, inputs):  # DVC removed promote.json: written again
         return summary_of(cfg, write_decision(cfg, remembered))
     from tfmlops.promotion import act, precheck
@@ -112,7 +112,7 @@ def write_decision(cfg: Config, decision: dict, report=None) -> dict:
     if report is not None:
         report(decision, log_metrics=False)
     elif {**read_json(path, {}), "time": None} != {**decision, "time": None}:
-        write_json(path, decision)  # the same answer again: DVC's metric stays as it was
+        write_json(path, decision)  # outside DVC (which removes it first): only when it differs
     log.info("promote: %s", decision["summary"])
     return decision
 
