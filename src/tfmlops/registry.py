@@ -49,6 +49,7 @@ from tfmlops.config import Config
 from tfmlops.errors import DataError, TrackingUnavailable
 from tfmlops.tracking.naming import equals
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, error_code, first_line
+from tfmlops.tracking.uri import attempt_bound_s
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,9 @@ class Registry:
         tags = {LOCK_HOLDER: me, LOCK_LEASE: f"{lease_s:g}"}
         watched: tuple | None = None  # (token, monotonic time it was first seen)
         waited = False
+        # Every path of the loop passes the deadline and a jittered pause: a store that
+        # keeps answering "does not exist" to the create (the SQL store's clash path)
+        # or keeps losing the lock between our create and our read cannot spin it.
         while True:
             try:
                 self._call(lambda c: c.create_registered_model(
@@ -199,33 +203,33 @@ class Registry:
                     f"(tfmlops; held by {me})"), "take the promotion lock")
                 return
             except _Exists:
-                pass
+                seen = self._lock_state(lock)
             except _Missing:  # the SQL store reads the clashing lock, which was just released
-                continue
-            seen = self._lock_state(lock)
-            if seen is None:
-                continue  # released between our create and our read: try again at once
-            if seen["holder"] == me:
+                seen = None
+            if seen is not None and seen["holder"] == me:
                 return  # our create committed, then its answer was lost and retried
             now = time.monotonic()
-            if watched is None or watched[0] != seen["token"]:
-                watched = (seen["token"], now)  # renewed (or a new holder): the lease restarts
-            elif now - watched[1] > seen["lease_s"]:
-                log.warning("promote: breaking the promotion lock of %s: %s did not renew it "
-                            "for %.0f s", self.name, seen["holder"], now - watched[1])
-                with contextlib.suppress(_Missing):
-                    self._take_away(lock, seen["holder"], "break")
-                watched = None
-                continue
-            # The wait outlasts the holder's lease: a dead lock is always broken first.
-            if now - started > max(wait_s, seen["lease_s"] + LOCK_WAIT_MARGIN_S):
+            if seen is not None:
+                if watched is None or watched[0] != seen["token"]:
+                    watched = (seen["token"], now)  # renewed (or a new holder): the lease restarts
+                elif now - watched[1] > seen["lease_s"]:
+                    log.warning("promote: breaking the promotion lock of %s: %s did not renew it "
+                                "for %.0f s", self.name, seen["holder"], now - watched[1])
+                    with contextlib.suppress(_Missing):
+                        self._take_away(lock, seen["holder"], "break")
+                    watched = None
+            # The wait outlasts a holder's lease: a dead lock is always broken first.
+            if now - started > (max(wait_s, seen["lease_s"] + LOCK_WAIT_MARGIN_S) if seen else wait_s):
+                holder = seen["holder"] if seen else "a holder that releases and retakes it"
                 raise DataError(
-                    f"another promotion of {self.name} holds the lock ({seen['holder']}) after "
+                    f"another promotion of {self.name} holds the lock ({holder}) after "
                     f"{now - started:.0f} s of waiting; it is still renewing it, so it is alive")
-            if not waited:
+            if seen is not None and not waited:
                 log.info("promote: waiting for another promotion of %s to finish", self.name)
                 waited = True
-            time.sleep(0.2 + random.random() * 0.3)
+            # Shorter when the lock just went (released or broken): the next create may win.
+            time.sleep((0.2 if seen is not None and watched is not None else 0.02)
+                       + random.random() * 0.3)
 
     def _lock_state(self, lock: str) -> dict | None:
         """{holder, lease_s, token}: token changes whenever the holder renews."""
@@ -331,10 +335,26 @@ class _Lease:
         self.registry._call(lambda c: c.update_registered_model(self.lock, description), "renew the lock")
         self.renewed = asked
 
+    @property
+    def margin_s(self) -> float:
+        """How much of the lease a write must still have left when it starts.
+
+        A waiter breaks the lock `lease_s` after the last renewal at the earliest; a write
+        attempt that starts by `lease_s - margin_s` ends before that unless one store call
+        takes longer than the margin (an HTTP store's is bounded by `attempt_bound_s`,
+        capped at half the lease) or the process is paused (SIGSTOP, VM migration) between
+        the check and the write. Such a late write is not prevented (MLflow has no
+        conditional write) but detected: the ledger then disagrees with @production, and
+        the next promotion records it as moved from outside and holds."""
+        remote = self.registry.uri.startswith(("http://", "https://"))
+        return min(max(attempt_bound_s() if remote else 0.0, self.lease_s / 4), self.lease_s / 2)
+
     def check(self) -> None:
-        """Raise unless this process still holds the lock (read from the store now)."""
-        if self.lost is None and time.monotonic() - self.renewed > self.lease_s:
-            self.lost = f"not renewed for {time.monotonic() - self.renewed:.0f} s"
+        """Raise unless this process still holds the lock with `margin_s` of its lease left
+        (ownership read from the store now)."""
+        age = time.monotonic() - self.renewed
+        if self.lost is None and age > self.lease_s - self.margin_s:
+            self.lost = f"not renewed for {age:.1f} s of a {self.lease_s:g} s lease"
         if self.lost is None:
             state = self.registry._lock_state(self.lock)
             if state is None or state["holder"] != self.me:

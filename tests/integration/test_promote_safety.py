@@ -408,3 +408,55 @@ def test_the_wait_for_the_lock_outlasts_a_lease_longer_than_it(reg, caplog):
         pass
     assert "breaking the promotion lock" in caplog.text
     assert _locks(registry) == []
+
+
+def test_a_write_needs_a_margin_of_the_lease_left(reg):
+    """Review L4: a write that starts just inside the lease can land after a waiter broke
+    it. `check()` now wants `margin_s` of the lease left, so a holder whose renewals
+    stopped (a paused process) stops writing while a waiter still has to wait."""
+    from tfmlops.errors import DataError
+
+    cfg, registry, register = reg
+    v1 = register()
+    with pytest.raises(DataError, match="not renewed for"):
+        with registry.promotion_lock():
+            lease = registry._lease
+            lease.stop()  # no renewal from here on, as in a paused process
+            time.sleep(lease.lease_s - lease.margin_s + 0.2)
+            assert time.monotonic() - lease.renewed < lease.lease_s  # no waiter may break it yet
+            registry.set_alias("production", v1)
+    assert registry.aliases() == {}
+
+
+def test_a_store_that_keeps_refusing_the_create_ends_at_the_deadline(reg):
+    """Review L9: a create answered 'does not exist' every time (the SQL store's clash
+    path) used to loop at once without a pause or a deadline."""
+    import threading
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+
+    from tfmlops.errors import DataError
+
+    cfg, registry, register = reg
+    attempts, raised = [], []
+
+    def missing(*args, **kwargs):
+        attempts.append(1)
+        raise MlflowException("no such model", error_code=RESOURCE_DOES_NOT_EXIST)
+
+    registry.client.create_registered_model = missing
+
+    def take():
+        try:
+            with registry.promotion_lock(wait_s=1.0):
+                pass
+        except DataError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), f"still trying after 30 s ({len(attempts)} creates)"
+    assert raised and "after 1 s of waiting" in raised[0], raised
+    assert len(attempts) <= 1.0 / 0.02 + 1  # each try paused

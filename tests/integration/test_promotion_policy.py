@@ -394,3 +394,43 @@ def test_a_remembered_decision_equals_a_cold_one(tmp_path_factory, steps):
             assert cold["outcome"] == ("unchanged" if moved else warm["outcome"]), (steps, warm, cold)
     finally:
         os.chdir(here)
+
+
+# A promotion paused (SIGSTOP) between its lock check and its alias write: the residual
+# of review L4 that no lock without a conditional write can close. It resumes after a
+# waiter broke its lease and promoted, and its write lands late.
+PAUSED_WRITER = """
+import os, signal, sys
+from tfmlops.config import load_config
+from tfmlops.registry import Registry
+registry = Registry(load_config(sys.argv[1]))
+with registry.promotion_lock() as check:
+    check()
+    print("checked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    registry.client.set_registered_model_alias(registry.name, "production", sys.argv[2])
+    check()
+"""
+
+
+def test_a_late_write_after_the_lock_was_broken_is_recorded_and_holds(project):
+    import signal
+
+    p = project
+    p.register()
+    assert p.repro()["outcome"] == "promoted"
+    late = p.register(0.995)
+    paused = subprocess.Popen([str(VENV_BIN / "python"), "-c", PAUSED_WRITER, str(p.root / "params.yaml"),
+                               late], cwd=p.root, env=child_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert paused.stdout.readline().strip() == "checked"
+        v3 = p.register(0.996)
+        assert p.repro()["outcome"] == "promoted" and p.production() == v3  # broke the lease
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    err = paused.communicate(timeout=120)[1]
+    assert paused.returncode != 0 and "lost the promotion lock" in err  # it says so itself
+    assert p.production() == late
+    assert p.repro()["outcome"] == "held"  # and the next promotion records and holds it
+    assert f"moved outside tfmlops from version {v3} to {late}" in p.decision()["summary"]
