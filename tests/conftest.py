@@ -23,11 +23,17 @@ from tfmlops.artifacts import EDGE, MODEL_FILE
 
 # The user's environment must not steer the tests (nor the subprocesses they start): a
 # cluster (TF_CONFIG), a distributed search (KERASTUNER_*), another Keras backend, hidden
-# GPUs, another tracking or registry store (MLFLOW_*), a global git config (signed commits).
-LEAKY_PREFIXES = ("KERASTUNER_", "MLFLOW_")
+# GPUs, another tracking or registry store (MLFLOW_*), a running DVC experiment or repo
+# (DVC_*: `dvc exp run` exports DVC_EXP_NAME to the stages), tfmlops' own switches
+# (TFMLOPS_*: injected faults, heartbeat periods), a global git config (signed commits).
+# The suite's own knobs, which a person sets on purpose, stay.
+LEAKY_PREFIXES = ("KERASTUNER_", "MLFLOW_", "DVC_", "TFMLOPS_")
 LEAKY = ("TF_CONFIG", "KERAS_BACKEND", "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS",
          "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-for _name in [n for n in os.environ if n in LEAKY or n.startswith(LEAKY_PREFIXES)]:
+TEST_KNOBS = ("TFMLOPS_HYPOTHESIS_LONG", "TFMLOPS_MACHINE_EXAMPLES", "TFMLOPS_KILL_TEST",
+              "TFMLOPS_TEST_POSTGRES_URI")
+for _name in [n for n in os.environ if (n in LEAKY or n.startswith(LEAKY_PREFIXES))
+              and n not in TEST_KNOBS]:
     os.environ.pop(_name)
 os.environ.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
                    "GIT_AUTHOR_NAME": "tfmlops tests", "GIT_AUTHOR_EMAIL": "ci@example.invalid",

@@ -48,9 +48,19 @@ def test_train_split_is_normalized_with_its_own_statistics(prepared_digits, prep
 
 
 def test_each_split_has_every_example_once(prepared_digits, prepared):
+    """Each split's examples are the manifest's files of that split, each once: the label
+    counts are the manifest's, and there are as many different images as different
+    sha256s (digits holds a few byte-identical images: they count once on both sides)."""
+    from collections import Counter
+
+    manifest = json.loads((Path(prepared_digits.paths.prepared) / MANIFEST).read_text())
     for split in ("train", "val", "test"):
-        _, y = pipeline.arrays(prepared_digits, prepared, split)
-        assert len(y) == prepared.counts[split]
+        x, y = pipeline.arrays(prepared_digits, prepared, split)
+        files = [f for f in manifest["files"] if f["split"] == split]
+        assert len(y) == len(files) == prepared.counts[split]
+        assert Counter(manifest["classes"][i] for i in y) == Counter(f["label"] for f in files)
+        distinct = np.unique(x.reshape(len(x), -1), axis=0)
+        assert len(distinct) == len({f["sha256"] for f in files}), split
 
 
 def test_training_order_is_deterministic_with_the_seed(prepared_digits, prepared):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import keras_tuner as kt  # a dependency: a failed import fails the suite, never skips it
 import pytest
 
 from tfmlops.config import Config, config_from_dict, replace
 from tfmlops.errors import ConfigError
 from tfmlops.model import hparams, search_space
-
-kt = pytest.importorskip("keras_tuner")
 
 
 def space_of(**space):
@@ -158,6 +157,22 @@ def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
     assert search_key(changed(tune={"space": {**cfg.to_dict()["tune"]["space"],
                                               "head_units": [32]}})) != key
     assert search_key(replace(cfg, seed=1)) != key
+
+
+def test_a_changed_dataset_starts_a_fresh_search(tmp_path):
+    """README: a changed dataset starts a fresh search. The key follows the bytes of
+    prepare's manifest (which lists every image's sha256), not the folder's name."""
+    from tfmlops.artifacts import MANIFEST
+    from tfmlops.tuning.search import search_key
+
+    cfg = Config()
+    cfg = replace(cfg, paths=replace(cfg.paths, prepared=str(tmp_path)))
+    (tmp_path / MANIFEST).write_text('{"files": [{"sha256": "aa"}]}')
+    key = search_key(cfg)
+    (tmp_path / MANIFEST).write_text('{"files": [{"sha256": "ab"}]}')  # one image changed
+    assert search_key(cfg) != key
+    (tmp_path / MANIFEST).write_text('{"files": [{"sha256": "aa"}]}')  # and back
+    assert search_key(cfg) == key
 
 
 # ------------------------------------------------------------- the baseline trial
