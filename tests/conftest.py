@@ -105,7 +105,34 @@ def tiny_params(workdir: Path, **sections) -> dict:
     params["paths"] = {k: str(workdir / v) for k, v in params["paths"].items()}
     params["data"]["image_dir"] = params["paths"]["builtin"]
     params["tracking"]["uri"] = f"sqlite:///{workdir / 'mlflow.db'}"
+    # Not the checkout's accepted reference (README: `tfmlops accept-reference`, then commit
+    # it): the test data's classes are not the user's, and the contract would refuse them.
+    params["data"]["contract"]["reference"] = str(no_reference(workdir / "reference_profile.json"))
     return deep_merge(params, sections)
+
+
+NO_REFERENCE = '{"reference": null}\n'  # what a fresh clone commits: no accepted profile yet
+
+
+def no_reference(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(NO_REFERENCE)
+    return path
+
+
+def project_dvc_config() -> str:
+    """The project's .dvc/config without the user's remotes (README's team block adds one
+    and commits it): a scratch repo gets the project's settings, not the user's storage."""
+    kept, section = [], ""
+    for line in (ROOT / ".dvc" / "config").read_text().splitlines():
+        if line.strip().startswith("["):
+            section = line.strip()
+        if section.startswith("['remote") or (section == "[core]" and
+                                               line.strip().startswith("remote")):
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 @pytest.fixture(autouse=True)
@@ -224,16 +251,16 @@ def git(*args: str, cwd: Path) -> str:
 def scratch_repo(dest: Path, params: dict | None = None) -> Path:
     """A git+DVC copy of this project (code, dvc.yaml, params) in `dest`, committed."""
     dest.mkdir(parents=True, exist_ok=True)
-    # data/reference_profile.json: the committed "no reference yet", a dependency of prepare
-    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore",
-                 "data/reference_profile.json"):
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore", ".dvcignore"):
         if (ROOT / name).exists():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
+    # A dependency of prepare: "no reference yet", whatever the user accepted in the checkout.
+    (dest / "data").mkdir(exist_ok=True)
+    (dest / "data" / "reference_profile.json").write_text(NO_REFERENCE)
     (dest / "params.yaml").write_text(committed_params_text())
     shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / ".dvc").mkdir(exist_ok=True)
-    shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
+    (dest / ".dvc" / "config").write_text(project_dvc_config())
     (dest / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
     if params is not None:
         (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
