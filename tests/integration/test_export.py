@@ -40,7 +40,8 @@ def test_every_format_is_written_checked_and_measured(exported_digits):
     for row in rows.values():
         assert int(row["bytes"]) > 0 and float(row["p50_ms"]) > 0
     served = json.loads((out / SERVING).read_text())
-    assert served["runtime"] in ("onnx", "tflite")
+    # The fastest of the served runtimes (parity passed for all here, checked above).
+    assert served["runtime"] == min(("onnx", "tflite"), key=lambda r: float(rows[r]["p50_ms"]))
     assert rows[served["runtime"]]["served"] == "True"
 
 
