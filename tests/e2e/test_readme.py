@@ -134,16 +134,31 @@ def test_dev_pipeline_after_a_run_reruns_nothing(repo):
     assert "already holds @production; nothing to do" in proc.stderr + proc.stdout
 
 
-def health_answer(out: str) -> None:
+def health_answer(out: str, repo: Path) -> None:
     assert out.strip() == "OK", out
 
 
-def prediction_answer(out: str) -> None:
-    """The served model's answer for one digit image, in the shape the README shows."""
+def prediction_answer(out: str, repo: Path) -> None:
+    """The served model's answer for the README's digit image, in the shape the README
+    shows, and the answer of @production loaded in this process for the same bytes: the
+    label is the model's, not only well formed. (Whether it is "3" depends on the tiny
+    model of this repo: the README's figure is for the default params.)"""
+    import base64
+
+    import mlflow
+    import pandas as pd
+
     (answer,) = json.loads(out)["predictions"]
     assert answer["label"] == str(answer["label_index"]) and 0 <= answer["label_index"] <= 9
     assert len(answer["probabilities"]) == 10
     assert abs(sum(answer["probabilities"]) - 1.0) < 1e-3
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/digits-classifier@production")
+    image = base64.b64encode((repo / "data/builtin/3/digit_0003.png").read_bytes()).decode()
+    expected = pd.DataFrame(model.predict(pd.DataFrame([{"image": image}]))).iloc[0]
+    assert answer["label"] == expected["label"]
+    pairs = zip(answer["probabilities"], expected["probabilities"], strict=True)
+    assert max(abs(a - b) for a, b in pairs) < 1e-5
 
 
 # What each server block's requests must answer (a block's curl fails on an HTTP error).
@@ -164,4 +179,4 @@ def test_readme_blocks_run_as_written(repo, tmp_path):
             run_block(block, repo)
         elif marker.startswith("server"):
             port = int(marker.split()[1])
-            SERVER_ANSWERS[port](run_with_server(block, port, repo, tmp_path))
+            SERVER_ANSWERS[port](run_with_server(block, port, repo, tmp_path), repo)
