@@ -158,9 +158,15 @@ _HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BAC
 
 
 def import_mlflow():
-    """The mlflow module, with its own HTTP retries bounded (see retry.py)."""
+    """The mlflow module, with its own HTTP retries bounded (see retry.py) and its run
+    links kept off stdout."""
     for name, value in _HTTP_BOUNDS.items():
         os.environ.setdefault(name, value)
+    # Against an HTTP store MLflow writes "View run ... at: <URI>/#/..." to stdout as each
+    # run ends, with the URI as given: `http://user:password@host` keeps its password, and
+    # the line breaks "stdout carries only the JSON result" (`tfmlops promote | jq`). The
+    # stages log their own, redacted links (ui_url). Read when a run ends: set it first.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     import mlflow
 
     return mlflow
