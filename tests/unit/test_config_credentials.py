@@ -42,7 +42,8 @@ def refusal(raw: dict) -> str:
 
 @settings(max_examples=120, deadline=None)
 @given(name=st.sampled_from(CREDENTIAL_OPTIONS), dashes=st.booleans(), upper=st.booleans(),
-       form=st.sampled_from(["--{n}={s}", "--{n} {s}", "--{n}={s}=", "two items", "no value"]),
+       form=st.sampled_from(["--{n}={s}", "--{n} {s}", " --{n} = {s}", "--{n}:{s}", "--{n}={s}=",
+                             "two items", "no value"]),
        before=st.lists(st.sampled_from(SAFE_OPTIONS), max_size=3),
        after=st.lists(st.sampled_from(SAFE_OPTIONS), max_size=3))
 def test_a_credential_option_is_refused_naming_it_without_its_value(name, dashes, upper, form,
@@ -73,11 +74,19 @@ def test_options_without_a_credential_pass(options):
     ([f"--temp_location=https://store/tmp?token={SECRET}"], 0, "--temp_location"),
     ([f'--environment_config={{"env": {{"AWS_SECRET_ACCESS_KEY": "{SECRET}"}}}}'], 0,
      "--environment_config"),
+    (["--service_account_key_file", f"-----BEGIN PRIVATE KEY-----{SECRET}"], 0,
+     "--service_account_key_file"),  # a key file's content, not its path
 ])
 def test_a_credential_in_an_options_value_is_refused(options, index, name):
     message = refusal(beam_options(options))
     assert message.startswith(f"data.beam.options[{index}]: {name} has a credential in its "
                               "value"), message
+
+
+def test_a_credential_in_an_item_of_its_own_is_refused():
+    """No option before it: it is refused by its place (after a flag, as the flag's value)."""
+    message = refusal(beam_options([f"https://u:{SECRET}@store.internal/", "--no_auth"]))
+    assert message.startswith("data.beam.options[0] has a credential in it"), message
 
 
 @pytest.mark.parametrize("raw", [

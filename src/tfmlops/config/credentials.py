@@ -28,14 +28,14 @@ SECRET_BEARING = (("data", "beam", "options"), ("tracking", "uri"))
 _NAME_WORDS = ("secret", "password", "passwd", "token", "credential", "accesskey", "apikey",
                "privatekey", "accountkey", "connectionstring")
 _PATH_ENDINGS = ("file", "path")
-# In a value: a URL with `user:password@`, a secret query parameter, or `NAME=`/`NAME:`
-# with a credential word (an environment or JSON passed through to workers).
+# In a value: a URL with `user:password@`, a secret query parameter, `NAME=`/`NAME:` with
+# a credential word (an environment or JSON passed through to workers), a PEM key.
 _IN_URL = (r"(?i)[a-z][a-z0-9+.-]*://[^\s/@]*:[^\s]*@"
            r"|[?&;](password|passwd|pwd|secret|token|access_token|api_key|sslpassword|sig"
            r"|x-amz-signature|x-amz-security-token)=")
 _URL = re.compile(_IN_URL)
 _VALUE = re.compile(_IN_URL + r"|(?i:(secret|password|passwd|token|credential|access_?key"
-                    r"|api_?key)\w*[\"']?\s*[=:])")
+                    r"|api_?key)\w*[\"']?\s*[=:])|PRIVATE KEY-----")
 
 _INSTEAD = {
     "s3": "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN in the environment, "
@@ -43,12 +43,16 @@ _INSTEAD = {
     # Beam's Azure filesystem reads the variable when the option is unset
     "azure": "AZURE_STORAGE_CONNECTION_STRING in the environment",
 }
+_REMEDY = ("params are published (dvc.lock, the prepare run's MLflow params, "
+           "resolved_params.yaml, logs): remove it and give the credential through ")
 _ELSEWHERE = ("the environment the store's client reads (AWS_ACCESS_KEY_ID, "
               "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE for S3; "
               "GOOGLE_APPLICATION_CREDENTIALS for Google Cloud)")
 
 
-_NAME = re.compile(r"\s*(--?[^=\s-][^=\s]*)([=\s]\s*)?")  # `--name`, then "=" or a space
+# `--name` (only the characters a name has: a typo's separator starts the value), then
+# whatever the item holds after it
+_NAME = re.compile(r"\s*(--?[A-Za-z0-9][\w.-]*)")
 
 
 def credential_problem(options: list[str]) -> str | None:
@@ -58,11 +62,13 @@ def credential_problem(options: list[str]) -> str | None:
     `--name` followed by its value as the next item."""
     for i, token in enumerate(options):
         m = _NAME.match(token)
-        if m is None:
-            continue  # a value: checked with the option before it
-        name = m.group(1)
+        if m is None:  # a value: its option (the item before) was checked with it
+            if _VALUE.search(token):
+                return f"{{p}}options[{i}] has a credential in it; {_REMEDY}{_ELSEWHERE}"
+            continue
+        name, rest = m.group(1), token[m.end():].strip()
         after = options[i + 1] if i + 1 < len(options) else ""
-        value = token[m.end():] if m.group(2) else "" if _NAME.match(after) else after
+        value = rest.lstrip("=") if rest else "" if _NAME.match(after) else after
         squashed = re.sub(r"[-_]", "", name).lower()
         if any(w in squashed for w in _NAME_WORDS) and not squashed.endswith(_PATH_ENDINGS):
             what = "carries a credential"
@@ -71,9 +77,7 @@ def credential_problem(options: list[str]) -> str | None:
         else:
             continue
         instead = next((v for k, v in _INSTEAD.items() if squashed.startswith(k)), _ELSEWHERE)
-        return (f"{{p}}options[{i}]: {name} {what}, and params are published (dvc.lock, the "
-                "prepare run's MLflow params, resolved_params.yaml, logs); remove it and give "
-                f"the credential through {instead}")
+        return f"{{p}}options[{i}]: {name} {what}; {_REMEDY}{instead}"
     return None
 
 
