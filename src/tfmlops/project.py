@@ -11,6 +11,8 @@ SQLITE = "sqlite:///"
 # The project's own folders: a cache, backup, profile or output path there or below
 # would have tfmlops delete or swap out the repository's content.
 PROTECTED = (".git", ".dvc", "src", "tests")
+# MLFLOW_TRACKING_URI as mlflow.set_tracking_uri exported it (tracking.use_uri), not the user
+_exported: str | None = None
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -34,6 +36,25 @@ def work_root(start: str | Path | None = None) -> Path:
         if (p / "dvc.yaml").exists() or (p / ".dvc").is_dir():
             return p
     return here
+
+
+def store_uri(configured: str) -> str:
+    """The tracking store in use: MLFLOW_TRACKING_URI (a shared server) wins over params'
+    tracking.uri (`configured`); a relative SQLite file or folder is the project's."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    # mlflow.set_tracking_uri exports the variable itself: ignore our own echo.
+    uri = env if env and env != _exported else configured
+    if uri.startswith(SQLITE) and not uri.startswith("sqlite:////"):
+        uri = SQLITE + str(repo_root() / uri[len(SQLITE):])
+    elif "://" not in uri:  # a plain folder (file store)
+        uri = str(repo_root() / uri)
+    return uri
+
+
+def exported_by_mlflow(uri: str) -> None:
+    """`uri` is in MLFLOW_TRACKING_URI because MLflow put it there, not the user."""
+    global _exported
+    _exported = uri
 
 
 def local_store(uri: str) -> list[Path]:

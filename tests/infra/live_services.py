@@ -188,3 +188,84 @@ def mlflow_server(backend_uri: str, artifacts: Path, log_dir: Path) -> Iterator[
     finally:
         server.kill()
 
+
+
+class BasicAuthProxy:
+    """A tracking server behind Basic auth, as a team puts one behind a reverse proxy: a
+    threaded HTTP server on 127.0.0.1 that answers 401 unless the request carries
+    `user:password`, and forwards everything else to `target` (an `mlflow server`).
+    `broken`: every call but /health answers 503 (a server that is up, but failing)."""
+
+    def __init__(self, target: str, user: str, password: str):
+        import base64
+        import http.server
+        import socketserver
+        import threading
+        import urllib.parse
+
+        expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        upstream = urllib.parse.urlsplit(target)
+        self.refused = 0  # requests answered 401
+        self.broken = False
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # not on the test's stderr
+                pass
+
+            def _forward(self):
+                import http.client
+
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Authorization") != expected:
+                    proxy.refused += 1
+                    self._answer(401, {"WWW-Authenticate": 'Basic realm="mlflow"'}, b"")
+                    return
+                if proxy.broken and self.path != "/health":
+                    self._answer(503, {}, b"failing")
+                    return
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("authorization", "host", "connection")}
+                conn = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    kept = {k: v for k, v in resp.getheaders()
+                            if k.lower() not in ("transfer-encoding", "connection",
+                                                 "content-length")}
+                    self._answer(resp.status, kept, data)
+                except OSError:
+                    self._answer(502, {}, b"upstream unreachable")
+                finally:
+                    conn.close()
+
+            def _answer(self, status: int, headers: dict, data: bytes):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def uri(self, user: str, password: str) -> str:
+        return f"http://{user}:{password}@127.0.0.1:{self.port}"
+
+    def __enter__(self) -> BasicAuthProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -47,8 +47,9 @@ def images(tmp_path_factory) -> Path:
 
 
 def prepare(work: Path, images: Path, engine: str, options=None, env=None):
-    """`tfmlops prepare` in its own process; (the CompletedProcess, the config)."""
-    from tfmlops.config import load_config
+    """`tfmlops prepare` in its own process; (the CompletedProcess, the config, or None
+    for params the stage refused)."""
+    from tfmlops.config import ConfigError, load_config
 
     work.mkdir(parents=True, exist_ok=True)
     data = {"image_dir": str(images), "channels": 3, "image_size": 16, "shards": 3,
@@ -59,7 +60,10 @@ def prepare(work: Path, images: Path, engine: str, options=None, env=None):
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     result = run_cli("--params", str(work / "params.yaml"), "prepare", cwd=work,
                      env={**child_env(), **(env or {})}, check=False)
-    return result, load_config(work / "params.yaml")
+    try:
+        return result, load_config(work / "params.yaml")
+    except ConfigError:
+        return result, None
 
 
 def prepared_bytes(cfg) -> dict[str, bytes]:
@@ -155,9 +159,15 @@ def test_a_worker_killed_mid_run_fails_in_one_line_and_a_rerun_gives_the_same_ou
     assert prepared_bytes(cfg) == local_output
 
 
+# A secret planted where it must never be published (issue 47, M3): S3 keys come from the
+# environment, and an option carrying one is refused before anything runs.
+PLANTED = "pl4nted-S3-secret-47"
+
+
 @pytest.mark.parametrize("options, named", [
     (["--runner=NoSuchRunner"], "NoSuchRunner"),
     (["--runner=DirectRunner", "--direct_num_wrokers=2"], "direct_num_wrokers"),
+    (["--runner=DirectRunner", "--s3_secret_access_key", PLANTED], "--s3_secret_access_key"),
 ])
 def test_a_bad_beam_option_exits_2_in_one_line(images, tmp_path, options, named):
     result, cfg = prepare(tmp_path, images, "beam", options)
@@ -165,14 +175,17 @@ def test_a_bad_beam_option_exits_2_in_one_line(images, tmp_path, options, named)
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and named in errors[0] and "data.beam.options" in errors[0], \
         result.stderr
-    assert not Path(cfg.paths.prepared).exists()
+    assert PLANTED not in result.stdout + result.stderr
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert not Path(params["paths"]["prepared"]).exists()
 
 
 @pytest.fixture
 def s3_photos(tmp_path):
     """A local S3-compatible server (moto's, on 127.0.0.1) holding a photo folder with a
     corrupt file and a duplicate; yields (the folder's URL, Beam's S3 options, the same
-    folder on disk)."""
+    folder on disk, the environment with the keys: moto takes any, so the secret is the
+    planted one)."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -184,17 +197,18 @@ def s3_photos(tmp_path):
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    keys = {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+    keys = {"aws_access_key_id": "test", "aws_secret_access_key": PLANTED}
     try:
         s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                           **keys)
         s3.create_bucket(Bucket="tfmlops-photos")
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             s3.upload_file(str(path), "tfmlops-photos", f"team/{path.relative_to(root)}")
+        # Beam's S3 client is a boto3 session given no keys: the usual AWS environment
+        env = {"AWS_ACCESS_KEY_ID": keys["aws_access_key_id"],
+               "AWS_SECRET_ACCESS_KEY": keys["aws_secret_access_key"]}
         yield ("s3://tfmlops-photos/team", [
-            f"--s3_endpoint_url=http://127.0.0.1:{port}", "--s3_region_name=us-east-1",
-            f"--s3_access_key_id={keys['aws_access_key_id']}",
-            f"--s3_secret_access_key={keys['aws_secret_access_key']}"], root)
+            f"--s3_endpoint_url=http://127.0.0.1:{port}", "--s3_region_name=us-east-1"], root, env)
     finally:
         server.stop()
 
@@ -202,13 +216,19 @@ def s3_photos(tmp_path):
 def test_an_s3_folder_gives_the_bytes_of_the_same_folder_on_disk(tmp_path, s3_photos):
     """data.image_dir as an s3:// URL, read through Beam's filesystems: the same
     data/prepared as the local engine on the folder's copy on disk, but for the manifest's
-    image_dir, which records the URL."""
-    url, s3_options, on_disk = s3_photos
+    image_dir, which records the URL. The keys come from the environment, and the
+    secret is in no output, report, log or message."""
+    url, s3_options, on_disk, keys = s3_photos
     result, cfg = prepare(tmp_path / "local", on_disk, "local")
     assert result.returncode == 0, result.stderr
     local = prepared_bytes(cfg)
-    result, cfg = prepare(tmp_path / "s3", url, "beam", IN_PROCESS + s3_options)
+    result, cfg = prepare(tmp_path / "s3", url, "beam", IN_PROCESS + s3_options, env=keys)
     assert result.returncode == 0, result.stderr
+    written = [p for p in (tmp_path / "s3").rglob("*") if p.is_file()]
+    assert any(p.name == "beam_workers.log" for p in written)
+    for where, data in [("output", (result.stdout + result.stderr).encode()),
+                        *((str(p), p.read_bytes()) for p in written)]:
+        assert PLANTED.encode() not in data, f"{where} holds the S3 secret"
     assert "apitools not found" not in result.stderr  # Beam's import warning is kept quiet
     remote = prepared_bytes(cfg)
     manifests = [json.loads(side.pop("manifest.json")) for side in (local, remote)]

@@ -323,6 +323,24 @@ def test_a_path_that_holds_the_mlflow_store_is_refused(tmp_path):
     config_from_dict({"tracking": {"uri": uri}, "paths": {"cache": str(tmp_path / "cache")}})
 
 
+@pytest.mark.parametrize("env, cache, why", [
+    ("sqlite:///{tmp}/store/mlflow.db", "{tmp}/store", "holds the MLflow store"),
+    ("sqlite:///mlruns/mlflow.db", "mlruns", "holds the MLflow store"),  # the project's
+    ("sqlite:///{tmp}/mlflow.db", "{tmp}/mlartifacts/cache", "is inside the MLflow store"),
+    ("{tmp}/mlruns", "{tmp}/mlruns", "is the MLflow store"),  # a file store's folder
+])
+def test_the_store_mlflow_tracking_uri_names_is_protected(tmp_path, monkeypatch, env, cache, why):
+    """MLFLOW_TRACKING_URI wins over tracking.uri: its local store is the one in use, so
+    it is the one no paths.* folder may be (params' own store is then unused)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env.format(tmp=tmp_path))
+    params = {"tracking": {"uri": f"sqlite:///{tmp_path / 'params' / 'mlflow.db'}"},
+              "paths": {"cache": cache.format(tmp=tmp_path)}}
+    with pytest.raises(ConfigError, match=why):
+        config_from_dict(params)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    config_from_dict(params)
+
+
 def test_check_exits_2_with_one_line_for_a_refused_path(tmp_path, capsys):
     import yaml
 

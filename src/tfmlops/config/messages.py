@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from tfmlops.config.credentials import SECRET_BEARING
+
 _AT = re.compile(r" - at `(key` in `)?\$([^`]*)`$")  # msgspec's path, ending its message
 _PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")  # `.name` or `[index]` in that path
 _RANGE = re.compile(r"Expected `\w+` [<>]=? ")  # a Meta(ge/gt/le/lt) bound refused it
@@ -82,6 +84,8 @@ def one_line(exc: msgspec.ValidationError, root: type, raw: Any) -> str:
         return unknown
     text, loc, in_key = _where(str(exc))
     key, value, tp = dotted(loc) or "params", _value_at(raw, loc), field_info(root, loc)
+    if any(loc[:len(k)] == k for k in SECRET_BEARING):  # may be a credential: never echoed
+        value = _Hidden(value)
     if isinstance(exc.__cause__, Rule):  # raised by a section's __post_init__ at `loc`
         return exc.__cause__.render(dotted(loc), dotted(loc))
     if in_key:
@@ -99,6 +103,16 @@ def one_line(exc: msgspec.ValidationError, root: type, raw: Any) -> str:
     if text.startswith("Expected `"):  # a wrong type (or an empty string)
         return f"{key}: expected {_expected(tp)}, got {value!r}"
     return f"{key}: {text}, got {value!r}"
+
+
+class _Hidden:
+    """A refused value shown by its type only (credentials.SECRET_BEARING)."""
+
+    def __init__(self, value: Any):
+        self.kind = type(value).__name__
+
+    def __repr__(self) -> str:
+        return f"a value of type {self.kind} (not shown: it may hold a credential)"
 
 
 def reason(exc: msgspec.ValidationError) -> str:

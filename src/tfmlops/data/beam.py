@@ -75,9 +75,9 @@ def is_url(image_dir: str | Path) -> bool:
 
 
 def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
-    """`images.list_files` for a folder URL, through Beam's filesystems (`data.beam.options`
-    carry their credentials and endpoints): classes, (file URL, class) in the order the
-    local listing has (by path components), nothing refused by what it is (no symlinks)."""
+    """`images.list_files` for a folder URL, through Beam's filesystems (endpoints in
+    `data.beam.options`, credentials in the environment): classes, (file URL, class) in
+    the order the local listing has (by path components), nothing refused by what it is (no symlinks)."""
     if cfg.data.engine != "beam":
         raise DataError(f"data.image_dir {url} is a URL: only data.engine: beam reads URLs; "
                         "set it, or copy the images to a local folder")
@@ -90,7 +90,8 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
         found = FileSystems.match([root + "/**"])[0].metadata_list
     except Exception as exc:  # noqa: BLE001 - the store's own error, in one line
         raise DataError(f"data.image_dir {url} cannot be listed ({_first(exc)}); check the "
-                        "URL and the credentials in data.beam.options") from None
+                        "URL and the credentials in the environment (AWS_ACCESS_KEY_ID ... or "
+                        "AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS)") from None
     parts = sorted(tuple(m.path[len(root) + 1:].split("/")) for m in found)
     parts = [p for p in parts if len(p) > 1 and not any(x.startswith(".") for x in p)]
     classes = sorted({p[0] for p in parts})

@@ -13,9 +13,7 @@ from pathlib import Path
 
 from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.project import SQLITE, repo_root
-
-_echo: str | None = None  # MLFLOW_TRACKING_URI as set_tracking_uri exported it, not the user
+from tfmlops.project import SQLITE, exported_by_mlflow, repo_root, store_uri  # noqa: F401 - repo_root: re-exported
 
 # `scheme://user:password@` up to the last "@" of the line (a raw "@", "/", quote or
 # space in a password must not leave its tail behind: removing too much of a message
@@ -34,14 +32,7 @@ def redact(text: str) -> str:
 
 def tracking_uri(cfg: Config) -> str:
     """MLFLOW_TRACKING_URI (a shared server) wins over params' tracking.uri."""
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    # mlflow.set_tracking_uri exports the variable itself: ignore our own echo.
-    uri = env if env and env != _echo else cfg.tracking.uri
-    if uri.startswith(SQLITE) and not uri.startswith("sqlite:////"):
-        uri = SQLITE + str(repo_root() / uri[len(SQLITE):])
-    elif "://" not in uri:  # a plain folder (file store)
-        uri = str(repo_root() / uri)
-    return uri
+    return store_uri(cfg.tracking.uri)
 
 
 def artifact_location(uri: str) -> str | None:
@@ -128,12 +119,11 @@ def preflight(cfg: Config) -> None:
 
 def use_uri(uri: str):
     """Point MLflow at `uri` (the only place that does) and return the module."""
-    global _echo
     mlflow = import_mlflow()
     exported = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     if exported != uri:  # a value the user exported stays the user's choice
-        _echo = uri
+        exported_by_mlflow(uri)
     db = Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
     if db is not None and db.parent.is_dir():
         from filelock import FileLock
@@ -168,9 +158,15 @@ _HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BAC
 
 
 def import_mlflow():
-    """The mlflow module, with its own HTTP retries bounded (see retry.py)."""
+    """The mlflow module, with its own HTTP retries bounded (see retry.py) and its run
+    links kept off stdout."""
     for name, value in _HTTP_BOUNDS.items():
         os.environ.setdefault(name, value)
+    # Against an HTTP store MLflow writes "View run ... at: <URI>/#/..." to stdout as each
+    # run ends, with the URI as given: `http://user:password@host` keeps its password, and
+    # the line breaks "stdout carries only the JSON result" (`tfmlops promote | jq`). The
+    # stages log their own, redacted links (ui_url). Read when a run ends: set it first.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     import mlflow
 
     return mlflow

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, field
 
+from tfmlops.config.credentials import credential_problem
 from tfmlops.config.machine import check_data
 from tfmlops.config.messages import Rule
 from tfmlops.config.sections.base import Section, Text, copies
@@ -94,6 +95,12 @@ class BeamConfig(Section):
 
     options: list[Text] = copies("--runner=DirectRunner", "--direct_running_mode=multi_processing",
                                  "--direct_num_workers=0")
+
+    def _rules(self):
+        # params are published (dvc.lock, MLflow, resolved_params.yaml): no credential here
+        problem = credential_problem(self.options)
+        if problem:
+            raise Rule(problem)
 
 
 class DataConfig(Section):

@@ -69,10 +69,11 @@ class Config(Section):
         # Every paths.* folder is written, swapped in or pruned by tfmlops (caches
         # evict, backups empty, profiles keep the newest runs): none may be a place
         # whose content is not the pipeline's.
-        from tfmlops.project import refusal
+        from tfmlops.project import refusal, store_uri
 
+        store = store_uri(self.tracking.uri)  # MLFLOW_TRACKING_URI's store, when it is set
         for key, value in msgspec.structs.asdict(self.paths).items():
-            why = refusal(value, self.tracking.uri)
+            why = refusal(value, store)
             if why:
                 raise Rule(f"paths.{key}: {value!r} {why}, where tfmlops would delete or "
                            f"replace files; give paths.{key} a folder of its own (default "

@@ -6,6 +6,8 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from tfmlops.config.credentials import uri_problem
+from tfmlops.config.messages import Rule
 from tfmlops.config.sections.base import Section, Text
 
 
@@ -21,6 +23,12 @@ class TrackingConfig(Section):
     # delivers it to the store afterwards (later stages wait for it). true, and under
     # `dvc exp run`: it waits.
     wait: bool = False
+
+    def _rules(self):
+        # params are published (MLflow params, resolved_params.yaml): no password here
+        problem = uri_problem(self.uri)
+        if problem:
+            raise Rule(problem)
 
 
 class ProfilingConfig(Section):
