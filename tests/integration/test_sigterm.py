@@ -105,3 +105,49 @@ def test_sigterm_to_train_and_its_sidecar_ends_the_run_killed(tmp_path, digits_w
     assert run.info.status == "KILLED"
     assert not (Path(cfg.paths.train) / MODEL_FILE).exists()
     assert mlflow_client(cfg).get_run(run.info.run_id).info.end_time is not None
+
+
+def test_ctrl_c_to_prepares_process_group_exits_130_and_keeps_the_previous_output(
+        tmp_path, make_cfg):
+    """Ctrl-C in a terminal: SIGINT to the whole foreground group (prepare, its pool, any
+    sidecar), here while prepare is held between swap-in's renames. Exit 130 with one
+    line, the run KILLED, the previous output in place, no temp file and no process left."""
+    from tfmlops.stages import prepare
+
+    photos = tmp_path / "photos"
+    photo_folder(photos, per_class=4, classes=2)
+    age(photos)
+    cfg = _cfg(make_cfg, photos, 16)
+    prepare.run(cfg)
+    before = prepared_bytes(cfg)
+    _cfg(make_cfg, photos, 20)
+    env = {**child_env(), "TFMLOPS_FAULT": "swap.old", "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"}
+    log = tmp_path / "interrupted.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=env,
+                                stdout=out, stderr=out, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.1)
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
+            os.killpg(proc.pid, signal.SIGCONT)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 128 + signal.SIGINT, text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
+    last = text.strip().splitlines()[-1]
+    assert "prepare: stopped by an interrupt (Ctrl-C)" in last and "KILLED" in last, last
+    assert prepared_bytes(cfg) == before
+    left = [str(p.relative_to(tmp_path)) for p in (tmp_path / "data").rglob("*")
+            if any(mark in p.name for mark in TEMP_MARKS)]
+    assert left == []
+    assert _group(proc.pid) == []
+    deadline = time.monotonic() + 60  # the run is ended by the sidecar, which may lag
+    while [r.info.status for r in stage_runs(cfg, "prepare")] != ["KILLED", "FINISHED"]:
+        assert time.monotonic() < deadline, [r.info.status for r in stage_runs(cfg, "prepare")]
+        time.sleep(0.5)
