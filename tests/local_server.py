@@ -47,10 +47,10 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 3
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server {url} died:\n{log.read_text()[-3000:]}")
-        try:
-            if get(f"{url}/ping", timeout=2).status_code == 200:
+        try:  # a server that accepts but is slow to answer (a loaded machine) is still starting
+            if get(f"{url}/ping", timeout=10).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
             pass
         time.sleep(0.5)
     raise RuntimeError(f"server {url} did not start in {timeout_s:g} s:\n"

@@ -131,7 +131,9 @@ def test_orphans_beyond_one_search_page_are_closed_too(tmp_path, make_cfg, monke
 def test_another_hosts_run_is_closed_once_its_heartbeat_stopped(tmp_path, make_cfg,
                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(heartbeat.STALE_AFTER_ENV, "3")
+    # The second closer must come within STALE of the first (a loaded 2-core machine took
+    # over 1 s to open and end a run), the third after it: a wide window on both sides.
+    monkeypatch.setenv(heartbeat.STALE_AFTER_ENV, str(STALE))
     cfg = make_cfg()
     with tracking.stage_run(cfg, "prepare", tmp_path / "out") as first:
         pass
@@ -152,7 +154,7 @@ def test_another_hosts_run_is_closed_once_its_heartbeat_stopped(tmp_path, make_c
         assert {status(client, r) for r in (dead, live, outage, child)} == {"RUNNING"}
         # the outage ends: its owner reaches the store again and beats
         back = heartbeat.Heartbeat(outage, attempts=2, interval=0.3).start()
-        time.sleep(2.0)
+        time.sleep(STALE - 1.0)  # with the 1.5 s above: past STALE since the first closer
         with tracking.stage_run(cfg, "prepare", tmp_path / "out") as closer:
             pass
     finally:
@@ -162,11 +164,14 @@ def test_another_hosts_run_is_closed_once_its_heartbeat_stopped(tmp_path, make_c
     assert status(client, dead) == "KILLED"
     assert status(client, child) == "KILLED"
     reason = client.get_run(dead).data.tags[stale.KILLED_TAG]
-    assert reason == (f"heartbeat unchanged for over 3 s; closed by run {closer.run_id} "
+    assert reason == (f"heartbeat unchanged for over {STALE} s; closed by run {closer.run_id} "
                       "of prepare")
     assert status(client, live) == "RUNNING"
     assert status(client, outage) == "RUNNING"
     assert int(client.get_run(live).data.tags[HEARTBEAT_TAG]) > 3
+
+
+STALE = 8
 
 
 def test_a_stage_run_renews_its_heartbeat_while_it_is_open(tmp_path, make_cfg, monkeypatch):

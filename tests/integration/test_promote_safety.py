@@ -288,8 +288,12 @@ def test_a_slow_live_holder_is_not_broken(reg, caplog):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_racing_promotions_leave_exactly_one_production(reg, tmp_path):
-    cfg, registry, register = reg
+def test_racing_promotions_leave_exactly_one_production(reg, make_cfg):
+    _, registry, register = reg
+    # Three processes importing MLflow on 2 cores: a 3 s lease let a starved renewal thread
+    # lose a live holder's lock. The lock's logic is tested on short leases above.
+    cfg = make_cfg(promote={"registered_model": "safety", "lock_lease_s": 15.0,
+                            "gate": {"evaluate": False}})
     versions = [register() for _ in range(3)]
     procs = [subprocess.Popen([str(VENV_BIN / "tfmlops"), "promote", "--version", v],
                               cwd=Path(cfg.paths.reports).parent, env=child_env(),
