@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from images import exif_rotated_jpeg, photo
 from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
@@ -55,6 +57,24 @@ def test_shards_no_record_went_to_are_dropped_and_the_rest_renumbered(tmp_path):
                                                            "test-00001-of-00002.tfrecord"]
     assert (tmp_path / "test-00000-of-00002.tfrecord").read_bytes() == \
         frame(encode_example({"label": 2}))  # shard 1 comes first
+
+
+@settings(max_examples=25, deadline=None)
+@given(shards=st.integers(1, 9), open_max=st.integers(1, 9),
+       writes=st.lists(st.integers(0, 8), max_size=40))
+def test_a_writer_with_few_files_open_writes_the_bytes_of_one_with_all_open(
+        tmp_path_factory, shards, open_max, writes):
+    """data.shards beyond the machine's open-files limit (config.machine.fit_to_machine):
+    the least recently written shard is closed and reopened for appending."""
+    out = {}
+    for name, most in (("all", None), ("few", open_max)):
+        folder = tmp_path_factory.mktemp(name)
+        writer = ShardedWriter(folder, "train", shards, most)
+        for i, shard in enumerate(writes):
+            writer.write(encode_example({"label": i}), shard % shards)
+            assert len(writer.files) <= (most or shards)
+        out[name] = {p.name: p.read_bytes() for p in writer.close()}
+    assert out["few"] == out["all"]
 
 
 def test_statistics_are_those_of_the_image_tensorflow_resizes():

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tfmlops import faults
 from tfmlops.config import Config
-from tfmlops.config.machine import cores
+from tfmlops.config.machine import cores, fit_to_machine, most_workers
 from tfmlops.data.hash_memo import HashMemo, StatKey, stat_key, trust_cutoff
 from tfmlops.data.images import SPLITS, assign_splits, unsupported
 from tfmlops.data.profile import Profile
@@ -123,9 +123,10 @@ def new_tally(cfg: Config, cache: ImageCache | None) -> Tally:
 
 
 def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
-    """Processes for decoding files of `miss_bytes` sizes (1: this process)."""
+    """Processes for decoding files of `miss_bytes` sizes (1: this process); data.workers
+    is cut to what this machine's cores take (config.machine.fit_to_machine)."""
     if cfg.data.workers:
-        return max(1, min(cfg.data.workers, len(miss_bytes)))
+        return max(1, min(cfg.data.workers, most_workers(), len(miss_bytes)))
     if sum(miss_bytes) < POOL_MIN_BYTES:
         return 1
     return min(cores(), max(1, len(miss_bytes) // POOL_MIN_JOBS))
@@ -135,6 +136,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     """Write every good image of `files` [(path, class)] to `out`'s shards; copy bad
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
+    _, open_max = fit_to_machine(cfg.data.shards, cfg.data.workers)  # one line if cut
     tally = new_tally(cfg, ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     started = time.perf_counter()
@@ -158,7 +160,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     _warn_across_classes(good, keys, lambda i: str(files[i][0].relative_to(image_dir)))
     splits = assign_splits(good, cfg.seed, cfg.data.split.val, cfg.data.split.test)
     label_index = {c: i for i, c in enumerate(classes)}
-    writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
+    writers = {s: ShardedWriter(out, s, cfg.data.shards, open_max) for s in SPLITS}
     progress = Progress(len(files), "prepare: writing")
     try:
         for i in write_order(keys, reasons):
