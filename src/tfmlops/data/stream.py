@@ -31,6 +31,7 @@ from tfmlops.data.hash_memo import HashMemo, StatKey, stat_key, trust_cutoff
 from tfmlops.data.images import SPLITS, assign_splits, unsupported
 from tfmlops.data.profile import Profile
 from tfmlops.data.store import (
+    CacheLock,
     ImageCache,
     Stored,
     StoreSpec,
@@ -137,6 +138,15 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
     _, open_max = fit_to_machine(cfg.data.shards, cfg.data.workers)  # one line if cut
+    lock = CacheLock(cfg.paths.prepare_cache).shared()  # the cache may be another checkout's too
+    try:
+        return _prepare_locked(cfg, image_dir, classes, files, out, spec, open_max, lock)
+    finally:
+        lock.close()
+
+
+def _prepare_locked(cfg: Config, image_dir: Path, classes: list[str], files, out: Path,
+                    spec: StoreSpec, open_max: int, lock: CacheLock) -> Tally:
     tally = new_tally(cfg, ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     started = time.perf_counter()
@@ -148,9 +158,14 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
         known = [st and memo.get(path, st) for (path, _), st in zip(files, stats, strict=True)]
         keys, reasons = _decode_pass(files, stats, known, tally, spec, cfg)
         faults.point("decode.done")
-        memo.replace(((path, st, sha)
-                      for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha),
-                     cutoff)
+        if lock.exclusive():  # no other run reads the memo while it is rewritten
+            memo.replace(((path, st, sha)
+                          for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha),
+                         cutoff)
+        else:  # kept as it is: a file it misses is only hashed again next time
+            log.info("prepare: another prepare is using %s; the hash memo is not updated",
+                     cfg.paths.prepare_cache)
+        lock.shared()
     finally:
         memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
