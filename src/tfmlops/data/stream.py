@@ -28,7 +28,7 @@ from tfmlops import faults
 from tfmlops.config import Config
 from tfmlops.config.machine import cores, fit_to_machine, most_workers
 from tfmlops.data.hash_memo import HashMemo, StatKey, stat_key, trust_cutoff
-from tfmlops.data.images import SPLITS, assign_splits, unsupported
+from tfmlops.data.images import SPLITS, assign_splits, staged_path, unsupported
 from tfmlops.data.profile import Profile
 from tfmlops.data.store import (
     CacheLock,
@@ -402,7 +402,7 @@ def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8
 def quarantine(out: Path, rel: str, source: Path | bytes) -> None:
     """Copy a rejected file (`rel` in the image folder; the file, or the bytes read from
     a URL) beside the report (the user's folder stays untouched)."""
-    target = out / "quarantine" / rel
+    target = staged_path(out / "quarantine", rel)  # inside it, however `rel` reads
     target.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(source, bytes):
         target.write_bytes(source)
