@@ -23,6 +23,7 @@ from tfmlops.artifacts import (
     TAG_STAGE,
     run_dir,
 )
+from tfmlops.data.builtin import write_digits
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
 from tfmlops.tracking.lineage import wait_delivered
@@ -419,3 +420,39 @@ def test_a_class_folder_name_not_utf8_exits_2_naming_it(tmp_path, make_cfg, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "class folder b'\\xff\\xfeclass'" in err and "not a valid UTF-8 name" in err
+
+
+def test_prepare_fits_workers_and_shards_to_this_machine_in_one_line(tmp_path, make_cfg):
+    """data.workers 32 and data.shards 400 (1,264 open files): params a 16-core
+    workstation takes, valid here too (test_config_rules.py). On these 2 cores with a
+    hard limit of 100 open files, prepare decodes with 4 processes, keeps at most 12
+    shard files open per split (its 200 images fill more than 100 shards), says both in
+    one warning line, and writes the bytes of a run that held every shard open."""
+    import resource
+
+    write_digits(tmp_path / "digits", limit=200)
+
+    def prepare_in(name: str, limit: int) -> tuple[subprocess.CompletedProcess, dict]:
+        (tmp_path / name).mkdir()
+        cfg = make_cfg(tmp_path / name, data={"image_dir": str(tmp_path / "digits"),
+                                              "workers": 32, "shards": 400},
+                       tracking={"enabled": False})
+        proc = subprocess.run(
+            [sys.executable, "-m", "tfmlops", "--params", str(tmp_path / name / "params.yaml"),
+             "prepare"], cwd=tmp_path / name, env=child_env(), capture_output=True, text=True,
+            timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                               (limit, limit)))
+        return proc, (output_bytes(cfg) if proc.returncode == 0 else {})
+
+    small, fitted = prepare_in("small", 100)
+    assert small.returncode == 0, small.stderr
+    (line,) = [x for x in small.stderr.splitlines() if "this machine" in x]
+    assert ("fitted to this machine: data.workers 32 -> 4 processes (2 cores)" in line
+            and "data.shards 400 written with at most 12 open per split" in line
+            and "the output is the same" in line), line
+    assert "200 to read with 4 process(es)" in small.stderr, small.stderr
+    big, full = prepare_in("big", 4096)
+    assert big.returncode == 0, big.stderr
+    assert "data.shards" not in big.stderr, big.stderr
+    assert sum(n.endswith(".tfrecord") for n in fitted) > 100  # more than could be open
+    assert fitted == full

@@ -386,21 +386,22 @@ CHECK = ("import sys; from tfmlops.cli import main; "
          "sys.exit(main(['--params', sys.argv[1], 'check']))")
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"shards": 1024}, "data.shards 1024 holds 3136 files open at once (3 splits x 1024 + 64); "
-                       "this machine allows 1024 (hard limit of open files, `ulimit -Hn`): use "
-                       "at most 320"),
-    ({"workers": 1024}, "data.workers 1024 is more than this machine's"),
-])
-def test_tfmlops_check_refuses_data_params_beyond_this_machine(tmp_path, data, message):
+def test_data_params_a_bigger_machine_takes_pass_check_on_this_one(tmp_path):
+    """data.workers 32 (2 x a 16-core machine's cores) and data.shards 1024 (3,136 open
+    files): valid on a workstation, so valid here too (2 cores, hard limit 1,024 open
+    files: prepare fits them when it runs, test_prepare.py); only the static bounds of
+    the schema are refused, in one line."""
     import yaml
 
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"data": data}))
+    params.write_text(yaml.safe_dump({"data": {"workers": 32, "shards": 1024}}))
+    proc = _with_open_files(1024, 1024, CHECK, str(params))
+    assert proc.returncode == 0, proc.stderr
+    params.write_text(yaml.safe_dump({"data": {"workers": 1025}}))
     proc = _with_open_files(1024, 1024, CHECK, str(params))
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert message in line, line
+    assert "data.workers" in line and "1024" in line, line
 
 
 def test_prepare_raises_its_soft_open_files_limit_to_what_the_shards_need():

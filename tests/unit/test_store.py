@@ -6,10 +6,19 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from images import exif_rotated_jpeg, photo
 from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
-from tfmlops.data.store import ImageCache, Stored, StoreSpec, channel_sums, store_bytes
+from tfmlops.data.store import (
+    ImageCache,
+    Stored,
+    StoreSpec,
+    channel_sums,
+    own_segment,
+    store_bytes,
+)
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
 
@@ -55,6 +64,24 @@ def test_shards_no_record_went_to_are_dropped_and_the_rest_renumbered(tmp_path):
                                                            "test-00001-of-00002.tfrecord"]
     assert (tmp_path / "test-00000-of-00002.tfrecord").read_bytes() == \
         frame(encode_example({"label": 2}))  # shard 1 comes first
+
+
+@settings(max_examples=25, deadline=None)
+@given(shards=st.integers(1, 9), open_max=st.integers(1, 9),
+       writes=st.lists(st.integers(0, 8), max_size=40))
+def test_a_writer_with_few_files_open_writes_the_bytes_of_one_with_all_open(
+        tmp_path_factory, shards, open_max, writes):
+    """data.shards beyond the machine's open-files limit (config.machine.fit_to_machine):
+    the least recently written shard is closed and reopened for appending."""
+    out = {}
+    for name, most in (("all", None), ("few", open_max)):
+        folder = tmp_path_factory.mktemp(name)
+        writer = ShardedWriter(folder, "train", shards, most)
+        for i, shard in enumerate(writes):
+            writer.write(encode_example({"label": i}), shard % shards)
+            assert len(writer.files) <= (most or shards)
+        out[name] = {p.name: p.read_bytes() for p in writer.close()}
+    assert out["few"] == out["all"]
 
 
 def test_statistics_are_those_of_the_image_tensorflow_resizes():
@@ -131,7 +158,7 @@ def test_cache_compaction_keeps_only_live_entries_of_this_spec(tmp_path):
         (n / "keep.txt").write_text("someone else's")
     cache.compact({"b" * 64, "c" * 64})
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [cache.folder.name] + [n.name for n in neighbours])
+        [".lock", cache.folder.name] + [n.name for n in neighbours])
     assert all((n / "keep.txt").is_file() for n in neighbours)
     fresh = ImageCache(tmp_path, SPEC)
     assert set(fresh.index) == {"b" * 64, "c" * 64} and fresh.get("c" * 64).data == b"c" * 10
@@ -296,3 +323,31 @@ def test_a_cache_entry_whose_hash_field_is_damaged_is_not_indexed(tmp_path):
     assert set(damaged.index) == {good}
     assert len(cached_prefixes(damaged.index)) == 1
     damaged.close()
+
+
+def test_a_cache_segment_removed_under_a_reader_reads_as_missing(tmp_path):
+    """Another process's compaction removed a segment this run indexed (a cache shared
+    by two checkouts, with no lock: an older tfmlops, or a filesystem without flock):
+    its entries read as missing, decoded again, never a crash."""
+    cache = ImageCache(tmp_path, SPEC)
+    cache.put("a" * 64, Stored(data=b"a" * 10, encoding="png"))
+    cache.close()
+    reader = ImageCache(tmp_path, SPEC)
+    for seg in reader.folder.glob("*.seg"):
+        seg.unlink()
+    assert reader.has("a" * 64) and reader.get("a" * 64) is None
+    reader.close()
+
+
+def test_a_run_appends_to_a_segment_of_its_own_even_one_another_run_just_made(tmp_path):
+    """Two runs list the segments, both find 000002 free, one creates it: the other
+    takes 000003, so neither writes at offsets the other's index does not hold."""
+    cache = ImageCache(tmp_path, SPEC)
+    cache.put("a" * 64, Stored(data=b"a" * 10, encoding="png"))
+    cache.close()
+    (first,) = cache.folder.glob("*.seg")
+    before = first.read_bytes()
+    seg, fd = own_segment(cache.folder, 1)  # 000001 was free when this run listed
+    os.close(fd)
+    assert seg.name == "000002.seg" and first.read_bytes() == before
+    assert ImageCache(tmp_path, SPEC).get("a" * 64).data == b"a" * 10

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tfmlops.artifacts import run_dir
+from tfmlops.data.images import list_keys
 from tfmlops.errors import ConfigError, DataError, UserError
 from tfmlops.logs import children_stderr_to
 
@@ -77,7 +78,9 @@ def is_url(image_dir: str | Path) -> bool:
 def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
     """`images.list_files` for a folder URL, through Beam's filesystems (endpoints in
     `data.beam.options`, credentials in the environment): classes, (file URL, class) in
-    the order the local listing has (by path components), nothing refused by what it is (no symlinks)."""
+    the order the local listing has (by path components), nothing refused by what it is
+    (no symlinks); a key that cannot be a file name here fails the run naming it
+    (`images.list_keys`)."""
     if cfg.data.engine != "beam":
         raise DataError(f"data.image_dir {url} is a URL: only data.engine: beam reads URLs; "
                         "set it, or copy the images to a local folder")
@@ -92,13 +95,12 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
         raise DataError(f"data.image_dir {url} cannot be listed ({_first(exc)}); check the "
                         "URL and the credentials in the environment (AWS_ACCESS_KEY_ID ... or "
                         "AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS)") from None
-    parts = sorted(tuple(m.path[len(root) + 1:].split("/")) for m in found)
-    parts = [p for p in parts if len(p) > 1 and not any(x.startswith(".") for x in p)]
-    classes = sorted({p[0] for p in parts})
+    # every key checked as a name under the staging folder (images.list_keys)
+    classes, files = list_keys(url, [m.path for m in found])
     if len(classes) < 2:
         raise DataError(f"image folder {url} has {len(classes)} class folder(s) with files; it "
                         "needs at least 2 (one sub-folder per class)")
-    return classes, [(f"{root}/{'/'.join(p)}", p[0]) for p in parts], []
+    return classes, files, []
 
 
 def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):

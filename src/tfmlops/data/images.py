@@ -15,6 +15,18 @@ What counts as a class's file (README, "Your own images"):
 - a class folder name must be valid UTF-8 (it becomes the exported model's
   label), else the whole run is refused, naming the folder.
 
+Names are untrusted: whoever may write to the folder (or upload to the bucket a
+`gs://`/`s3://` image_dir names) chooses them, and a refused file's name becomes
+a path under the staging folder (its quarantine copy). A name that could not be
+one there as it reads fails the run in one line naming it (`name_refusal`): an
+object key with an empty component (`//`, a leading `/`), a `.` or `..` one, or a
+backslash; on either engine, a name that is not UTF-8, holds a control character
+(a newline) or has a component longer than 255 bytes. It is not skipped, for the
+dataset would silently lose a file, and such a name is a mistake or an attack the
+user must see; nor quarantined, for the name itself is what cannot be written.
+`staged_path` then checks, resolved, that every quarantine copy lands inside its
+folder.
+
 The split is stratified per class and keyed by content (`assign_splits`): a file
 keeps its split however the folder is scanned, identical images always share a
 split (no leakage), and adding or removing one file of a class moves at most two
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +45,8 @@ from tfmlops.errors import DataError
 
 SUPPORTED = {".png", ".jpg", ".jpeg", ".mpo", ".bmp", ".gif"}
 SPLITS = ("train", "val", "test")
+NAME_MAX = 255  # bytes in one path component (Linux, macOS)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")  # control characters and the backslash
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,8 @@ def list_classes(root: Path) -> list[str]:
             raise DataError(f"class folder {os.fsencode(p.name)!r} in {root} is not a valid "
                             "UTF-8 name; rename it (a class folder's name is the label the "
                             "exported model answers)") from None
+        if why := name_refusal(p.name):
+            raise bad_name(root, p.name, why)
         if p.is_symlink() and not _inside(p.resolve(), real):
             raise DataError(f"class folder {p} is a symlink to {p.resolve()}, outside "
                             f"data.image_dir {root}; move or copy that folder into {root}")
@@ -89,6 +106,10 @@ def _walk(folder: Path, real_root: Path, label: str, found: list, refused: list)
             path = Path(entry.path)
             if entry.name.startswith("."):
                 continue
+            # name_refusal's checks that a name on disk can fail, in its cheapest order
+            # (a symlink's too: its name is listed)
+            if _UNSAFE.search(entry.name) or not (entry.name.isascii() or _utf8(entry.name)):
+                raise bad_name(folder, entry.name, name_refusal(entry.name))
             if entry.is_symlink():
                 reason = _symlink_refusal(path, real_root)
                 if reason:
@@ -99,6 +120,83 @@ def _walk(folder: Path, real_root: Path, label: str, found: list, refused: list)
                 _walk(path, real_root, label, found, refused)
             elif entry.is_file(follow_symlinks=False):
                 found.append(path)
+
+
+def name_refusal(rel: str) -> str | None:
+    """Why `rel`, a '/'-separated path below data.image_dir (an object key below the
+    folder URL, or a file's name on disk), cannot name a file under the staging folder
+    as it is; None when it can. A leading '/' is an empty first component."""
+    if not _utf8(rel):
+        return "not valid UTF-8"
+    if m := _UNSAFE.search(rel):
+        return "a backslash" if m.group() == "\\" else f"a control character {m.group()!r}"
+    for part in rel.split("/"):
+        if part in ("", ".", ".."):
+            return f"a {part!r} path component" if part else "an empty path component ('//')"
+        if len(part.encode()) > NAME_MAX:
+            return f"a component longer than {NAME_MAX} bytes"
+    return None
+
+
+def bad_name(folder, name: str, why: str) -> DataError:
+    """The one-line error for `name` in `folder` (a path or URL), refused for `why`."""
+    full = f"{str(folder).rstrip('/')}/{name}"
+    try:
+        shown = repr(full) if _utf8(full) else repr(os.fsencode(full))
+    except UnicodeEncodeError:  # a lone surrogate no file name decodes to
+        shown = ascii(full)
+    return DataError(f"{shown[:300]} has a name prepare cannot use ({why}); rename or remove "
+                     "it (below data.image_dir: <class>/.../<file>, UTF-8, with no empty, '.' or "
+                     "'..' component, backslash or control character)")
+
+
+def list_keys(url: str, paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """`list_files` for the file URLs a store lists below folder `url`: classes and
+    (file URL, class) in the local listing's order. Keys are untrusted: one that
+    `name_refusal` refuses fails the run naming it, before any file is read; then, as
+    on disk, hidden names and files beside the class folders are skipped, and a key
+    ending in '/' is a folder (S3's console makes these), not a file."""
+    root = url.rstrip("/")
+    found: list[tuple[str, ...]] = []
+    for path in paths:
+        if not path.startswith(root + "/"):
+            raise bad_name(url, path, "not below the folder")
+        rel = path[len(root) + 1:]
+        folder = rel.endswith("/")
+        if rel and (why := name_refusal(rel[:-1] if folder else rel)):
+            raise bad_name(url, rel, why)
+        parts = tuple(rel.split("/"))
+        if rel and not folder and len(parts) > 1 and not any(x.startswith(".") for x in parts):
+            found.append(parts)
+    found.sort()
+    folders = {p[:i] for p in found for i in range(1, len(p))}
+    for parts in found:  # the same name as a file and as a folder: no file system holds both
+        if parts in folders:
+            raise bad_name(url, "/".join(parts), "both a file and a folder of files")
+    classes = sorted({p[0] for p in found})
+    return classes, [(f"{root}/{'/'.join(p)}", p[0]) for p in found]
+
+
+def staged_path(folder: Path, rel: str) -> Path:
+    """`folder / rel` for a write (a quarantine copy), once checked to stay inside
+    `folder` however `rel` reads: refused by `name_refusal`, or when it resolves (links
+    followed) outside. The listings refuse such names first: this is the last guard."""
+    target = Path(folder) / rel
+    why = name_refusal(rel)
+    if why is None and Path(folder).resolve() not in target.resolve().parents:
+        why = "it resolves outside the folder"
+    if why:
+        raise DataError(f"prepare refuses to write {ascii(rel)[:300]} under {folder}: {why} "
+                        "(a bug: please report it)")
+    return target
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.listdir hands undecodable bytes over as surrogates
+        return False
+    return True
 
 
 def _symlink_refusal(path: Path, real_root: Path) -> str | None:

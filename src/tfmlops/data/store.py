@@ -14,8 +14,10 @@ spec fingerprint, so an incremental `prepare` decodes only new or changed files.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -29,6 +31,8 @@ import numpy as np
 from tfmlops import faults
 from tfmlops.errors import DataError
 from tfmlops.files import claim_folder, owned_children
+
+log = logging.getLogger(__name__)
 
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
 STORE_VERSION = 5
@@ -224,6 +228,36 @@ def _header(blob: bytes) -> dict:
         return json.loads(blob)
 
 
+class CacheLock:
+    """An flock on `<paths.prepare_cache>/.lock`: two checkouts may point at one absolute
+    cache. A run holds it shared while it reads and appends (each run appends to a
+    segment of its own, created exclusively). What removes files another run may be
+    reading (compaction, the hash memo's rewrite) needs it exclusive, and is skipped
+    while another run holds it: only an optimisation waits for a later run, never a
+    run for another. The kernel releases it when the process dies, however it dies."""
+
+    def __init__(self, root: str | Path):
+        Path(root).mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)
+        self.fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+
+    def shared(self) -> CacheLock:
+        fcntl.flock(self.fd, fcntl.LOCK_SH)  # waits out another's compaction or rewrite
+        return self
+
+    def exclusive(self) -> bool:
+        """Exclusive now, if no other process holds the lock: True. Else False, and
+        unlocked (Linux drops a shared lock before converting it): call `shared` again."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class ImageCache:
     """Results by content hash, appended to segment files `<root>/<fingerprint>/NNNNNN.seg`.
 
@@ -251,10 +285,14 @@ class ImageCache:
             self._scan(seg)
 
     def _scan(self, seg: Path) -> None:
-        size = seg.stat().st_size
         number = len(self._segments)
         self._segments.append(seg)
-        with seg.open("rb") as fh:
+        try:
+            size = seg.stat().st_size
+            fh = seg.open("rb")
+        except OSError:  # removed since it was listed (another process compacted): none
+            return
+        with fh:
             pos = 0
             while pos + _HEAD.size <= size:
                 n, crc = _HEAD.unpack(fh.read(_HEAD.size))
@@ -292,9 +330,9 @@ class ImageCache:
             self._out.flush()  # the entry may be this run's, still in the write buffer
         number, pos, reason = self.index[sha256]
         seg = self._segments[number]
-        fh = self._readers.get(seg) or self._readers.setdefault(seg, seg.open("rb"))
-        fh.seek(pos)
         try:
+            fh = self._readers.get(seg) or self._readers.setdefault(seg, seg.open("rb"))
+            fh.seek(pos)
             n, crc = _HEAD.unpack(fh.read(_HEAD.size))
             blob = fh.read(n)
             head = _header(blob)
@@ -302,8 +340,8 @@ class ImageCache:
             if (len(data) != head["length"] or _crc(blob, data) != crc
                     or head["sha256"] != sha256 or head.get("reason") != reason):
                 return None  # cut short or damaged: decode again
-        except (ValueError, KeyError, TypeError, struct.error):
-            return None  # damaged since it was indexed: decode again
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return None  # damaged or removed since it was indexed: decode again
         facts = {k: tuple(v) if isinstance(v, list) else v for k, v in head.items()
                  if k not in ("sha256", "length")}
         return Stored(data=data, **facts)
@@ -312,8 +350,9 @@ class ImageCache:
         if self._out is None:
             claim_folder(self.folder, CACHE_KIND)
             number = max((int(p.stem) for p in self.folder.glob("*.seg")), default=0) + 1
-            self._segments.append(self.folder / f"{number:06d}.seg")
-            self._out = self._segments[-1].open("ab")
+            seg, fd = own_segment(self.folder, number)
+            self._segments.append(seg)
+            self._out = os.fdopen(fd, "ab")
         # Indexed as written: the entries of this run are read back without a new scan.
         self.index[sha256] = (len(self._segments) - 1, self._out.tell(), stored.reason)
         entry = _entry(sha256, stored)
@@ -335,16 +374,30 @@ class ImageCache:
     def compact(self, keep: set[str], max_segments: int = 4) -> None:
         """After a successful run: drop other specs' folders (this cache's own: marker
         and name) and, once there are dead entries (files gone from the dataset) or
-        many segments, rewrite the entries of `keep` into one segment."""
+        many segments, rewrite the entries of `keep` into one segment. Only when no
+        other run uses the cache (`CacheLock`); else a later run does it."""
         self.close()
+        lock = CacheLock(self.root)
+        try:
+            if lock.exclusive():
+                self._compact(keep, max_segments)
+            else:
+                log.info("prepare: another prepare is using %s; its compaction is left to "
+                         "a later run", self.root)
+        finally:
+            lock.close()
+
+    def _compact(self, keep: set[str], max_segments: int) -> None:
         for other in owned_children(self.root, CACHE_KIND, r"[0-9a-f]{16}"):  # fingerprints
             if other != self.folder:
                 shutil.rmtree(other, ignore_errors=True)
         tmp = self.folder / ".compact.tmp"
         tmp.unlink(missing_ok=True)  # left by a killed compaction
         segments = sorted(self.folder.glob("*.seg"))
-        if len(segments) <= max_segments and set(self.index) <= keep:
+        if not segments or len(segments) <= max_segments and set(self.index) <= keep:
             return
+        last = int(segments[-1].stem)
+        segments = [s for s in segments if s in self._segments]  # not one written since
         with tmp.open("wb") as out:
             for sha in sorted(keep & set(self.index)):
                 stored = self.get(sha)
@@ -352,10 +405,22 @@ class ImageCache:
                     out.write(_entry(sha, stored))
         self.close()
         faults.point("compact.temp")
-        os.replace(tmp, self.folder / f"{int(segments[-1].stem) + 1:06d}.seg")
+        os.replace(tmp, self.folder / f"{last + 1:06d}.seg")
         faults.point("compact.replaced")
         for seg in segments:
             seg.unlink()
+
+
+def own_segment(folder: Path, number: int) -> tuple[Path, int]:
+    """A new segment file (and its fd) numbered `number`, or the first free number above
+    it: created exclusively, for another run may have created that one since `number`
+    was found free."""
+    while True:
+        seg = folder / f"{number:06d}.seg"
+        try:
+            return seg, os.open(seg, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            number += 1
 
 
 def _crc(blob: bytes, data: bytes) -> int:

@@ -26,11 +26,12 @@ from pathlib import Path
 
 from tfmlops import faults
 from tfmlops.config import Config
-from tfmlops.config.machine import cores
+from tfmlops.config.machine import cores, fit_to_machine, most_workers
 from tfmlops.data.hash_memo import HashMemo, StatKey, stat_key, trust_cutoff
-from tfmlops.data.images import SPLITS, assign_splits, unsupported
+from tfmlops.data.images import SPLITS, assign_splits, staged_path, unsupported
 from tfmlops.data.profile import Profile
 from tfmlops.data.store import (
+    CacheLock,
     ImageCache,
     Stored,
     StoreSpec,
@@ -123,9 +124,10 @@ def new_tally(cfg: Config, cache: ImageCache | None) -> Tally:
 
 
 def pool_size(cfg: Config, miss_bytes: list[int]) -> int:
-    """Processes for decoding files of `miss_bytes` sizes (1: this process)."""
+    """Processes for decoding files of `miss_bytes` sizes (1: this process); data.workers
+    is cut to what this machine's cores take (config.machine.fit_to_machine)."""
     if cfg.data.workers:
-        return max(1, min(cfg.data.workers, len(miss_bytes)))
+        return max(1, min(cfg.data.workers, most_workers(), len(miss_bytes)))
     if sum(miss_bytes) < POOL_MIN_BYTES:
         return 1
     return min(cores(), max(1, len(miss_bytes) // POOL_MIN_JOBS))
@@ -135,6 +137,16 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     """Write every good image of `files` [(path, class)] to `out`'s shards; copy bad
     ones to `out/quarantine`; return the tally."""
     spec = store_spec(cfg)
+    _, open_max = fit_to_machine(cfg.data.shards, cfg.data.workers)  # one line if cut
+    lock = CacheLock(cfg.paths.prepare_cache).shared()  # the cache may be another checkout's too
+    try:
+        return _prepare_locked(cfg, image_dir, classes, files, out, spec, open_max, lock)
+    finally:
+        lock.close()
+
+
+def _prepare_locked(cfg: Config, image_dir: Path, classes: list[str], files, out: Path,
+                    spec: StoreSpec, open_max: int, lock: CacheLock) -> Tally:
     tally = new_tally(cfg, ImageCache(cfg.paths.prepare_cache, spec))
     memo = HashMemo(Path(cfg.paths.prepare_cache) / HASH_MEMO)
     started = time.perf_counter()
@@ -146,9 +158,14 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
         known = [st and memo.get(path, st) for (path, _), st in zip(files, stats, strict=True)]
         keys, reasons = _decode_pass(files, stats, known, tally, spec, cfg)
         faults.point("decode.done")
-        memo.replace(((path, st, sha)
-                      for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha),
-                     cutoff)
+        if lock.exclusive():  # no other run reads the memo while it is rewritten
+            memo.replace(((path, st, sha)
+                          for (path, _), st, sha in zip(files, stats, keys, strict=True) if sha),
+                         cutoff)
+        else:  # kept as it is: a file it misses is only hashed again next time
+            log.info("prepare: another prepare is using %s; the hash memo is not updated",
+                     cfg.paths.prepare_cache)
+        lock.shared()
     finally:
         memo.close()
         tally.cache.close()  # what was decoded stays cached, even if this run fails
@@ -158,7 +175,7 @@ def prepare_stream(cfg: Config, image_dir: Path, classes: list[str], files, out:
     _warn_across_classes(good, keys, lambda i: str(files[i][0].relative_to(image_dir)))
     splits = assign_splits(good, cfg.seed, cfg.data.split.val, cfg.data.split.test)
     label_index = {c: i for i, c in enumerate(classes)}
-    writers = {s: ShardedWriter(out, s, cfg.data.shards) for s in SPLITS}
+    writers = {s: ShardedWriter(out, s, cfg.data.shards, open_max) for s in SPLITS}
     progress = Progress(len(files), "prepare: writing")
     try:
         for i in write_order(keys, reasons):
@@ -385,7 +402,7 @@ def _decode_all(paths: list[str], spec: StoreSpec, pool: Decoder, chunk: int = 8
 def quarantine(out: Path, rel: str, source: Path | bytes) -> None:
     """Copy a rejected file (`rel` in the image folder; the file, or the bytes read from
     a URL) beside the report (the user's folder stays untouched)."""
-    target = out / "quarantine" / rel
+    target = staged_path(out / "quarantine", rel)  # inside it, however `rel` reads
     target.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(source, bytes):
         target.write_bytes(source)

@@ -76,24 +76,32 @@ def frame(record: bytes) -> bytes:
 class ShardedWriter:
     """Records into `shards` files, each to the shard its caller names (`stream.shard_of`:
     a function of the record's content); shards no record went to are dropped
-    (`place_shards`), as a writer that knew which would be used would have named them."""
+    (`place_shards`), as a writer that knew which would be used would have named them.
+    At most `open_max` files are open at once (the machine's open-files limit,
+    config.machine.fit_to_machine): beyond it, the least recently written one is closed
+    and reopened for appending when its next record comes; the bytes are the same."""
 
-    def __init__(self, folder: Path, split: str, shards: int):
+    def __init__(self, folder: Path, split: str, shards: int, open_max: int | None = None):
         self.folder, self.split, self.shards = Path(folder), split, shards
         self.paths = [self.folder / f".{split}-{i:05d}.part" for i in range(shards)]
-        self.files = [p.open("wb") for p in self.paths]
+        self.open_max = max(1, open_max or shards)
+        self.files: dict[int, object] = {}  # open ones, least recently written first
         self.counts = [0] * shards
 
     def write(self, record: bytes, shard: int) -> None:
-        self.files[shard].write(frame(record))
+        fh = self.files.pop(shard, None)
+        if fh is None:
+            if len(self.files) >= self.open_max:
+                self.files.pop(next(iter(self.files))).close()
+            fh = self.paths[shard].open("ab" if self.counts[shard] else "wb")
+        self.files[shard] = fh
+        fh.write(frame(record))
         self.counts[shard] += 1
 
     def close(self) -> list[Path]:
-        for f in self.files:
+        for f in self.files.values():
             f.close()
-        for part, n in zip(self.paths, self.counts, strict=True):
-            if not n:
-                part.unlink()
+        self.files.clear()
         return place_shards(self.folder, self.split,
                             {i: self.paths[i] for i, n in enumerate(self.counts) if n})
 

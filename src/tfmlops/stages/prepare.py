@@ -45,7 +45,6 @@ from tfmlops.artifacts import (
     run_dir,
 )
 from tfmlops.config import Config
-from tfmlops.config.machine import allow_open_files
 from tfmlops.data.beam import is_url, list_url, prepare_beam
 from tfmlops.data.contract import check_contract, log_profile
 from tfmlops.data.images import SPLITS, list_files
@@ -58,7 +57,6 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict[str, float]:
-    allow_open_files(cfg.data.shards)  # every shard of the three splits stays open
     url = is_url(cfg.data.image_dir)  # gs://, s3://: read through Beam's filesystems
     image_dir = cfg.data.image_dir.rstrip("/") if url else Path(cfg.data.image_dir)
     with harness.stage(cfg, STAGE, output=cfg.paths.prepared, run_dir=run_dir(cfg, STAGE),
