@@ -364,7 +364,7 @@ def _encoded(fmt: str, width: int, height: int) -> bytes:
 def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path):
     """Through tf.saved_model.load, as TensorFlow Serving loads it: an image whose header
     claims more than export.serving.max_image_pixels is refused before it is decoded, in
-    every format the signature reads; images within the cap are answered."""
+    every format the signature reads (PNG, JPEG, BMP); images within the cap are answered."""
     import keras
     import tensorflow as tf
 
@@ -376,7 +376,7 @@ def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path
     cap = 64 * 48
     export_saved_model(model, tmp_path / "sm", ["a", "b"], 8, 3, MEAN, STD, max_pixels=cap)
     serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
-    for fmt in ("PNG", "JPEG", "GIF", "BMP"):
+    for fmt in ("PNG", "JPEG", "BMP"):
         ok = serve(image_bytes=tf.constant([_encoded(fmt, 64, 48)]))
         assert ok["probabilities"].shape == (1, 2), fmt
         for big in (_encoded(fmt, 65, 48), _encoded(fmt, 48, 65)):
@@ -389,3 +389,44 @@ def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path
     top_down[22:26] = (-60).to_bytes(4, "little", signed=True)  # rows stored top-down
     with pytest.raises(tf.errors.InvalidArgumentError, match="export.serving.max_image_pixels"):
         serve(image_bytes=tf.constant([bytes(top_down)]))
+
+
+def _gif_bomb(side: int = 4096) -> bytes:
+    """A palette GIF of one side x side frame whose logical screen (bytes 6-9) says 1x1."""
+    buf = io.BytesIO()
+    Image.new("P", (side, side), 0).save(buf, "GIF")
+    data = bytearray(buf.getvalue())
+    data[6:10] = (1).to_bytes(2, "little") * 2
+    return bytes(data)
+
+
+def test_the_savedmodel_refuses_gif_and_formats_it_cannot_bound(tmp_path):
+    """TensorFlow sizes a decoded GIF by its largest frame, not by the screen its header
+    states: a 13 KB GIF with a 1x1 screen decoded to 4096x4096 (+1 GB) under a 1,024-pixel
+    cap. Every GIF, and WebP (decode_image reads it; no header check here bounds it), is
+    refused in one line before decoding; the Pillow path (`tfmlops serve`) still takes a
+    well-formed GIF and refuses the crafted one by its frame size."""
+    import keras
+    import tensorflow as tf
+
+    from tfmlops.data.decode import ImageRejected
+    from tfmlops.serving.signatures import export_saved_model
+
+    inputs = keras.Input((8, 8, 1))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(
+        keras.layers.Flatten()(inputs)))
+    export_saved_model(model, tmp_path / "sm", ["a", "b"], 8, 1, MEAN[:1], STD[:1],
+                       max_pixels=1024)
+    serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    small_png, small_gif, webp = (_encoded(fmt, 32, 32) for fmt in ("PNG", "GIF", "WEBP"))
+    assert serve(image_bytes=tf.constant([small_png]))["probabilities"].shape == (1, 2)
+    bomb = _gif_bomb()
+    for refused, words in ((bomb, "GIF is not read by this signature"),
+                           (small_gif, "GIF is not read by this signature"),
+                           (webp, "not PNG, JPEG or BMP")):
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            serve(image_bytes=tf.constant([small_png, refused]))
+        assert f"image refused: {words}" in caught.value.message
+    assert image_input(small_gif, 1, 8, MEAN[:1], STD[:1], max_pixels=1024).shape == (8, 8, 1)
+    with pytest.raises(ImageRejected, match="image of 4096x4096 pixels is too large"):
+        load_pixels(bomb, 1, max_pixels=1024)
