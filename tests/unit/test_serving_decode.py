@@ -299,6 +299,88 @@ def test_a_request_of_16_bit_images_is_capped_by_its_decoded_bytes(tmp_path):
         "request (export.serving.max_request_decoded_bytes): fewer, smaller or 8-bit images")
 
 
+def palette_png(side: int, transparent: bool = True) -> bytes:
+    """A side x side palette PNG (a few KB at any size), index 0 transparent (tRNS)."""
+    img = Image.new("P", (side, side), 0)
+    img.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", **({"transparency": 0} if transparent else {}))
+    return buf.getvalue()
+
+
+# In a fresh process: decode one small palette PNG (OpenCV's threads, Pillow's first use),
+# reset the peak RSS (/proc/self/clear_refs), then report what load_pixels added at its
+# peak for one image, per channel count, with the bytes decoded_bytes charges for it.
+PEAK = """
+import json, sys
+from pathlib import Path
+from tfmlops.data.decode import decoded_bytes, load_pixels, open_image
+
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+
+small, big = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]).read_bytes()
+load_pixels(small, 3, short_side=32)
+peaks = {}
+for channels in (3, 1):
+    Path("/proc/self/clear_refs").write_text("5")
+    base = status("VmRSS")
+    load_pixels(big, channels, short_side=96)
+    peaks[channels] = status("VmHWM") - base
+print(json.dumps({"charged": decoded_bytes(open_image(big)), "peaks": peaks}))
+"""
+
+
+def test_a_transparent_palette_image_costs_no_more_than_it_is_charged(tmp_path):
+    """A 17 KB 4096x4096 palette PNG with tRNS was charged 16 MB (1 byte per pixel) while its
+    RGBA conversion, white canvas and composite held +300 MB at load_pixels' peak. It is now
+    composited band by band into the result array, and charged that array too: the peak RSS
+    it adds (measured in a fresh process) stays within what max_request_decoded_bytes counts."""
+    import subprocess
+    import sys
+
+    (tmp_path / "small.png").write_bytes(palette_png(64))
+    (tmp_path / "big.png").write_bytes(palette_png(4096))
+    run = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "small.png"),
+                          str(tmp_path / "big.png")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert result["charged"] < 80 * 2**20, result  # 4 bytes per pixel and one band: not 16
+    for channels, peak in result["peaks"].items():
+        assert peak <= result["charged"], (channels, result)
+
+
+@settings(max_examples=40, deadline=None)
+@given(mode=st.sampled_from(["P", "PA", "LA", "RGBA", "L", "RGB", "1"]),
+       key=st.booleans(), size=st.tuples(st.integers(1, 23), st.integers(1, 23)),
+       band=st.integers(1, 60), channels=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+def test_compositing_in_bands_gives_the_whole_images_bytes(mode, key, size, band, channels,
+                                                          seed):
+    """prepare's stored pixels must not change: band by band onto white (pixels_of) equals
+    the whole image's RGBA conversion composited at once (to_channels), byte for byte, for
+    every mode that may carry transparency, with or without a colour key (tRNS)."""
+    from tfmlops.data.decode import pixels_of, to_channels
+
+    rng = np.random.default_rng(seed)
+    bands = {"P": 1, "PA": 2, "LA": 2, "RGBA": 4, "L": 1, "RGB": 3, "1": 1}[mode]
+    values = rng.integers(0, 256, (size[1], size[0], bands), np.uint8)
+    if mode == "1":
+        img = Image.fromarray(values[..., 0] > 127)
+    elif mode in ("P", "PA"):
+        img = Image.fromarray(values[..., 0], "L").convert("P") if mode == "P" else \
+            Image.fromarray(values, "LA").convert("PA")
+        img.putpalette(rng.integers(0, 256, 768, np.uint8).tobytes())
+    else:
+        img = Image.fromarray(values[..., 0] if bands == 1 else values, mode)
+    if key and mode == "P":
+        img.info["transparency"] = bytes(rng.integers(0, 256, 256, np.uint8))
+    elif key and mode in ("L", "RGB"):
+        img.info["transparency"] = int(values[0, 0, 0]) if mode == "L" else \
+            tuple(int(v) for v in values[0, 0])
+    expected = np.asarray(to_channels(img, channels))
+    np.testing.assert_array_equal(pixels_of(img, channels, band_pixels=band), expected)
+
+
 def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkeypatch):
     """Eight threads (eight concurrent requests) decode through one Predictor: never more
     than export.serving.max_concurrent_decodes at a time."""

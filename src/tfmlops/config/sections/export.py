@@ -23,7 +23,8 @@ class ServingLimits(Section):
     # The image rows' header pixels summed over one request: bounds its CPU time.
     max_request_pixels: Annotated[int, Meta(ge=64, le=2**40)] = 64 * 2**20
     # What decoding one request's images holds (header pixels x bytes per pixel of their
-    # mode: 2 for 16-bit grey, 3 for RGB, 4 for RGBA), summed: bounds its memory.
+    # mode: 2 for 16-bit grey, 3 for RGB, 4 for RGBA; 3 more with transparency or a
+    # palette, composited onto white), summed: bounds its memory.
     max_request_decoded_bytes: Annotated[int, Meta(ge=256, le=2**42)] = 256 * 2**20
     # The HTTP request body `tfmlops serve` reads at most (413 beyond, before parsing).
     max_body_bytes: Annotated[int, Meta(ge=1024, le=2**34)] = 64 * 2**20
