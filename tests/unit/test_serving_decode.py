@@ -228,8 +228,9 @@ def test_export_writes_the_request_caps_into_serving_json(tmp_path):
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
     assert json.loads((tmp_path / SERVING).read_text())["limits"] == {
         "max_rows": 1024, "max_image_pixels": 4096 * 4096, "max_request_pixels": 64 * 2**20,
-        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
-        "max_concurrent_decodes": 2}
+        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 16 * 2**20,
+        "max_concurrent_decodes": 2, "max_concurrent_requests": 16, "body_timeout_s": 30.0,
+        "max_json_values": 2**19}
 
 
 # ------------------------- 16-bit images, decoded bytes, concurrent decodes, plugins
