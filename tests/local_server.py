@@ -67,3 +67,34 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def raw_post(port: int, headers: list[str], body: bytes = b"") -> socket.socket:
+    """A raw POST /invocations on 127.0.0.1:`port` with these header lines and (the start
+    of) its body, sent: a client that may stall, as no HTTP library lets one."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = "\r\n".join(["POST /invocations HTTP/1.1", "Host: 127.0.0.1", *headers, "", ""])
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def raw_answer(sock: socket.socket) -> tuple[int, dict]:
+    """(status, JSON body) of the one answer on `sock` (its Content-Length, or until the
+    server closes the connection)."""
+    import json
+
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {data!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), None)
+    while length is None or len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return int(head.split()[1]), json.loads(rest[:length] if length is not None else rest)

@@ -232,8 +232,9 @@ def test_the_request_caps_come_from_serving_json(exported_digits, tmp_path):
     config = json.loads((out / SERVING).read_text())
     assert config["limits"] == {"max_rows": 1024, "max_image_pixels": 4096 * 4096,
                                 "max_request_pixels": 64 * 2**20,
-        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
-        "max_concurrent_decodes": 2}
+        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 16 * 2**20,
+        "max_concurrent_decodes": 2, "max_concurrent_requests": 16, "body_timeout_s": 30.0,
+        "max_json_values": 2**19}
     config["limits"] = {"max_rows": 3, "max_image_pixels": 30 * 30, "max_request_pixels": 2000}
     (tmp_path / SERVING).write_text(json.dumps(config))
     predictor = Predictor.from_files(out / config["file"], tmp_path / SERVING)
@@ -304,9 +305,9 @@ def test_malformed_json_gets_a_one_line_400(server, body):
 
 
 def test_a_body_over_the_cap_gets_a_one_line_413_before_it_is_read(server, exported_offline):
-    """export.serving.max_body_bytes (64 MiB by default), from the Content-Length or, for a
+    """export.serving.max_body_bytes (16 MiB by default), from the Content-Length or, for a
     chunked body, while it streams in; the server keeps serving."""
-    cap = 64 * 2**20
+    cap = 16 * 2**20
     chunk = b"x" * 2**20
 
     def chunks():
@@ -315,9 +316,68 @@ def test_a_body_over_the_cap_gets_a_one_line_413_before_it_is_read(server, expor
 
     for data in (chunk * (cap // len(chunk) + 1), chunks()):
         message = one_line(post(server, data, "application/json"), 413)
-        assert "larger than 67,108,864 bytes (export.serving.max_body_bytes)" in message
+        assert "larger than 16,777,216 bytes (export.serving.max_body_bytes)" in message
     good = invoke(server, {"dataframe_records": [{"image": b64(exported_offline["encoded"][0])}]})
     assert good.status_code == 200
+
+
+def test_serve_answers_8_keep_alive_clients_and_bounds_stalled_and_surplus_uploads(
+        server, exported_digits, exported_offline, tmp_path):
+    """`tfmlops serve`'s own wiring of export.serving's request limits, from the model's
+    serving.json (this copy of the registered model sets body_timeout_s to 2 s; the rest are
+    the defaults): 8 concurrent keep-alive clients are all answered 200; with all 16 slots
+    (max_concurrent_requests) held by stalled uploads, one more request gets a one-line 503;
+    each stalled upload gets a one-line 408 once its body is 2 s late; then it serves again."""
+    import threading
+    import time
+
+    import local_server
+    from tfmlops.tracking import import_mlflow, tracking_uri
+
+    cfg = exported_digits
+    folder = Path(import_mlflow().artifacts.download_artifacts(
+        f"models:/{cfg.promote.registered_model}@production", dst_path=str(tmp_path / "model"),
+        tracking_uri=tracking_uri(cfg)))
+    config_file = folder / "artifacts" / SERVING
+    config = json.loads(config_file.read_text())
+    config["limits"]["body_timeout_s"] = 2.0
+    config_file.write_text(json.dumps(config))
+    log = tmp_path / "serve.log"
+    proc, url = local_server.start(str(folder), tracking_uri(cfg), log, env=child_env(),
+                                   cwd=tmp_path)
+    row = {"dataframe_records": [{"image": b64(exported_offline["encoded"][0])}]}
+    try:
+        local_server.wait_ready(proc, url, log, timeout_s=180)
+        codes: list[int] = []
+
+        def client():
+            with requests.Session() as session:  # one keep-alive connection
+                codes.extend(session.post(f"{url}/invocations", json=row, timeout=60).status_code
+                             for _ in range(10))
+
+        clients = [threading.Thread(target=client) for _ in range(8)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join()
+        assert codes == [200] * 80, codes
+        port = int(url.rsplit(":", 1)[1])
+        started = time.monotonic()
+        stalled = [local_server.raw_post(port, ["Content-Type: application/json",
+                                                "Content-Length: 1000"], b'{"dataframe_')
+                   for _ in range(16)]
+        while (busy := invoke(url, row)).status_code == 200 and time.monotonic() < started + 2:
+            time.sleep(0.05)  # until the 16 stalled uploads hold every slot
+        assert "(export.serving.max_concurrent_requests)" in one_line(busy, 503)
+        for sock in stalled:
+            with sock:
+                status, body = local_server.raw_answer(sock)
+            assert status == 408 and "within 2 s (export.serving.body_timeout_s)" in \
+                body["message"], (status, body)
+        assert time.monotonic() - started < 2 + 5
+        assert invoke(url, row).status_code == 200
+    finally:
+        local_server.stop(proc)
 
 
 def test_serve_with_a_model_that_is_not_there_fails_in_one_line(tmp_path):

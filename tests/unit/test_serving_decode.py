@@ -228,8 +228,9 @@ def test_export_writes_the_request_caps_into_serving_json(tmp_path):
     write_serving_config(tmp_path, {"runtime": "onnx", "file": "model.onnx"}, prepared)
     assert json.loads((tmp_path / SERVING).read_text())["limits"] == {
         "max_rows": 1024, "max_image_pixels": 4096 * 4096, "max_request_pixels": 64 * 2**20,
-        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 64 * 2**20,
-        "max_concurrent_decodes": 2}
+        "max_request_decoded_bytes": 256 * 2**20, "max_body_bytes": 16 * 2**20,
+        "max_concurrent_decodes": 2, "max_concurrent_requests": 16, "body_timeout_s": 30.0,
+        "max_json_values": 2**19}
 
 
 # ------------------------- 16-bit images, decoded bytes, concurrent decodes, plugins
@@ -299,6 +300,88 @@ def test_a_request_of_16_bit_images_is_capped_by_its_decoded_bytes(tmp_path):
         "request (export.serving.max_request_decoded_bytes): fewer, smaller or 8-bit images")
 
 
+def palette_png(side: int, transparent: bool = True) -> bytes:
+    """A side x side palette PNG (a few KB at any size), index 0 transparent (tRNS)."""
+    img = Image.new("P", (side, side), 0)
+    img.putpalette([255, 0, 0, 0, 0, 255] + [0] * 762)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", **({"transparency": 0} if transparent else {}))
+    return buf.getvalue()
+
+
+# In a fresh process: decode one small palette PNG (OpenCV's threads, Pillow's first use),
+# reset the peak RSS (/proc/self/clear_refs), then report what load_pixels added at its
+# peak for one image, per channel count, with the bytes decoded_bytes charges for it.
+PEAK = """
+import json, sys
+from pathlib import Path
+from tfmlops.data.decode import decoded_bytes, load_pixels, open_image
+
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+
+small, big = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]).read_bytes()
+load_pixels(small, 3, short_side=32)
+peaks = {}
+for channels in (3, 1):
+    Path("/proc/self/clear_refs").write_text("5")
+    base = status("VmRSS")
+    load_pixels(big, channels, short_side=96)
+    peaks[channels] = status("VmHWM") - base
+print(json.dumps({"charged": decoded_bytes(open_image(big)), "peaks": peaks}))
+"""
+
+
+def test_a_transparent_palette_image_costs_no_more_than_it_is_charged(tmp_path):
+    """A 17 KB 4096x4096 palette PNG with tRNS was charged 16 MB (1 byte per pixel) while its
+    RGBA conversion, white canvas and composite held +300 MB at load_pixels' peak. It is now
+    composited band by band into the result array, and charged that array too: the peak RSS
+    it adds (measured in a fresh process) stays within what max_request_decoded_bytes counts."""
+    import subprocess
+    import sys
+
+    (tmp_path / "small.png").write_bytes(palette_png(64))
+    (tmp_path / "big.png").write_bytes(palette_png(4096))
+    run = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "small.png"),
+                          str(tmp_path / "big.png")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert result["charged"] < 80 * 2**20, result  # 4 bytes per pixel and one band: not 16
+    for channels, peak in result["peaks"].items():
+        assert peak <= result["charged"], (channels, result)
+
+
+@settings(max_examples=40, deadline=None)
+@given(mode=st.sampled_from(["P", "PA", "LA", "RGBA", "L", "RGB", "1"]),
+       key=st.booleans(), size=st.tuples(st.integers(1, 23), st.integers(1, 23)),
+       band=st.integers(1, 60), channels=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+def test_compositing_in_bands_gives_the_whole_images_bytes(mode, key, size, band, channels,
+                                                          seed):
+    """prepare's stored pixels must not change: band by band onto white (pixels_of) equals
+    the whole image's RGBA conversion composited at once (to_channels), byte for byte, for
+    every mode that may carry transparency, with or without a colour key (tRNS)."""
+    from tfmlops.data.decode import pixels_of, to_channels
+
+    rng = np.random.default_rng(seed)
+    bands = {"P": 1, "PA": 2, "LA": 2, "RGBA": 4, "L": 1, "RGB": 3, "1": 1}[mode]
+    values = rng.integers(0, 256, (size[1], size[0], bands), np.uint8)
+    if mode == "1":
+        img = Image.fromarray(values[..., 0] > 127)
+    elif mode in ("P", "PA"):
+        img = Image.fromarray(values[..., 0], "L").convert("P") if mode == "P" else \
+            Image.fromarray(values, "LA").convert("PA")
+        img.putpalette(rng.integers(0, 256, 768, np.uint8).tobytes())
+    else:
+        img = Image.fromarray(values[..., 0] if bands == 1 else values, mode)
+    if key and mode == "P":
+        img.info["transparency"] = bytes(rng.integers(0, 256, 256, np.uint8))
+    elif key and mode in ("L", "RGB"):
+        img.info["transparency"] = int(values[0, 0, 0]) if mode == "L" else \
+            tuple(int(v) for v in values[0, 0])
+    expected = np.asarray(to_channels(img, channels))
+    np.testing.assert_array_equal(pixels_of(img, channels, band_pixels=band), expected)
+
+
 def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkeypatch):
     """Eight threads (eight concurrent requests) decode through one Predictor: never more
     than export.serving.max_concurrent_decodes at a time."""
@@ -364,7 +447,7 @@ def _encoded(fmt: str, width: int, height: int) -> bytes:
 def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path):
     """Through tf.saved_model.load, as TensorFlow Serving loads it: an image whose header
     claims more than export.serving.max_image_pixels is refused before it is decoded, in
-    every format the signature reads; images within the cap are answered."""
+    every format the signature reads (PNG, JPEG, BMP); images within the cap are answered."""
     import keras
     import tensorflow as tf
 
@@ -376,7 +459,7 @@ def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path
     cap = 64 * 48
     export_saved_model(model, tmp_path / "sm", ["a", "b"], 8, 3, MEAN, STD, max_pixels=cap)
     serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
-    for fmt in ("PNG", "JPEG", "GIF", "BMP"):
+    for fmt in ("PNG", "JPEG", "BMP"):
         ok = serve(image_bytes=tf.constant([_encoded(fmt, 64, 48)]))
         assert ok["probabilities"].shape == (1, 2), fmt
         for big in (_encoded(fmt, 65, 48), _encoded(fmt, 48, 65)):
@@ -389,3 +472,44 @@ def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path
     top_down[22:26] = (-60).to_bytes(4, "little", signed=True)  # rows stored top-down
     with pytest.raises(tf.errors.InvalidArgumentError, match="export.serving.max_image_pixels"):
         serve(image_bytes=tf.constant([bytes(top_down)]))
+
+
+def _gif_bomb(side: int = 4096) -> bytes:
+    """A palette GIF of one side x side frame whose logical screen (bytes 6-9) says 1x1."""
+    buf = io.BytesIO()
+    Image.new("P", (side, side), 0).save(buf, "GIF")
+    data = bytearray(buf.getvalue())
+    data[6:10] = (1).to_bytes(2, "little") * 2
+    return bytes(data)
+
+
+def test_the_savedmodel_refuses_gif_and_formats_it_cannot_bound(tmp_path):
+    """TensorFlow sizes a decoded GIF by its largest frame, not by the screen its header
+    states: a 13 KB GIF with a 1x1 screen decoded to 4096x4096 (+1 GB) under a 1,024-pixel
+    cap. Every GIF, and WebP (decode_image reads it; no header check here bounds it), is
+    refused in one line before decoding; the Pillow path (`tfmlops serve`) still takes a
+    well-formed GIF and refuses the crafted one by its frame size."""
+    import keras
+    import tensorflow as tf
+
+    from tfmlops.data.decode import ImageRejected
+    from tfmlops.serving.signatures import export_saved_model
+
+    inputs = keras.Input((8, 8, 1))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(
+        keras.layers.Flatten()(inputs)))
+    export_saved_model(model, tmp_path / "sm", ["a", "b"], 8, 1, MEAN[:1], STD[:1],
+                       max_pixels=1024)
+    serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    small_png, small_gif, webp = (_encoded(fmt, 32, 32) for fmt in ("PNG", "GIF", "WEBP"))
+    assert serve(image_bytes=tf.constant([small_png]))["probabilities"].shape == (1, 2)
+    bomb = _gif_bomb()
+    for refused, words in ((bomb, "GIF is not read by this signature"),
+                           (small_gif, "GIF is not read by this signature"),
+                           (webp, "not PNG, JPEG or BMP")):
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            serve(image_bytes=tf.constant([small_png, refused]))
+        assert f"image refused: {words}" in caught.value.message
+    assert image_input(small_gif, 1, 8, MEAN[:1], STD[:1], max_pixels=1024).shape == (8, 8, 1)
+    with pytest.raises(ImageRejected, match="image of 4096x4096 pixels is too large"):
+        load_pixels(bomb, 1, max_pixels=1024)

@@ -37,6 +37,10 @@ _SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
 MODE_BYTES = {"1": 1, "L": 1, "P": 1, "LA": 2, "PA": 2, "La": 2, "I;16": 2, "I;16B": 2,
               "I;16L": 2, "I;16N": 2, "RGB": 3, "YCbCr": 3, "LAB": 3, "HSV": 3}
 AREA_FROM = 2  # reduction factor from which `reduce_short_side` averages areas
+# Pixels of one band `pixels_of` composites at once, and what a band may hold per pixel:
+# its crop, RGBA copy, white canvas and composite (4 each), its converted copy (PIL keeps
+# RGB in 4) and that copy's array (3): 23 at most, charged with room to spare.
+BAND_PIXELS, BAND_BYTES = 2**18, 32
 
 
 class ImageRejected(ValueError):
@@ -86,8 +90,12 @@ def other_format(data: bytes) -> str | None:
 
 
 def decoded_bytes(img: Image.Image) -> int:
-    """What decoding an opened image holds in memory at its header's size and mode."""
-    return img.width * img.height * MODE_BYTES.get(img.mode, 4)
+    """What decoding an opened image holds in memory at its header's size and mode; one
+    with transparency or a palette also holds the array it is composited into on white
+    (`pixels_of`: RGB, 3 bytes per pixel) and one band's temporaries."""
+    size = img.width * img.height
+    held = size * MODE_BYTES.get(img.mode, 4)
+    return held + size * 3 + BAND_PIXELS * BAND_BYTES if composited(img) else held
 
 
 def load_pixels(data: bytes, channels: int, short_side: int | None = None,
@@ -110,11 +118,10 @@ def load_pixels(data: bytes, channels: int, short_side: int | None = None,
             img.draft("L" if channels == 1 else "RGB", (short_side, short_side))
         img.load()  # decodes every pixel: catches truncation
         ImageOps.exif_transpose(img, in_place=True)  # a copy per image otherwise
-        img = to_channels(img, channels)
+        pixels = pixels_of(img, channels)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageRejected(f"corrupt or truncated: {str(exc)[:120]}") from None
-    pixels = np.asarray(img)
-    if short_side is not None and min(img.size) > short_side:
+    if short_side is not None and min(pixels.shape[:2]) > short_side:
         pixels = reduce_short_side(pixels, short_side)
     return pixels, fmt, (width, height), mode
 
@@ -148,12 +155,39 @@ def to_channels(img: Image.Image, channels: int) -> Image.Image:
     """Any PIL mode -> 8-bit "L" (channels 1) or "RGB" (channels 3)."""
     if img.mode in _SIXTEEN_BIT:
         img = _sixteen_to_eight(img)
-    if img.mode in ("RGBA", "LA", "P", "PA") or "transparency" in img.info:
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        img = Image.alpha_composite(white, rgba)  # transparent -> white, not black
+    if composited(img):
+        img = _onto_white(img)
     mode = "L" if channels == 1 else "RGB"
     return img if img.mode == mode else img.convert(mode)  # convert copies even to its mode
+
+
+def pixels_of(img: Image.Image, channels: int, band_pixels: int | None = None) -> np.ndarray:
+    """`np.asarray(to_channels(img, channels))`, the same bytes, but an image with transparency
+    or a palette is composited band by band into the result: whole, its RGBA copy, a white
+    canvas and the composite held 16 bytes per pixel (a 2 KB 4096x4096 palette PNG: +256 MB)."""
+    if not composited(img):
+        return np.asarray(to_channels(img, channels))
+    mode = "L" if channels == 1 else "RGB"
+    out = np.empty((img.height, img.width, *(() if channels == 1 else (3,))), np.uint8)
+    rows = max(1, (band_pixels or BAND_PIXELS) // max(1, img.width))
+    for top in range(0, img.height, rows):
+        band = img.crop((0, top, img.width, min(top + rows, img.height)))
+        out[top:top + rows] = np.asarray(_onto_white(band).convert(mode))
+    return out
+
+
+def composited(img: Image.Image) -> bool:
+    """Whether an 8-bit image goes onto white first: it may hold transparency (alpha, a
+    palette's or a colour key)."""
+    if img.mode in _SIXTEEN_BIT:  # scaled to 8 bits first, without its colour key
+        return False
+    return img.mode in ("RGBA", "LA", "P", "PA") or "transparency" in img.info
+
+
+def _onto_white(img: Image.Image) -> Image.Image:
+    rgba = img.convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, rgba)  # transparent -> white, not black
 
 
 # round(v * 255 / 65535) for every 16-bit value: one 64 KiB lookup instead of

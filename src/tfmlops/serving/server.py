@@ -3,14 +3,21 @@
 The URL API is `mlflow models serve`'s (`/invocations`, `/ping`, `/health`,
 `/version`): the app is MLflow's own (`mlflow.pyfunc.scoring_server.init`),
 wrapped in one ASGI layer that, on `/invocations`, before MLflow parses anything:
+- refuses a request with more than one Content-Type header (400): the check here and
+  MLflow's parser would otherwise read different ones;
 - accepts only the content type the served model documents (`ACCEPTED`: JSON);
   any other one gets 415: CSV (MLflow's CSV parser refuses every body for this
   model's schema, whose `pixels` column is an array) and Parquet (a binary format
   parsed by pyarrow, never needed here) included;
-- refuses a body over `export.serving.max_body_bytes` (from the model's
-  serving.json) with 413, from its Content-Length or while it streams in;
+- reads or answers at most `export.serving.max_concurrent_requests` requests at once
+  in this process (503 beyond, before the body is read);
+- refuses a body over `export.serving.max_body_bytes` with 413, from its
+  Content-Length or while it streams in, one that has not arrived in full within
+  `body_timeout_s` with 408 (a stalled upload holds its slot and bytes no longer),
+  and one with more than `max_json_values` JSON values (413, counted before parsing);
 and makes every error answer one line: MLflow's own carry the Python stack
-trace (`stack_trace`) and multi-line parser messages.
+trace (`stack_trace`) and multi-line parser messages. The limits come from the
+model's serving.json and apply per server process (`--workers` multiplies them).
 
 Pickle deserialization is off unless MLFLOW_ALLOW_PICKLE_DESERIALIZATION says
 otherwise: the served model is logged from code and needs none.
@@ -18,6 +25,7 @@ otherwise: the served model is logged from code and needs none.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -27,6 +35,10 @@ log = logging.getLogger(__name__)
 ACCEPTED = ("application/json",)
 MODEL_ENV = "TFMLOPS_SERVE_MODEL"  # the downloaded model's folder, for each worker
 MESSAGE_LIMIT = 300  # characters of an error message a client gets back
+# uvicorn's own bounds, per process: connections held open at once (503 beyond; idle
+# keep-alive ones count, so far above the Guard's request cap), seconds an idle keep-alive
+# connection stays open, and connections the kernel queues before they are accepted.
+UVICORN = {"limit_concurrency": 1024, "timeout_keep_alive": 5, "backlog": 512}
 
 
 def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> None:
@@ -48,55 +60,111 @@ def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, worke
     log.info("serve: %s on http://%s:%d (%d worker%s)", model_uri, host, port, workers,
              "" if workers == 1 else "s")
     uvicorn.run("tfmlops.serving.server:create_app", factory=True, host=host, port=port,
-                workers=workers, log_level="warning")
+                workers=workers, log_level="warning", **UVICORN)
 
 
 def create_app():
     """MLflow's scoring app for the model in $TFMLOPS_SERVE_MODEL, guarded by its
-    export.serving.max_body_bytes (serving.json)."""
+    export.serving limits (serving.json)."""
     from mlflow.pyfunc import load_model, scoring_server
 
     from tfmlops.config import ServingLimits
 
     model = load_model(os.environ[MODEL_ENV])
     try:
-        max_body = int(model.unwrap_python_model().predictor.limits.max_body_bytes)
-    except AttributeError:  # a model that is not tfmlops' own: the default
-        max_body = ServingLimits().max_body_bytes
-    return Guard(scoring_server.init(model), max_body)
+        limits = model.unwrap_python_model().predictor.limits
+    except AttributeError:  # a model that is not tfmlops' own: the defaults
+        limits = ServingLimits()
+    return Guard(scoring_server.init(model), limits)
+
+
+class Refusal(Exception):
+    """An answer the Guard gives instead of the app: status, error code, one-line message."""
+
+    def __init__(self, status: int, code: str, message: str, close: bool = False):
+        super().__init__(message)
+        self.status, self.code, self.close = status, code, close
 
 
 class Guard:
-    """ASGI middleware: content type and body size checked, error answers made one line."""
+    """ASGI middleware on POST /invocations: one content type, at most
+    `max_concurrent_requests` at once, the body bounded in bytes, time and JSON values;
+    error answers made one line. `limits` is an export.serving (`ServingLimits`)."""
 
-    def __init__(self, app, max_body: int):
-        self.app, self.max_body = app, max_body
+    def __init__(self, app, limits):
+        self.app, self.limits = app, limits
+        self.active = 0  # requests this process reads or answers now (one event loop)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != "/invocations" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        mime = headers.get("content-type", "").split(";")[0].strip().lower()
-        if mime not in ACCEPTED:
-            return await answer(send, 415, "UNSUPPORTED_MEDIA_TYPE", f"content type {mime or '(none)'!r} "
-                                "is not accepted; send application/json (MLflow's dataframe_records, "
-                                "dataframe_split, instances or inputs)")
-        too_big = (f"the request body is larger than {self.max_body:,} bytes "
-                   "(export.serving.max_body_bytes); send fewer or smaller images")
-        length = headers.get("content-length", "")
-        if length and (not length.isdigit() or int(length) > self.max_body):
-            return await answer(send, 413, "REQUEST_LIMIT_EXCEEDED", too_big)
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+        try:
+            self._check_headers(scope["headers"])
+            if self.active >= self.limits.max_concurrent_requests:
+                raise Refusal(503, "TEMPORARILY_UNAVAILABLE", "the server is busy: "
+                              f"{self.active} requests are being read or answered, the most one "
+                              "server process takes (export.serving.max_concurrent_requests); "
+                              "retry shortly")
+        except Refusal as refusal:
+            return await answer(send, refusal.status, refusal.code, str(refusal), refusal.close)
+        self.active += 1
+        try:
+            body = await self._body(receive)
+            if body is None:  # the client left
                 return None
-            body += message.get("body", b"")
-            if len(body) > self.max_body:
-                return await answer(send, 413, "REQUEST_LIMIT_EXCEEDED", too_big)
-            if not message.get("more_body"):
-                break
-        return await self.app(scope, _replay(bytes(body), receive), _one_line_errors(send))
+            return await self.app(scope, _replay(body, receive), _one_line_errors(send))
+        except Refusal as refusal:
+            return await answer(send, refusal.status, refusal.code, str(refusal), refusal.close)
+        finally:
+            self.active -= 1
+
+    def _check_headers(self, raw) -> None:
+        types = [v.decode("latin-1") for k, v in raw if k.lower() == b"content-type"]
+        if len(types) > 1:
+            raise Refusal(400, "BAD_REQUEST", f"the request has {len(types)} Content-Type "
+                          "headers; send one: application/json")
+        mime = (types[0] if types else "").split(";")[0].strip().lower()
+        if mime not in ACCEPTED:
+            raise Refusal(415, "UNSUPPORTED_MEDIA_TYPE", f"content type {mime or '(none)'!r} "
+                          "is not accepted; send application/json (MLflow's dataframe_records, "
+                          "dataframe_split, instances or inputs)")
+        length = next((v.decode("latin-1") for k, v in raw if k.lower() == b"content-length"), "")
+        if length and (not length.isdigit() or int(length) > self.limits.max_body_bytes):
+            raise self._too_big()
+
+    def _too_big(self) -> Refusal:
+        return Refusal(413, "REQUEST_LIMIT_EXCEEDED", "the request body is larger than "
+                       f"{self.limits.max_body_bytes:,} bytes (export.serving.max_body_bytes); "
+                       "send fewer or smaller images")
+
+    async def _body(self, receive) -> bytes | None:
+        """The whole body, read within body_timeout_s and checked; None if the client left."""
+        cap, seconds = self.limits.max_body_bytes, self.limits.body_timeout_s
+        body = bytearray()
+        try:
+            async with asyncio.timeout(seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    body += message.get("body", b"")
+                    if len(body) > cap:
+                        raise self._too_big()
+                    if not message.get("more_body"):
+                        break
+        except TimeoutError:
+            raise Refusal(408, "DEADLINE_EXCEEDED", f"the request body did not arrive in full "
+                          f"within {seconds:g} s (export.serving.body_timeout_s); send it faster, "
+                          "or fewer images per request", close=True) from None
+        # Every value of a JSON body but the first follows a ',' or opens with '[' or '{':
+        # an upper bound on what json.loads would build, found at memchr speed.
+        values = body.count(b",") + body.count(b"[") + body.count(b"{")
+        if values > self.limits.max_json_values:
+            raise Refusal(413, "REQUEST_LIMIT_EXCEEDED", f"the request body holds up to "
+                          f"{values:,} JSON values; the server parses at most "
+                          f"{self.limits.max_json_values:,} (export.serving.max_json_values): send "
+                          "fewer rows per request, or images instead of pixels")
+        return bytes(body)
 
 
 def _replay(body: bytes, receive):
@@ -139,9 +207,11 @@ def _error_of(body: bytes, status: int) -> tuple[str, str]:
     return code, line[:MESSAGE_LIMIT] + ("..." if len(line) > MESSAGE_LIMIT else "")
 
 
-async def answer(send, status: int, code: str, message: str) -> None:
+async def answer(send, status: int, code: str, message: str, close: bool = False) -> None:
+    """A one-line JSON error answer; `close` ends the connection after it (uvicorn reads the
+    Connection header), for a request whose body is abandoned half-read."""
     body = json.dumps({"error_code": code, "message": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
     await send({"type": "http.response.body", "body": body})

@@ -1,9 +1,11 @@
 """The SavedModel for TensorFlow Serving: a client needs no Python preprocessing.
 
 Two signatures over the same Keras 3 model:
-- `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/GIF/BMP
+- `serve_image_bytes` (also `serving_default`): a batch of encoded PNG/JPEG/BMP
   strings, grayscale or colour, each up to `export.serving.max_image_pixels` as
-  its header claims (checked before anything is decoded). Decoding, the channel
+  its header claims (checked before anything is decoded). GIF, WebP and every other
+  format TensorFlow's decode_image reads are refused (`within_cap`): their decoded
+  size is not what a header says (`tfmlops serve` takes GIF). Decoding, the channel
   conversion and the reduction `prepare` applies, resizing and normalization all
   run in the graph. EXIF orientation is not read here (the served MLflow model
   applies it, as prepare does): send upright images to TensorFlow Serving.
@@ -44,14 +46,21 @@ def decode_like_prepare(encoded: tf.Tensor, channels: int, stored_size: int | No
     return image if stored_size is None else reduce_like_prepare(image, stored_size)
 
 
-PNG_MAGIC, GIF_MAGIC, BMP_MAGIC = b"\x89PNG\r\n\x1a\n", b"GIF8", b"BM"
+PNG_MAGIC, BMP_MAGIC = b"\x89PNG\r\n\x1a\n", b"BM"
+# TensorFlow's decoder sizes a GIF by its largest frame, which no header field bounds (a 1x1
+# logical screen may hold a 65535x65535 frame); tf.io.is_gif checks these three bytes.
+GIF_MAGIC = b"GIF"
+
+
+def _starts(encoded: tf.Tensor, magic: bytes) -> tf.Tensor:
+    return tf.equal(tf.strings.substr(encoded, 0, len(magic)), magic)
 
 
 def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
     """int64 width x height that one encoded image's header claims, no pixel decoded:
-    JPEG by its SOF marker, PNG by IHDR (big-endian), GIF by its logical screen, BMP by
-    its info header (little-endian; a negative height is top-down). 0 for other bytes
-    (decoding then fails on them anyway)."""
+    JPEG by its SOF marker, PNG by IHDR (big-endian), BMP by its info header
+    (little-endian; a negative height is top-down), the fields TensorFlow's decoders
+    size their output by. 0 for other bytes (`within_cap` refuses them)."""
     head = tf.strings.join([tf.strings.substr(encoded, 0, 32), tf.constant(b"\0" * 32)])
     b = tf.cast(tf.io.decode_raw(tf.strings.substr(head, 0, 32), tf.uint8), tf.int64)
 
@@ -67,29 +76,34 @@ def header_pixels(encoded: tf.Tensor) -> tf.Tensor:
         height = tf.where(height >= 2**31, 2**32 - height, height)  # int32: top-down rows
         return number(18, 4, False) * height
 
-    def starts(magic: bytes) -> tf.Tensor:
-        return tf.equal(tf.strings.substr(encoded, 0, len(magic)), magic)
-
     def jpeg():
         shape = tf.cast(tf.io.extract_jpeg_shape(encoded), tf.int64)
         return shape[0] * shape[1]
 
     return tf.case([
         (tf.io.is_jpeg(encoded), jpeg),
-        (starts(PNG_MAGIC), lambda: number(16, 4, True) * number(20, 4, True)),
-        (starts(GIF_MAGIC), lambda: number(6, 2, False) * number(8, 2, False)),
-        (starts(BMP_MAGIC), bmp),
+        (_starts(encoded, PNG_MAGIC), lambda: number(16, 4, True) * number(20, 4, True)),
+        (_starts(encoded, BMP_MAGIC), bmp),
     ], default=lambda: tf.constant(0, tf.int64), exclusive=False)
 
 
 def within_cap(encoded: tf.Tensor, max_pixels: int) -> tf.Tensor:
-    """`encoded` once its header is checked against `max_pixels` (InvalidArgumentError
-    beyond it)."""
-    check = tf.debugging.assert_less_equal(
-        header_pixels(encoded), tf.constant(max_pixels, tf.int64),
-        message=f"image refused: its header claims more than {max_pixels} pixels "
-                "(export.serving.max_image_pixels); send a smaller image")
-    with tf.control_dependencies([check]):
+    """`encoded` once it is known to be PNG, JPEG or BMP and its header is checked against
+    `max_pixels` (InvalidArgumentError otherwise). decode_image also reads GIF, WebP and
+    JPEG XL, whose decoded size no header check here bounds: they are refused."""
+    gif = _starts(encoded, GIF_MAGIC)
+    known = tf.io.is_jpeg(encoded) | _starts(encoded, PNG_MAGIC) | _starts(encoded, BMP_MAGIC)
+    checks = [
+        tf.debugging.assert_equal(gif, False, message="image refused: GIF is not read by this "
+                                  "signature (TensorFlow sizes a GIF by its frames, not by its "
+                                  "header); send PNG, JPEG or BMP (tfmlops serve takes GIF)"),
+        tf.debugging.assert_equal(known | gif, True, message="image refused: not PNG, JPEG or "
+                                  "BMP, the formats this signature reads; convert it to one"),
+        tf.debugging.assert_less_equal(
+            header_pixels(encoded), tf.constant(max_pixels, tf.int64),
+            message=f"image refused: its header claims more than {max_pixels} pixels "
+                    "(export.serving.max_image_pixels); send a smaller image")]
+    with tf.control_dependencies(checks):
         return tf.identity(encoded)
 
 

@@ -23,12 +23,23 @@ class ServingLimits(Section):
     # The image rows' header pixels summed over one request: bounds its CPU time.
     max_request_pixels: Annotated[int, Meta(ge=64, le=2**40)] = 64 * 2**20
     # What decoding one request's images holds (header pixels x bytes per pixel of their
-    # mode: 2 for 16-bit grey, 3 for RGB, 4 for RGBA), summed: bounds its memory.
+    # mode: 2 for 16-bit grey, 3 for RGB, 4 for RGBA; 3 more with transparency or a
+    # palette, composited onto white), summed: bounds its memory.
     max_request_decoded_bytes: Annotated[int, Meta(ge=256, le=2**42)] = 256 * 2**20
     # The HTTP request body `tfmlops serve` reads at most (413 beyond, before parsing).
-    max_body_bytes: Annotated[int, Meta(ge=1024, le=2**34)] = 64 * 2**20
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=2**34)] = 16 * 2**20
     # Images one server process decodes at once (the rest wait): bounds its memory.
     max_concurrent_decodes: Annotated[int, Meta(ge=1, le=256)] = 2
+    # `tfmlops serve`, per server process: requests on /invocations it reads or answers at
+    # once (503 beyond; idle keep-alive connections do not count). Bounds its memory at
+    # about this many times (2 x max_body_bytes + the body's parsing).
+    max_concurrent_requests: Annotated[int, Meta(ge=1, le=4096)] = 16
+    # Seconds a request body may take to arrive in full (408 beyond): a stalled upload
+    # holds its slot and its bytes no longer than this.
+    body_timeout_s: Annotated[float, Meta(ge=0.1, le=3600)] = 30.0
+    # JSON values (counted by their separators) a body may hold, checked before parsing
+    # (413 beyond): MLflow's parsing holds about 120 bytes per value, a float array ~15x its body.
+    max_json_values: Annotated[int, Meta(ge=16, le=2**31)] = 2**19
 
     def _rules(self):  # one image fits a request
         if self.max_image_pixels > self.max_request_pixels:
