@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -382,39 +383,63 @@ def test_compositing_in_bands_gives_the_whole_images_bytes(mode, key, size, band
     np.testing.assert_array_equal(pixels_of(img, channels, band_pixels=band), expected)
 
 
-def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkeypatch):
-    """Eight threads (eight concurrent requests) decode through one Predictor: never more
-    than export.serving.max_concurrent_decodes at a time."""
-    import threading
-    import time
+def tiny_onnx(path: Path, image_size: int = 8, classes: int = 2) -> Path:
+    """A real 2-node ONNX classifier (flatten, matmul): enough for a real Predictor."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
-    from tfmlops.config import ServingLimits
+    weights = numpy_helper.from_array(np.ones((image_size * image_size, classes), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["x"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["y"])],
+        "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, image_size, image_size, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, classes])], [weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_one_server_process_decodes_at_most_the_configured_images_at_once(monkeypatch, tmp_path):
+    """Eight threads (eight concurrent requests) decode through one Predictor built as the
+    server builds it (serving.json's limits): never more than max_concurrent_decodes at a
+    time. The decode is held open until the test has seen who got in (events, no clock)."""
+    import threading
+
     from tfmlops.serving import predictor as module
 
+    config = {"runtime": "onnx", "classes": ["a", "b"], "image_size": 8, "channels": 1,
+              "mean": [0.0], "std": [1.0], "limits": {"max_concurrent_decodes": 2}}
+    (tmp_path / "serving.json").write_text(json.dumps(config))
+    predictor = module.Predictor.from_files(tiny_onnx(tmp_path / "model.onnx"),
+                                            tmp_path / "serving.json")
     inside, most, guard = 0, 0, threading.Lock()
+    entered, release = threading.Semaphore(0), threading.Event()
 
-    def slow_input(*args, **kwargs):
+    def held_decode(*args, **kwargs):
         nonlocal inside, most
         with guard:
             inside += 1
             most = max(most, inside)
-        time.sleep(0.05)
+        entered.release()
+        release.wait(60)
         with guard:
             inside -= 1
         return np.zeros((8, 8, 1), np.float32)
 
-    monkeypatch.setattr(module, "image_input", slow_input)
-    predictor = module.Predictor.__new__(module.Predictor)
-    predictor.channels, predictor.image_size, predictor.mean, predictor.std = 1, 8, [0], [1]
-    predictor.stored_size = None
-    predictor.limits = ServingLimits(max_concurrent_decodes=2)
-    predictor._decoding = threading.BoundedSemaphore(predictor.limits.max_concurrent_decodes)
+    monkeypatch.setattr(module, "image_input", held_decode)  # the decode itself, observed
     threads = [threading.Thread(target=predictor.image_input, args=(b"x",)) for _ in range(8)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        assert entered.acquire(timeout=60) and entered.acquire(timeout=60)  # two got in
+        assert not entered.acquire(timeout=1.0), "a third decode ran beside two"
+    finally:
+        release.set()
+        for t in threads:
+            t.join(timeout=60)
     assert most == 2
+    probs = predictor.probabilities(np.ones((1, 8, 8, 1), np.float32))  # the model is real
+    np.testing.assert_allclose(probs, [[64.0, 64.0]])
 
 
 @pytest.mark.parametrize("fmt, name", [("TIFF", "TIFF"), ("WEBP", "WEBP"), ("ICO", "ICO"),
