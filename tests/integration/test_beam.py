@@ -22,7 +22,7 @@ import yaml
 from conftest import child_env, free_port, run_cli, tiny_params
 from images import photo_folder
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # Beam runners, job services, moto
 
 IN_PROCESS = ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
               "--direct_num_workers=2"]

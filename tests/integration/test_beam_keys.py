@@ -14,7 +14,7 @@ import yaml
 from conftest import free_port, run_cli, tiny_params
 from images import photo_folder
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # Beam runners, a moto S3 server
 
 
 def test_a_key_naming_an_absolute_path_fails_in_one_line_and_writes_nothing(tmp_path):

@@ -24,7 +24,7 @@ import requests
 
 from conftest import child_env, free_port
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # mlflow ui and Chromium
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

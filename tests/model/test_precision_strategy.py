@@ -77,6 +77,7 @@ def tiny_batch_and_model(prepared_digits, batch_size=32):
     return batch, make_model
 
 
+@pytest.mark.slow  # trains
 @pytest.mark.timeout(300)
 def test_timing_trains_both_policies_and_picks_the_faster(prepared_digits):
     import keras
@@ -129,6 +130,7 @@ def test_auto_is_decided_from_the_cpu_and_the_architecture_never_timed(flags, sp
     assert precision.decide_policy("auto", [(8, 0)], flags, measure, spec=spec).policy == "mixed_float16"
 
 
+@pytest.mark.slow  # trains
 @pytest.mark.timeout(300)
 def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
     import keras

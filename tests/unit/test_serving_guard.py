@@ -20,6 +20,8 @@ import pytest
 
 from local_server import raw_answer, raw_post
 
+pytestmark = pytest.mark.slow  # real uvicorn servers: outside the fast tier
+
 # The server process: the Guard, with export.serving limits from argv, around an app that
 # reads the whole body and answers {"bytes": n, "content_type": the first one}.
 SERVER = """
