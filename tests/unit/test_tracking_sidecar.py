@@ -7,6 +7,7 @@ real sidecar processes."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,10 +252,9 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
             print("training", trial.run_id, flush=True)
             time.sleep(600)
     """)
-    scratch = tmp_path / "tmp"  # the stage's TMPDIR: where its hard links to logged files go
-    scratch.mkdir()
+    scratch = tmp_path / ".tfmlops" / "scratch"  # where its hard links to logged files go
     stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "TMPDIR": str(scratch)})
+                             text=True)
     said, child_id = stage.stdout.readline().split()
     assert list(scratch.glob("tfmlops-model-*"))
     assert said == "training"
@@ -278,6 +278,35 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
     while list(scratch.glob("tfmlops-model-*")) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert list(scratch.glob("tfmlops-model-*")) == []
+
+
+def test_logged_files_are_hard_links_on_the_outputs_filesystem_removed_after(tmp_path, make_cfg,
+                                                                           monkeypatch):
+    """The scratch folder of the links is the project's (.tfmlops/scratch), not the
+    system's temp folder: there (a tmpfs here, as in many containers) each would be a
+    full copy of a model or a SavedModel (issue 47, L6)."""
+    shm = Path("/dev/shm")
+    elsewhere = (Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir()
+                 and shm.stat().st_dev != tmp_path.stat().st_dev else tmp_path / "system-tmp")
+    elsewhere.mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))  # the system's temp folder
+    cfg = make_cfg()
+    folder = tmp_path / "out" / "profile"
+    folder.mkdir(parents=True)
+    (folder / "trace.pb").write_bytes(b"x" * 4096)
+    try:
+        with tracking.sidecar_run(cfg, "train", tmp_path / "out", params={}) as run:
+            run.log_artifact(folder, "profile")
+            (linked,) = run._model_dir.rglob("trace.pb")
+            source, kept = (folder / "trace.pb").stat(), linked.stat()
+            assert (kept.st_dev, kept.st_ino) == (source.st_dev, source.st_ino)  # a link
+            assert list(elsewhere.iterdir()) == []
+        assert not run._model_dir.exists()
+        assert list((tmp_path / ".tfmlops" / "scratch").iterdir()) == []
+        logged = mlflow_client(cfg).list_artifacts(run.run_id, "profile")
+        assert [a.path for a in logged] == ["profile/trace.pb"]
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
 
 
 def test_a_sidecar_run_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):
