@@ -128,7 +128,8 @@ def _one_sync(folder: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.warning("tfmlops sync: waiting for another `tfmlops sync` to finish")
+            log.warning("tfmlops: waiting for another replay of the outbox to finish "
+                        "(`tfmlops sync`, or the delivery of a run handed over)")
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
