@@ -19,6 +19,8 @@ RUN_FILE = "mlflow_run.json"  # every stage: its run's id and store (lineage); s
 # beside a run file: held while a detached run is delivered (tracking/sidecar.py)
 DELIVERY_LOCK = ".delivering.lock"
 DETACHED_LOG = "tracking.log"  # beside it: the log of that delivery
+# beside paths.reports (the project's, git-ignored): hard links of what runs log (sidecar.py)
+SCRATCH = ".tfmlops/scratch"
 DATA_VERSION = "data_version"  # in prepare's run file: the data version its run made
 MANIFEST = "manifest.json"  # prepare: label map, counts, the files and their hashes
 STATS = "stats.json"  # prepare: per-channel mean and std of the train split

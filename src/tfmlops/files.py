@@ -260,6 +260,15 @@ def _sync_tree(folder: Path) -> None:
         sync_dir(root)
 
 
+def link_or_copy(source: str | Path, target: str | Path) -> None:
+    """`target` as a hard link to `source` (what a later writer replaces stays as it is
+    now, for free); a copy where they are on different filesystems."""
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem
+        shutil.copy2(source, target)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists here (one we may not signal counts)."""
     if pid == os.getpid():

@@ -19,8 +19,9 @@
    profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`;
    on failure or a signal: the run FAILED or KILLED, the staging folder removed, the
    old output left in place, child processes of a pool stopped. A `detach` stage run
-   as a command (prepare, `tracking.wait: false`) hands its FINISHED run to its sidecar
-   and returns: the sidecar delivers it after the process exits (tracking/sidecar.py).
+   as a command (prepare, `tracking.wait: false`) writes its FINISHED run to the outbox
+   and returns: its sidecar delivers it after the process exits, or, if that is killed,
+   the next stage or `tfmlops sync` (tracking/handover.py).
 Each step visits its fault point (faults.STAGE_POINTS, as `<stage>.<point>`).
 `run_command` turns what a command raised into one line and its exit code.
 """

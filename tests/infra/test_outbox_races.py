@@ -1,7 +1,8 @@
 """The outbox under concurrency (issue 26): `sync` racing a stage that appends loses no
-line, a worker restarted under the same pid keeps the copies queued before it, and an
-artifact whose copy is gone is set aside, not counted as sent. Real processes, real
-MLflow on a temp SQLite store."""
+line, a worker restarted under the same pid keeps the copies queued before it, an
+artifact whose copy is gone is set aside, not counted as sent, and a run handed over
+(issue 47, M7) replayed again after a replay was killed is still one run. Real
+processes, real MLflow on a temp SQLite store."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, mlflow_client
+from conftest import child_env, mlflow_client, stage_runs
 from tfmlops import tracking
+from tfmlops.tracking.handover import Handover
 from tfmlops.tracking.outbox import Outbox, outbox_path
 
 pytestmark = pytest.mark.timeout(300)
@@ -133,3 +135,29 @@ def test_an_artifact_that_cannot_be_copied_is_named_not_raised(tmp_path, make_cf
     assert problem.startswith(f"artifact {folder}: could not be copied to be queued ("), problem
     assert not box.path.exists()
     assert not any(box.path.with_suffix(".files").rglob("*"))
+
+
+def test_a_handed_over_run_replayed_again_after_a_killed_replay_is_one_run(tmp_path, make_cfg):
+    """A replay killed after it sent everything but before it removed the lines leaves
+    the file as it was: the next replay finds the run by its local id (one run, each
+    metric once), and the run file waiting for it gets its id."""
+    cfg = make_cfg()
+    out = tmp_path / "reports" / "prepare"
+    handover = Handover(cfg, "prepare")
+    handover.write([
+        ("start", {"cfg": cfg, "stage": "prepare", "out_dir": str(out), "upstream": None,
+                   "facts": {"data_version": "abc"}, "params": {"a": 1}}),
+        ("do", ("metrics", {"metrics": {"images_good": 8.0}, "step": None, "timestamp": 1}, None)),
+        ("end", "FINISHED")])
+    assert tracking.read_run_file(out)["run_id"] is None  # waits for the run's id
+    queued = handover.path.read_bytes()
+    assert tracking.sync(cfg)["calls"] == 4  # the run, its params, its metrics, its end
+    handover.path.write_bytes(queued)  # as the killed replay left it
+    assert tracking.sync(cfg)["rejected"] == 0
+    (run,) = stage_runs(cfg, "prepare")
+    assert run.info.status == "FINISHED" and run.data.params == {"a": "1"}
+    assert len(mlflow_client(cfg).get_metric_history(run.info.run_id, "images_good")) == 1
+    assert tracking.read_run_file(out) == {
+        "stage": "prepare", "run_id": run.info.run_id, "data_version": "abc",
+        "tracking_uri": tracking.redact(tracking.tracking_uri(cfg))}
+    assert not handover.path.exists() and not handover.files.exists()

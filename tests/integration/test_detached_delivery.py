@@ -1,14 +1,16 @@
-"""`tfmlops prepare` hands its finished MLflow run to its sidecar and exits (issue 26:
-tracking that does not wait; tracking.wait: false). Real processes, real MLflow on a
-temp SQLite store: the stage's process has exited while its sidecar, held by SIGSTOP
-just before it ends the run, still delivers; a reader of the run file (a later stage's
-lineage) waits for it; once it goes on, the run is FINISHED with everything prepare
-logged, its log is in reports/prepare/tracking.log and its hard links are gone; its
-sidecar never holds the stage's output pipes (a `| tee` or a CI runner would wait). A
-sidecar killed in the middle leaves a run the next prepare closes KILLED."""
+"""`tfmlops prepare` hands its finished MLflow run over and exits (issue 26: tracking
+that does not wait; tracking.wait: false). Real processes, real MLflow on a temp SQLite
+store. Before it exits, the run is in the outbox (issue 47, M7): a sidecar killed with
+its container or CI step the moment prepare exits loses nothing, `tfmlops sync` or the
+next stage delivers the run, once. Held by SIGSTOP before it delivers, the sidecar keeps
+a reader of the run file (a later stage's lineage) waiting; once it goes on, the run is
+FINISHED with everything prepare logged, its log is in reports/prepare/tracking.log, the
+hard links it sent from are gone and nothing is sent twice; it never holds the stage's
+output pipes (a `| tee` or a CI runner would wait)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,6 +23,7 @@ import pytest
 
 from conftest import VENV_BIN, child_env, mlflow_client, stage_runs
 from images import photo_folder
+from tfmlops import tracking
 from tfmlops.artifacts import DETACHED_LOG, RUN_FILE, run_dir
 from tfmlops.tracking.lineage import read_run_file, wait_delivered
 
@@ -56,30 +59,87 @@ def _held_prepare(tmp_path: Path, make_cfg):
     return cfg, sidecar, temp, text
 
 
-def test_prepare_exits_before_its_run_is_stored_and_readers_wait_for_it(tmp_path, make_cfg):
-    cfg, sidecar, temp, text = _held_prepare(tmp_path, make_cfg)
-    folder = run_dir(cfg, "prepare")
-    assert (Path(cfg.paths.prepared) / "manifest.json").is_file()  # the stage's work is done
-    assert not wait_delivered(folder, timeout_s=0.5)  # the sidecar holds its lock
-    assert [r.info.status for r in stage_runs(cfg, "prepare")] in ([], ["RUNNING"])
-    os.kill(sidecar.pid, signal.SIGCONT)
-    run_file = read_run_file(folder)  # what a later stage's lineage does: waits, then reads
-    assert not sidecar.is_running() or sidecar.status() == psutil.STATUS_ZOMBIE
+def _outbox(cfg) -> list[Path]:
+    folder = Path(cfg.paths.reports) / "outbox"
+    return sorted(p for p in folder.iterdir() if p.name != "heartbeats_seen.json") \
+        if folder.is_dir() else []
+
+
+def _delivered_once(cfg, tmp_path):
+    """The one prepare run, checked whole: FINISHED, named by the run file, with its
+    params, metrics (each sent once), files and figure; nothing left in the outbox."""
     (run,) = stage_runs(cfg, "prepare")
-    assert run_file["run_id"] == run.info.run_id and run.info.status == "FINISHED"
-    assert run.data.metrics["images_good"] == 8 and run.data.params
+    assert run.info.status == "FINISHED" and run.data.params
+    assert run.data.metrics["images_good"] == 8
     client = mlflow_client(cfg)
+    assert len(client.get_metric_history(run.info.run_id, "images_good")) == 1
+    assert read_run_file(run_dir(cfg, "prepare"))["run_id"] == run.info.run_id
     logged = {a.path for a in client.list_artifacts(run.info.run_id, "prepared")}
     assert logged == {"prepared/manifest.json", "prepared/quarantine.json", "prepared/stats.json"}
     manifest = client.download_artifacts(run.info.run_id, "prepared/manifest.json", str(tmp_path))
     assert Path(manifest).read_bytes() == (Path(cfg.paths.prepared) / "manifest.json").read_bytes()
+    figures = {Path(a.path).suffix for a in client.list_artifacts(run.info.run_id, "data_profile")}
+    assert figures == {".json", ".png"}  # the profile and its figure, drawn by the delivery
+    assert _outbox(cfg) == []  # sent, so removed: hard links included
+    return run
+
+
+def test_prepare_exits_before_its_run_is_stored_and_readers_wait_for_it(tmp_path, make_cfg):
+    cfg, sidecar, temp, text = _held_prepare(tmp_path, make_cfg)
+    folder = run_dir(cfg, "prepare")
+    assert (Path(cfg.paths.prepared) / "manifest.json").is_file()  # the stage's work is done
+    assert [p.suffix for p in _outbox(cfg)] == [".files", ".jsonl"]  # the run, handed over
+    assert json.loads((folder / RUN_FILE).read_text())["run_id"] is None  # waits for its id
+    assert not wait_delivered(folder, timeout_s=0.5)  # the sidecar holds its lock
+    assert stage_runs(cfg, "prepare") == []
+    os.kill(sidecar.pid, signal.SIGCONT)
+    run_file = read_run_file(folder)  # what a later stage's lineage does: waits, then reads
+    assert not sidecar.is_running() or sidecar.status() == psutil.STATUS_ZOMBIE
+    run = _delivered_once(cfg, tmp_path)
+    assert run_file["run_id"] == run.info.run_id and run_file["data_version"]
     delivered = (folder / DETACHED_LOG).read_text()
     assert f"MLflow run {run.info.run_name}" in delivered, delivered
-    assert list(temp.iterdir()) == []  # the hard links it uploaded from are gone
+    assert list(temp.iterdir()) == []  # nothing in the system's temp folder
     assert "Traceback" not in text and "WARNING" not in delivered
+    # Delivered, so removed: a sync (as a later stage's run does first) sends nothing again.
+    assert tracking.sync(cfg)["calls"] == 0
+    _delivered_once(cfg, tmp_path)
 
 
-def test_a_sidecar_killed_mid_delivery_leaves_a_run_the_next_prepare_closes(tmp_path, make_cfg):
+def _killed_as_prepare_exits(tmp_path: Path, cfg) -> None:
+    """`tfmlops prepare`, its sidecar and anything it started killed the moment prepare
+    exits, as a container runtime or a CI runner does with what a step leaves behind."""
+    log = tmp_path / "prepare.log"
+    with log.open("w") as out:
+        stage = subprocess.Popen([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path,
+                                 env=child_env(), stdout=out, stderr=out, start_new_session=True)
+        assert stage.wait(timeout=240) == 0, log.read_text()[-3000:]
+    sidecar = psutil.Process(int(re.search(r"background process \(pid (\d+)",
+                                           log.read_text()).group(1)))
+    # Its whole tree (a killpg would miss it before its setsid): nothing outlives the step.
+    for proc in [sidecar, *sidecar.children(recursive=True)]:
+        proc.kill()
+    sidecar.wait(10)
+    # Killed before it could deliver (it imports MLflow first, seconds): still queued.
+    assert any(p.suffix == ".jsonl" for p in _outbox(cfg)), _outbox(cfg)
+
+
+def test_a_run_whose_sidecar_is_killed_as_prepare_exits_is_delivered_once_by_sync(
+        tmp_path, make_cfg):
+    photos = tmp_path / "photos"
+    photo_folder(photos, per_class=4, classes=2)
+    cfg = make_cfg(data={"image_dir": str(photos), "channels": 3, "image_size": 16})
+    _killed_as_prepare_exits(tmp_path, cfg)
+    assert stage_runs(cfg, "prepare") == []
+    assert tracking.sync(cfg)["rejected"] == 0
+    _delivered_once(cfg, tmp_path)
+    assert tracking.sync(cfg) == {"files": 0, "calls": 0, "rejected": 0, "other_store": 0}
+    _delivered_once(cfg, tmp_path)
+
+
+def test_a_run_whose_sidecar_is_killed_is_delivered_by_the_next_stage(tmp_path, make_cfg):
+    """The next stage's run delivers it before it opens (it is the run its lineage names):
+    here the next prepare, whose own run is handed over and delivered too."""
     cfg, sidecar, _, _ = _held_prepare(tmp_path, make_cfg)
     sidecar.kill()
     sidecar.wait(10)
@@ -89,7 +149,9 @@ def test_a_sidecar_killed_mid_delivery_leaves_a_run_the_next_prepare_closes(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=120)
     runs = stage_runs(cfg, "prepare")
-    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"], runs
-    assert read_run_file(run_dir(cfg, "prepare"))["run_id"] == next(
-        r.info.run_id for r in runs if r.info.status == "FINISHED")
-    assert (run_dir(cfg, "prepare") / RUN_FILE).is_file()
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"], runs
+    first, second = sorted(runs, key=lambda r: r.info.start_time)
+    assert first.data.metrics["images_good"] == second.data.metrics["images_good"] == 8
+    # The run file names the later run: the earlier one, delivered after, does not take it back.
+    assert read_run_file(run_dir(cfg, "prepare"))["run_id"] == second.info.run_id
+    assert _outbox(cfg) == []

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from tfmlops.artifacts import (
     data_version,
 )
 from tfmlops.errors import ConfigError, DataError
+from tfmlops.training.fit import BEST_WEIGHTS
 
 NO_TUNE = {"use_tuned": False}
 QUIET = {"tracking": {"enabled": False}}
@@ -148,6 +151,32 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     np.testing.assert_allclose(logged.predict(x_test[:8], verbose=0), local[:8], atol=1e-6)
 
 
+def _stopped_after_its_last_backup(cfg) -> None:
+    """`train` stopped by SIGTERM once its last epoch is backed up, before it ends (a kill
+    there leaves a backup with nothing left to train)."""
+    from tfmlops import harness
+    from tfmlops.stages import train
+    from tfmlops.training.fit import finished_epochs
+
+    backup, done = Path(cfg.paths.backup), threading.Event()
+
+    def stop():
+        while not done.is_set() and finished_epochs(backup) < cfg.train.epochs:
+            time.sleep(0.01)
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # Terminated, not this process's end, however late the signal comes.
+    with harness.terminated_on_sigterm():
+        stopper = threading.Thread(target=stop, daemon=True)
+        stopper.start()
+        with pytest.raises(harness.Terminated):
+            train.run(cfg)
+        done.set()
+        stopper.join()
+    assert finished_epochs(backup) == cfg.train.epochs and (backup / BEST_WEIGHTS).is_file()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_runs_with_the_same_params_give_bit_identical_weights(
@@ -169,8 +198,19 @@ def test_two_runs_with_the_same_params_give_bit_identical_weights(
     (stale / "fingerprint.json").write_text('{"params": "other", "data": "other"}')
 
     caplog.set_level("INFO", logger="tfmlops")
-    train.run(first)
+    _stopped_after_its_last_backup(first)
     assert "discarded the backup" in caplog.text
+    # Keras' ModelCheckpoint rewrites best.weights.h5 in place, without fsync: torn by a
+    # kill or a power cut, it was resumed with nothing left to train and failed the run at
+    # its end, loading it. Discarded on adoption instead, in one warning line; the run then
+    # starts afresh, as its twin does (issue 47, L5).
+    best = stale / BEST_WEIGHTS
+    best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
+    caplog.clear()
+    assert train.run(first)["resumed_after_epoch"] == 0
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"{BEST_WEIGHTS}: " in warning and "discarded" in warning and "\n" not in warning
+    assert list(stale.iterdir()) == []
     train.run(second)
 
     a = load_keras3(trained_model_path(first)).get_weights()
@@ -313,3 +353,4 @@ def test_a_run_killed_after_an_epoch_resumes_from_its_backup(digits_workdir, tmp
     assert metrics["resumed_after_epoch"] == killed_after
     assert metrics["epochs_run"] == epochs
     assert list(backup.iterdir()) == []
+

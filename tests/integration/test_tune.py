@@ -20,6 +20,8 @@ from conftest import (
 )
 from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, RUN_FILE, TAG_TUNE_SEARCH
 from tfmlops.config import replace
+from tfmlops.errors import DataError
+from tfmlops.files import MARKER
 from tfmlops.model import hparams, search_space
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
@@ -281,6 +283,40 @@ def test_resume_runs_only_new_trials_and_a_new_space_starts_fresh(digits_workdir
     fresh = tune.run(cfg)
     assert fresh["trials"] == fresh["trials_run"] == 1
     assert len(searches(cfg)) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_search_whose_saved_state_is_torn_starts_afresh_with_one_line(digits_workdir, caplog):
+    """keras-tuner rewrites oracle.json and trial.json in place, without fsync: one torn by
+    a kill or a power cut failed every later `tune` in Oracle.reload (JSONDecodeError).
+    The damaged search is discarded with one warning line and runs afresh (issue 47, L5)."""
+    from tfmlops.stages import tune
+    from tfmlops.tuning.search import adopt_search, search_key, torn_json
+
+    cfg = digits_workdir(**tune_params(max_trials=1), tracking={"enabled": False})
+    assert tune.run(cfg)["trials_run"] == 1
+    (project,) = searches(cfg)
+    oracle, trial = project / "oracle.json", project / "trial_0" / "trial.json"
+    assert json.loads(oracle.read_text()) and json.loads(trial.read_text())
+    for torn in (oracle, trial):  # each of keras-tuner's files, cut where a kill would
+        whole = torn.read_bytes()
+        torn.write_bytes(whole[: len(whole) // 2])
+        assert torn_json(project).startswith(str(torn.relative_to(project)) + ": ")
+        if torn is oracle:
+            torn.write_bytes(whole)
+    caplog.set_level("INFO", logger="tfmlops")
+    again = tune.run(cfg)
+    assert again["trials"] == again["trials_run"] == 1  # afresh: the torn trial is not kept
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "trial_0/trial.json: " in warning and "discarded" in warning and "\n" not in warning
+    assert searches(cfg) == [project] and torn_json(project) is None
+    # A damaged folder that is not marked as tfmlops' own is refused, not deleted.
+    (project / MARKER).unlink()
+    oracle.write_bytes(b"{")
+    with pytest.raises(DataError, match="remove it to start the search afresh"):
+        adopt_search(cfg, search_key(cfg))
+    assert oracle.read_bytes() == b"{"
 
 
 @pytest.mark.slow

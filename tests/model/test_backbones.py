@@ -100,6 +100,51 @@ def test_imagenet_offline_is_one_line_naming_the_file(tmp_path, monkeypatch):
     backbones.ensure_weights(_spec("resnet50", None))  # no imagenet: no check
 
 
+def test_a_download_dropped_mid_body_leaves_no_file_and_says_so_in_one_line(tmp_path,
+                                                                          monkeypatch):
+    """A real server on 127.0.0.1 that promises the whole file and resets the connection
+    after 1 KiB (a proxy or a network dropping it): one ConfigError line, and nothing half
+    written left in Keras' cache, neither the file nor its temp (issue 47, L10)."""
+    import http.server
+    import socket
+    import struct
+    import threading
+    import time
+
+    from tfmlops.model import backbones
+
+    class Dropping(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            self.wfile.write(b"\0" * 1024)
+            self.wfile.flush()
+            time.sleep(0.5)  # the client is reading the body by now
+            # Closed with a reset (linger 0), as a dropping proxy does: the rest never comes.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dropping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+        app = backbones.APPS["resnet50"]
+        monkeypatch.setitem(backbones.APPS, "resnet50", backbones.App(
+            app.cls, app.weights_file, f"http://127.0.0.1:{server.server_port}/", app.md5))
+        with pytest.raises(ConfigError) as err:
+            backbones.ensure_weights(_spec("resnet50", "imagenet"), timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "\n" not in str(err.value) and "Connection reset" in str(err.value)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
 def _fit_one_epoch(model, keras, lr=0.05):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, *INPUT)).astype("float32")

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfmlops.tracking.outbox import Outbox
 from tfmlops.tracking.retry import RetriesExhausted, backoff_s, call_with_retry
@@ -60,3 +62,19 @@ def test_a_run_and_its_child_queue_files_without_overwriting_each_other(tmp_path
     assert [e["run_id"] for e in entries] == ["parent", "child", "parent"]
     kept = [e["payload"]["path"] for e in entries]
     assert len(set(kept)) == 3 and [open(p).read() for p in kept] == ["0", "1", "2"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(before=st.binary(max_size=60))
+def test_a_line_appended_after_a_torn_one_is_a_line_of_its_own(tmp_path_factory, before):
+    """Whatever a kill or a full disk left at the file's end (a line cut anywhere), the
+    next line appended is whole on its own line: `sync` sets the torn one aside and
+    sends this one, instead of setting both aside glued together (issue 47, L8)."""
+    path = tmp_path_factory.mktemp("outbox") / "prepare-run.jsonl"
+    path.write_bytes(before)
+    box = Outbox(path, "sqlite:///mlflow.db")
+    box.write("run", "tags", {"k": "v"})
+    line = json.dumps({"run_id": "run", "op": "tags", "payload": {"k": "v"},
+                       "store": "sqlite:///mlflow.db"}).encode() + b"\n"
+    ended = before if before in (b"",) or before.endswith(b"\n") else before + b"\n"
+    assert path.read_bytes() == ended + line

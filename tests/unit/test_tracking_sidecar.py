@@ -7,6 +7,7 @@ real sidecar processes."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +37,17 @@ def tiny_keras_model():
 
 
 @pytest.mark.slow
-def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_cfg):
+def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_cfg,
+                                                                  monkeypatch, request):
+    """... and the model it logs is a hard link on the outputs' filesystem, in the
+    project's scratch folder (.tfmlops/scratch), removed after: not a copy in the system's
+    temp folder (a tmpfs here, as in many containers; issue 47, L6)."""
+    shm = Path("/dev/shm")
+    system_tmp = (Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir()
+                  and shm.stat().st_dev != tmp_path.stat().st_dev else tmp_path / "system-tmp")
+    system_tmp.mkdir(exist_ok=True)
+    request.addfinalizer(lambda: shutil.rmtree(system_tmp, ignore_errors=True))
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
     cfg = make_cfg()
     model = tiny_keras_model()
     example = np.random.default_rng(0).random((2, 4), dtype=np.float32)
@@ -48,11 +59,16 @@ def test_a_run_kept_by_the_sidecar_gets_every_call_and_the_model(tmp_path, make_
         run.set_tags({"tfmlops.precision": "float32"})
         model.save(saved)
         job = run.start_keras_model(model, saved_path=saved, input_example=example)
+        source, kept = saved.stat(), (run._model_dir / MODEL_FILE).stat()
+        assert (kept.st_dev, kept.st_ino) == (source.st_dev, source.st_ino)  # a link
+        assert run._model_dir.parent == tmp_path / ".tfmlops" / "scratch"
+        assert list(system_tmp.iterdir()) == []  # nothing of the run is there
         # The run file is in the output folder before the stage moves it.
         written = json.loads((tmp_path / "out" / tracking.RUN_FILE).read_text())
         moved = tmp_path / "final"
         (tmp_path / "out").rename(moved)  # as train's swap_in does, while the model is logged
         assert job.wait(moved / MODEL_FILE) is True
+    assert list((tmp_path / ".tfmlops" / "scratch").iterdir()) == []  # the links are gone
     (finished,) = stage_runs(cfg, "train")
     assert written["run_id"] == finished.info.run_id == run.run_id
     assert finished.info.status == "FINISHED" and finished.info.run_name.startswith("train-")
@@ -251,10 +267,9 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
             print("training", trial.run_id, flush=True)
             time.sleep(600)
     """)
-    scratch = tmp_path / "tmp"  # the stage's TMPDIR: where its hard links to logged files go
-    scratch.mkdir()
+    scratch = tmp_path / ".tfmlops" / "scratch"  # where its hard links to logged files go
     stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "TMPDIR": str(scratch)})
+                             text=True)
     said, child_id = stage.stdout.readline().split()
     assert list(scratch.glob("tfmlops-model-*"))
     assert said == "training"

@@ -24,6 +24,7 @@ No TensorFlow import at module level (the config check imports this module).
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import shutil
@@ -97,23 +98,30 @@ def _download(backbone: str, timeout: float) -> Path:
         return path
     url = app.url + app.weights_file
     log.info(f"backbone: downloading {url} -> {path}")
+    partial = None  # the download's temp file until it is renamed into place
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with urllib.request.urlopen(url, timeout=timeout) as response, \
                 tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+            partial = Path(tmp.name)
             shutil.copyfileobj(response, tmp)
-        with open(tmp.name, "rb") as f:  # Keras publishes md5 hashes of its files
+        with open(partial, "rb") as f:  # Keras publishes md5 hashes of its files
             md5 = hashlib.file_digest(f, "md5").hexdigest()
         if md5 != app.md5:
-            Path(tmp.name).unlink(missing_ok=True)
             raise OSError("the downloaded file's md5 does not match Keras' hash")
-        os.replace(tmp.name, path)
-    except OSError as exc:  # URLError, timeouts and refused connections are OSErrors
+        os.replace(partial, path)
+        partial = None
+    # URLError, timeouts and refused connections are OSErrors; a connection dropped
+    # mid-body is http.client's IncompleteRead
+    except (OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise ConfigError(
             f"model.backbone_weights: imagenet needs {app.weights_file} ({url}), which is not in "
             f"{path.parent} and could not be downloaded ({reason}); copy it to {path} or set "
             "model.backbone_weights to the path of a local copy") from None
+    finally:
+        if partial is not None:  # a timeout, a drop or a bad hash: nothing half-written stays
+            partial.unlink(missing_ok=True)
     return path
 
 

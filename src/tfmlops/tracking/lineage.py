@@ -8,12 +8,14 @@ naming its run. No MLflow here: only files and git.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from tfmlops.tracking.stale import owner_tags
 from tfmlops.tracking.uri import redact, repo_root
 
 RUN_FILE = artifacts.RUN_FILE
+PENDING_KEY = "pending"  # in a run file: the local id of the run handed over, until it is sent
 # How long a reader waits for a detached run's delivery (a sidecar ends its run within
 # seconds; one that hangs is killed by nobody, so the reader goes on without it).
 DELIVERY_WAIT_S = 300.0
@@ -82,10 +85,38 @@ def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bo
 def write_run_file(out_dir: Path, stage: str, run_id: str | None, uri: str | None,
                    facts: dict[str, Any] | None = None) -> None:
     """Write `mlflow_run.json` atomically (a reader never sees half a file), the URI
-    without its credentials: the file is a DVC output that `dvc push` uploads."""
+    without its credentials: the file is a DVC output that `dvc push` uploads. A run
+    handed over (outbox.py) has no id yet: its file says `pending` (its local id)."""
     data = {"stage": stage, "run_id": run_id, "tracking_uri": redact(uri) if uri else uri,
             **(facts or {})}
-    write_text(out_dir / RUN_FILE, json.dumps(data, indent=2) + "\n")
+    with _run_file_lock(out_dir):
+        write_text(out_dir / RUN_FILE, json.dumps(data, indent=2) + "\n")
+
+
+def settle_run_file(out_dir: str | Path, pending: str, run_id: str) -> bool:
+    """Put `run_id` into the run file still waiting for the run handed over as `pending`;
+    False if a later run of the stage has written its own since (it stays)."""
+    path = Path(out_dir) / RUN_FILE
+    with _run_file_lock(Path(out_dir)):
+        data = read_json(path, {})
+        if data.get(PENDING_KEY) != pending:
+            return False
+        data = {**{k: v for k, v in data.items() if k != PENDING_KEY}, "run_id": run_id}
+        write_text(path, json.dumps(data, indent=2) + "\n")
+    return True
+
+
+@contextlib.contextmanager
+def _run_file_lock(folder: Path) -> Iterator[None]:
+    """The run file's writers one at a time (a lock on its folder, so none is left
+    behind): a stage writing a new one, a replay settling an old one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def run_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:

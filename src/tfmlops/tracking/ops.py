@@ -8,15 +8,21 @@ same `apply`. A model is not an op: its caller queues its saved file
 
 from __future__ import annotations
 
+import importlib
+import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from tfmlops.tracking.retry import first_line
+
 # Ops `tfmlops sync` can replay from a JSON line (arbitrary `run.call(fn)` callables cannot be).
 # `create_run` is the outbox's own: a child run (trial, finalist) opened while the
-# store was away, created by `sync`, which then sends its calls (outbox.py).
-REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end", "create_run"}
+# store was away, or a run a stage handed over, created by `sync`, which then sends its
+# calls (outbox.py). `drawn`: a figure a handed-over run draws when it is sent (log_drawn).
+REPLAYABLE = {"params", "metrics", "tags", "artifact", "dict", "dataset", "end", "create_run",
+              "drawn"}
 # A run opened while the store was away has this local id until `sync` creates it.
 PENDING = "pending-"
 # Error codes of a store that answered and refused: sending again would be refused
@@ -67,8 +73,47 @@ def apply(client, run_id: str, op: str, payload: dict[str, Any]) -> None:
         client.log_inputs(run_id, [DatasetInput(ds._to_mlflow_entity(), [tag])])
     elif op == "end":
         client.set_terminated(run_id, payload["status"])
+    elif op == "drawn":
+        with tempfile.TemporaryDirectory(prefix="tfmlops-drawn-") as folder:
+            drawn = _draw(payload, Path(folder))
+            apply(client, run_id, "artifact", {"path": str(drawn),
+                                               "artifact_path": payload.get("artifact_path")})
     else:
         raise ValueError(f"unknown outbox op {op}")
+
+
+def drawn_payload(draw, args: tuple, artifact_path: str | None, keep) -> dict[str, Any]:
+    """A `drawn` op: `draw(*args, folder)` by its name (one of ours), each Path in `args`
+    replaced by `keep(path)` (the outbox's own link to the file, as it is now)."""
+    paths = [i for i, a in enumerate(args) if isinstance(a, Path)]
+    return {"draw": f"{draw.__module__}:{draw.__qualname__}", "artifact_path": artifact_path,
+            "args": [str(keep(a)) if i in paths else a for i, a in enumerate(args)],
+            "paths": paths}
+
+
+def files_of(op: str, payload: dict[str, Any]) -> list[Path]:
+    """The files of the outbox an op names (removed once it is sent)."""
+    if op == "artifact":
+        return [Path(payload["path"])]
+    if op == "drawn":
+        return [Path(payload["args"][i]) for i in payload.get("paths", ())]
+    return []
+
+
+def _draw(payload: dict[str, Any], folder: Path) -> Path:
+    """What a `drawn` op's function draws into `folder`; Unsendable if it cannot be drawn."""
+    module, _, name = payload["draw"].partition(":")
+    if module.partition(".")[0] != "tfmlops":  # the outbox names only our own functions
+        raise Unsendable(f"drawing {payload['draw']}: not one of tfmlops' functions; not sent")
+    args = [Path(a) if i in payload.get("paths", ()) else a for i, a in enumerate(payload["args"])]
+    try:
+        draw = importlib.import_module(module)
+        for part in name.split("."):
+            draw = getattr(draw, part)
+        return Path(draw(*args, folder))
+    except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn blocks nothing
+        raise Unsendable(f"drawing {payload['draw']} failed ({type(exc).__name__}: "
+                         f"{first_line(exc)}); not sent") from None
 
 
 def now_ms() -> int:

@@ -7,6 +7,15 @@ their staging folders after logging), one uniquely named folder per entry. A chi
 opened while the store was away is queued as a `create_run` line under a local id,
 which `sync` replaces by the real id in the lines after it.
 
+A stage that hands its finished run over (prepare, tracking.wait: false; handover.py)
+writes the whole run to one file, `<stage>-pending-<local id>.jsonl`, before it exits:
+a `create_run` line without a parent (the run itself, under its experiment), its
+calls, its end. A detached process replays it (`deliver_handed_over`); if that process
+is killed with the stage's container or CI step, the next stage's run does it first
+(run.stage_run), or `tfmlops sync`. A replay writes the run's id into the run file that
+waits for it (lineage.settle_run_file) and removes what it sent: one run, however many
+try (`_one_sync`; a replay killed midway finds its run again by its local id).
+
 `sync` replays the files in order. What can never be sent (a line torn by a kill, a
 call the store refuses, an artifact whose file is gone) is set aside in
 `<name>.rejected` so it blocks nothing. Lines of another store are kept for a sync
@@ -34,13 +43,24 @@ from typing import Any
 from tfmlops.config import Config
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.files import write_bytes
-from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, Unsendable, apply
+from tfmlops.tracking.lineage import settle_run_file
+from tfmlops.tracking.naming import experiment_id_of
+from tfmlops.tracking.ops import PENDING, REFUSED, REPLAYABLE, Unsendable, apply, files_of
 from tfmlops.tracking.retry import error_code, first_line
-from tfmlops.tracking.uri import ensure_reachable, redact, tracking_uri, use_uri
+from tfmlops.tracking.stale import close_orphans, owner_tags
+from tfmlops.tracking.uri import (
+    ensure_reachable,
+    import_mlflow,
+    redact,
+    tracking_uri,
+    ui_url,
+    use_uri,
+)
 
 log = logging.getLogger(__name__)
 
 OUTBOX_DIR = "outbox"
+OUTBOX_ID = "tfmlops.outbox_id"  # the tag of a run a replay created: its local id
 
 
 def outbox_path(cfg: Config, name: str) -> Path:
@@ -81,11 +101,21 @@ class Outbox:
 
     def write(self, run_id: str, op: str, payload: dict[str, Any]) -> None:
         """Append one op as it is (the files it names already belong to the outbox)."""
+        self.write_all([(run_id, op, payload)])
+
+    def write_all(self, entries: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Append (run id, op, payload) entries in one write, on disk when this returns."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"run_id": run_id, "op": op, "payload": payload, "store": self.store},
-                          default=str)
+        text = "".join(json.dumps({"run_id": run_id, "op": op, "payload": payload,
+                                   "store": self.store}, default=str) + "\n"
+                       for run_id, op, payload in entries)
         with _locked(self.path, create=True) as fd:
-            os.write(fd, (line + "\n").encode())
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                # A line torn by a kill or a full disk: ended here, so this one is read
+                # on its own (the torn one is set aside by `sync`), not glued onto it.
+                text = "\n" + text
+            os.write(fd, text.encode())
             os.fsync(fd)  # queued means on disk: the store is away, the run goes on
 
 
@@ -98,7 +128,8 @@ def _one_sync(folder: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.warning("tfmlops sync: waiting for another `tfmlops sync` to finish")
+            log.warning("tfmlops: waiting for another replay of the outbox to finish "
+                        "(`tfmlops sync`, or the delivery of a run handed over)")
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
@@ -131,10 +162,11 @@ def _locked(path: Path, create: bool) -> Iterator[int | None]:
         os.close(fd)
 
 
-def sync(cfg: Config) -> dict[str, int]:
-    """Replay every queued call in `reports/outbox/` against the current store, in order."""
+def sync(cfg: Config, pattern: str = "*") -> dict[str, int]:
+    """Replay every queued call in `reports/outbox/` (the files `<pattern>.jsonl`)
+    against the current store, in order."""
     folder = Path(cfg.paths.reports) / OUTBOX_DIR
-    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    files = sorted(folder.glob(f"{pattern}.jsonl")) if folder.is_dir() else []
     totals = {"files": len(files), "calls": 0, "rejected": 0, "other_store": 0}
     if not files:
         return totals
@@ -143,15 +175,31 @@ def sync(cfg: Config) -> dict[str, int]:
     client = use_uri(uri).MlflowClient()
     with _one_sync(folder):
         for path in files:
-            _Replay(client, path, uri, totals).run()
+            _Replay(client, path, uri, totals, cfg.tracking.retries + 1).run()
     return totals
+
+
+def deliver_handed_over(cfg: Config) -> None:
+    """Replay the runs stages handed over (module docstring): by the process a stage
+    detached, or, if a kill stopped it, by the next stage's run before it opens (its
+    lineage names them). A store that fails only warns: they wait for the next one."""
+    try:
+        totals = sync(cfg, f"*-{PENDING}*")
+    except TrackingUnavailable as exc:
+        log.warning("tfmlops: a finished run handed over was not delivered, it waits in %s "
+                    "for the next stage or `tfmlops sync`: %s",
+                    Path(cfg.paths.reports) / OUTBOX_DIR, exc)
+        return
+    if totals["calls"]:
+        log.debug("tfmlops: %d calls of handed-over runs delivered", totals["calls"])
 
 
 class _Replay:
     """The replay of one queue file, counted into `totals` (sync's)."""
 
-    def __init__(self, client, path: Path, uri: str, totals: dict[str, int]):
+    def __init__(self, client, path: Path, uri: str, totals: dict[str, int], attempts: int = 1):
         self.client, self.path, self.store, self.totals = client, path, redact(uri), totals
+        self.uri, self.attempts = uri, attempts  # attempts: those the runs' owners gave each call
         self.ids: dict[str, str] = {}  # local id of a queued child run -> its real id
         self.rejected: list[dict[str, Any]] = []
         self.elsewhere: list[dict[str, Any]] = []  # lines of another store, kept
@@ -173,8 +221,7 @@ class _Replay:
             try:
                 self._send(entry)
                 self.totals["calls"] += 1
-                if entry["op"] == "artifact":
-                    self.sent_files.append(Path(entry["payload"]["path"]))
+                self.sent_files.extend(files_of(entry["op"], entry["payload"]))
             except Exception as exc:  # noqa: BLE001 - a refusal is set aside, anything else stops
                 if error_code(exc) not in REFUSED:
                     self._finish([*self.elsewhere, *map(self._mapped, entries[i:])])
@@ -210,7 +257,10 @@ class _Replay:
 
     def _send(self, entry: dict[str, Any]) -> None:
         run_id, op, payload = entry["run_id"], entry["op"], entry["payload"]
-        if op == "create_run":
+        if op == "create_run" and payload.get("parent") is None:  # a run handed over
+            self.ids[run_id] = _create_handed_over(self.client, run_id, payload, self.uri,
+                                                   self.path.parent, self.attempts)
+        elif op == "create_run":
             self.ids[run_id] = _create_run(self.client, run_id, payload)
         elif run_id.startswith(PENDING):
             raise Unsendable(f"refused by {self.store}: its run {run_id} was never created")
@@ -223,7 +273,7 @@ class _Replay:
         """The entry with the real ids of child runs created so far."""
         out = {**entry, "run_id": self.ids.get(entry["run_id"], entry["run_id"])}
         if entry["op"] == "create_run":
-            parent = entry["payload"]["parent"]
+            parent = entry["payload"].get("parent")
             out["payload"] = {**entry["payload"], "parent": self.ids.get(parent, parent)}
             out["run_id"] = entry["run_id"]  # still the key the lines after it use
         return out
@@ -256,14 +306,37 @@ class _Replay:
             files.rmdir()  # empty once nothing waits in it
 
 
+def _outbox_run(client, experiment_id: str, local_id: str):
+    """The run a replay created for `local_id` (a replay killed after creating it must
+    not create it twice), or None."""
+    found = client.search_runs([experiment_id], f"tags.`{OUTBOX_ID}` = '{local_id}'", max_results=1)
+    return found[0] if found else None
+
+
+def _create_handed_over(client, local_id: str, payload: dict[str, Any], uri: str,
+                        folder: Path, attempts: int) -> str:
+    """Open a run a stage handed over, as stage_run opens one: its id goes into the
+    run file waiting for it, and its stage's runs orphaned by a kill are closed."""
+    experiment_id = experiment_id_of(import_mlflow(), payload["experiment"], uri)
+    run, stage = _outbox_run(client, experiment_id, local_id), payload["run_file"]["stage"]
+    if run is None:
+        # Owned by this process now: the stage that handed it over has exited.
+        tags = {**payload["tags"], **owner_tags(), OUTBOX_ID: local_id}
+        run = client.create_run(experiment_id, start_time=payload.get("start_time"), tags=tags,
+                                run_name=payload.get("name"))
+        close_orphans(stage, run.info.run_id, folder / "heartbeats_seen.json", attempts)
+    log.info("%s: MLflow run %s: %s", stage, run.info.run_name,
+             ui_url(uri, experiment_id, run.info.run_id))
+    settle_run_file(payload["run_file"]["folder"], local_id, run.info.run_id)
+    return run.info.run_id
+
+
 def _create_run(client, local_id: str, payload: dict[str, Any]) -> str:
     """Create a child run queued while the store was away; its real id. Found by its
     local id first: a sync killed after creating it must not create it twice."""
     experiment_id = client.get_run(payload["parent"]).info.experiment_id
-    found = client.search_runs([experiment_id], f"tags.`tfmlops.outbox_id` = '{local_id}'",
-                               max_results=1)
-    if found:
-        return found[0].info.run_id
-    tags = {**payload["tags"], "mlflow.parentRunId": payload["parent"], "tfmlops.outbox_id": local_id}
+    if found := _outbox_run(client, experiment_id, local_id):
+        return found.info.run_id
+    tags = {**payload["tags"], "mlflow.parentRunId": payload["parent"], OUTBOX_ID: local_id}
     return client.create_run(experiment_id, start_time=payload.get("start_time"), tags=tags,
                              run_name=payload.get("name")).info.run_id

@@ -33,7 +33,7 @@ from tfmlops.tracking.heartbeat import HEARTBEAT_TAG, Heartbeat
 from tfmlops.tracking.lineage import run_tags, write_run_file
 from tfmlops.tracking.naming import equals, experiment_id_of, stage_run_name
 from tfmlops.tracking.ops import PENDING, REFUSED, apply, now_ms
-from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, outbox_path
+from tfmlops.tracking.outbox import OUTBOX_DIR, Outbox, deliver_handed_over, outbox_path
 from tfmlops.tracking.retry import RetriesExhausted, call_with_retry, first_line
 from tfmlops.tracking.stale import all_runs, close_orphans, owner_tags
 from tfmlops.tracking.uri import (
@@ -68,9 +68,8 @@ class StageRun:
 
     # -- what stages call
     def log_params(self, params: dict[str, Any]) -> None:
-        items = sorted((k, _param_value(v)) for k, v in flatten(params).items())
-        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self._do("params", dict(items[i : i + 100]))
+        for batch in param_batches(params):
+            self._do("params", batch)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         clean = {k: float(v) for k, v in flatten(metrics).items() if _is_number(v)}
@@ -297,6 +296,23 @@ def pinned_requirements(*names: str) -> list[str]:
     return out
 
 
+def param_batches(params: dict[str, Any]) -> list[dict[str, str]]:
+    """`params` flattened to MLflow's params, in batches of at most 100 (its limit)."""
+    items = sorted((k, _param_value(v)) for k, v in flatten(params).items())
+    return [dict(items[i : i + 100]) for i in range(0, len(items), 100)]
+
+
+def opening_tags(cfg: Config, stage: str, upstream: dict[str, str | Path] | None) -> dict[str, str]:
+    """The tags a stage's run opens with (lineage.run_tags, a heartbeat not yet beaten)."""
+    tags = {**run_tags(cfg, stage, upstream), HEARTBEAT_TAG: "0"}
+    # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
+    # start_run would resume: every stage of `-e main` would share one run.
+    # Each stage opens its own run instead, nested under the launcher's.
+    if launcher := os.environ.pop("MLFLOW_RUN_ID", None):
+        tags["mlflow.parentRunId"] = launcher
+    return tags
+
+
 def _param_value(v: Any) -> str:
     return (json.dumps(v) if isinstance(v, (list, dict)) else str(v))[:6000]
 
@@ -327,7 +343,8 @@ def stage_run(cfg: Config, stage: str, out_dir: str | Path,
 
     uri = tracking_uri(cfg)
     params = params if params is not None else cfg.to_dict()
-
+    # Runs handed over and left undelivered by a kill go first: this run's lineage names them.
+    deliver_handed_over(cfg)
     run_id = _open_run(cfg, stage, uri, upstream, stage_run_name(stage, params))
     # Runs of this stage a SIGKILL left RUNNING. This machine's sightings of other machines'
     # heartbeats are kept beside the outbox (local state, never in git).
@@ -377,12 +394,7 @@ def _open_run(cfg: Config, stage: str, uri: str, upstream: dict[str, str | Path]
     mlflow = use_uri(uri)
     try:
         experiment_id = experiment_id_of(mlflow, cfg.tracking.experiment, uri)
-        tags = {**run_tags(cfg, stage, upstream), HEARTBEAT_TAG: "0"}
-        # `mlflow run` (MLproject) hands its own run down in MLFLOW_RUN_ID, which
-        # start_run would resume: every stage of `-e main` would share one run.
-        # Each stage opens its own run instead, nested under the launcher's.
-        if launcher := os.environ.pop("MLFLOW_RUN_ID", None):
-            tags["mlflow.parentRunId"] = launcher
+        tags = opening_tags(cfg, stage, upstream)
         run_id = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags).info.run_id
         log.info("%s: MLflow run %s: %s (runs table: %s)", stage, run_name,
                  ui_url(uri, experiment_id, run_id), ui_url(uri, experiment_id))

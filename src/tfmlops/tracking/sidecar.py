@@ -18,12 +18,16 @@ the work there, and the training process never imports MLflow.
 
 A stage may hand its run over and exit before it is in the store (`detach`: prepare,
 `tracking.wait: false`). It takes its delivery lock (artifacts.DELIVERY_LOCK) at its
-start, keeps its calls, and starts the sidecar only at its end, handing it the calls and
-the lock, which the sidecar holds until it exits: the two never share the cores or add
-up in memory. That sidecar logs to `tracking.log`, runs niced and leaves the stage's
+start, keeps its calls, and at its end writes them to the outbox (handover.py: a file
+write, so a sidecar killed with the stage's container loses nothing), then starts the
+sidecar, handing it the lock, which it holds until it exits: the two never share the
+cores or add up in memory. That sidecar replays the outbox file
+(outbox.deliver_handed_over), logs to `tracking.log`, runs niced and leaves the stage's
 process group. A later stage reading the run file waits for the lock first
 (lineage.read_run_file). Logged files are hard-linked when logged, so a later run of the
-stage that replaces them cannot change what this one uploads.
+stage that replaces them cannot change what this one uploads; the links are in the
+project (`.tfmlops/scratch/`, or the outbox for a run handed over), on the outputs'
+filesystem, where a link is not a copy.
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import faults
-from tfmlops.artifacts import DETACHED_LOG
+from tfmlops.artifacts import DETACHED_LOG, SCRATCH
 from tfmlops.errors import TrackingUnavailable
+from tfmlops.files import link_or_copy
 from tfmlops.tracking import keras_file
+from tfmlops.tracking.handover import Handover
 from tfmlops.tracking.naming import experiment_id_of
+from tfmlops.tracking.outbox import deliver_handed_over
 from tfmlops.tracking.retry import first_line
 from tfmlops.tracking.run import StageRun, ending, stage_run, warn_queued
 from tfmlops.tracking.uri import ensure_reachable, is_chief, tracking_uri, use_uri
@@ -189,6 +196,11 @@ class _Process:
         for kind, body in pending:
             self.send(kind, body)
 
+    @property
+    def pending(self) -> list[tuple[str, Any]]:
+        """The calls kept for a sidecar not started yet (`hold`)."""
+        return self._pending
+
     def launched(self) -> _Process:
         if self.proc is None:
             self._launch()
@@ -305,9 +317,9 @@ class _PipedRun(StageRun):
             return
         kept = Path(tempfile.mkdtemp(dir=self._model_dir)) / source.name
         if source.is_dir():
-            shutil.copytree(source, kept, copy_function=_link_or_copy)
+            shutil.copytree(source, kept, copy_function=link_or_copy)
         else:
-            _link_or_copy(source, kept)
+            link_or_copy(source, kept)
         super().log_artifact(kept, artifact_path)
 
     def _call(self, fn, op: str, payload: dict[str, Any]) -> bool:
@@ -318,10 +330,13 @@ class SidecarRun(_PipedRun):
     """The stage's side of a run opened and recorded by the sidecar process."""
 
     def __init__(self, cfg, stage: str, process: _Process, detach_log: Path | None = None):
-        super().__init__(cfg, stage, process, Path(tempfile.mkdtemp(prefix="tfmlops-model-")))
-        # The sidecar removes it as it exits too: a stage killed with -9 cannot.
-        process.send("scratch", str(self._model_dir))
-        self._detach_log = detach_log  # set: a FINISHED end hands the run over (module doc)
+        # set: a FINISHED end hands the run over, through the outbox (module doc)
+        self._handover = None if detach_log is None else Handover(cfg, stage)
+        super().__init__(cfg, stage, process, self._handover.files if self._handover
+                         else scratch_folder(cfg))
+        if self._handover is None:  # the sidecar removes it as it exits too: a stage killed with -9 cannot
+            process.send("scratch", str(self._model_dir))
+        self._detach_log = detach_log
         self._children = itertools.count(1)
 
     def log_drawn(self, draw, args: tuple, artifact_path: str | None = None) -> None:
@@ -349,19 +364,13 @@ class SidecarRun(_PipedRun):
                              "input example only")
         self.wait_open()  # the run file is in the stage's output folder before it moves
         link = self._model_dir / Path(saved_path).name
-        _link_or_copy(saved_path, link)
+        link_or_copy(saved_path, link)
         self._process.send("model", keras_file.describe(model, input_example, link))
         return SidecarModel(self)
 
     def end(self, status: str = "FINISHED") -> None:
         """End the run and wait for the sidecar; a detaching stage's FINISHED run is handed over."""
-        if status == "FINISHED" and self._detach_log is not None:
-            self._process.send("detach", None)
-            self._process.send("end", "FINISHED")
-            self._process.close()
-            log.info("%s: its MLflow run goes to the store from a background process (pid %d, "
-                     "log %s); later stages wait for it", self.stage, self._process.proc.pid,
-                     self._detach_log)
+        if status == "FINISHED" and self._hand_over():
             return
         started = time.perf_counter()
         try:
@@ -386,6 +395,28 @@ class SidecarRun(_PipedRun):
                 self._process.proc.wait()
             log.debug("tracking sidecar: exited %.2f s after the run's end", time.perf_counter() - ended)
             shutil.rmtree(self._model_dir, ignore_errors=True)
+
+    def _hand_over(self) -> bool:
+        """Write the finished run to the outbox, then start the sidecar that delivers it
+        and return (handover.py); False (the stage waits instead) if the sidecar had to
+        answer a call already (it runs the calls then) or the outbox cannot be written."""
+        if self._handover is None or self._process.proc is not None:
+            return False
+        try:
+            self._handover.write([*self._process.pending, ("end", "FINISHED")])
+        except OSError as exc:
+            log.warning("tfmlops: %s: cannot write its MLflow run to %s (%s); waiting for the "
+                        "store instead", self.stage, self._handover.path, exc)
+            return False
+        self._process.pending.clear()  # in the outbox now: the sidecar reads them from there
+        self._process.send("detach", None)
+        self._process.send("deliver", {"cfg": self.cfg})
+        self._process.close()
+        log.info("%s: its MLflow run is in %s and goes to the store from a background "
+                 "process (pid %d, log %s); later stages wait for it (if that process is "
+                 "stopped, the next stage or `tfmlops sync` sends it)", self.stage,
+                 self._handover.path, self._process.proc.pid, self._detach_log)
+        return True
 
     def wait_open(self) -> None:
         """Wait until the run is open (its run file written); a detaching stage does not."""
@@ -434,11 +465,13 @@ def _take_delivery_lock(path: Path) -> int:
     return fd
 
 
-def _link_or_copy(source, target) -> None:
-    try:
-        os.link(source, target)
-    except OSError:  # another filesystem
-        shutil.copy2(source, target)
+def scratch_folder(cfg) -> Path:
+    """A fresh folder for the hard links of what a run logs, on the project's filesystem
+    (`.tfmlops/scratch/`, beside `paths.reports`): in the system's temp folder (a tmpfs,
+    or a container layer under a bind-mounted repo) each link would be a full copy."""
+    root = Path(cfg.paths.reports).resolve().parent / SCRATCH
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="tfmlops-model-", dir=root))
 
 
 class SidecarModel:
@@ -566,6 +599,10 @@ def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> No
         with contextlib.suppress(Exception):  # the run's opening raises it, if it is still there
             experiment_id_of(use_uri(start["uri"]), start["experiment"], start["uri"])
         kind, start = calls.get()
+    if kind == "deliver":  # a run handed over: it is in the outbox
+        faults.point("sidecar.end")  # a test holds a detached delivery here (SIGSTOP)
+        deliver_handed_over(start["cfg"])
+        _exit_now()
     if kind != "start":  # the stage ended before it opened its run
         return
     logger = logging.getLogger("tfmlops")
@@ -581,19 +618,24 @@ def serve(calls: queue.Queue, replies: _Replies, hands_over: bool = False) -> No
             run.end(_replay(run, calls, replies))  # every call sent, its end written
             warn_queued(run, tracking_uri(run.cfg))
             replies.send("ended", {"queued": run.queued, "errors": run.errors})
-            # Exit now: what stage_run and the interpreter would do next saves nothing
-            # more, and the teardown with MLflow loaded took 1.7 s that the stage waited for.
-            for folder in _scratch:
-                shutil.rmtree(folder, ignore_errors=True)
-            logging.shutdown()  # a detached run's tracking.log
-            sys.stderr.flush()
-            os._exit(0)
+            _exit_now()
     except KeyboardInterrupt:  # the stage is gone: stage_run ended its run KILLED
         pass
     except TrackingUnavailable as exc:
         if replies.detached:
             log.error("tfmlops: %s: its MLflow run was not delivered: %s", start["stage"], exc)
         replies.send("unavailable", str(exc))
+
+
+def _exit_now() -> None:
+    """Exit now: what stage_run and the interpreter would do next saves nothing more, and
+    the teardown with MLflow loaded took 1.7 s that the stage (or a reader of a detached
+    run, waiting for the delivery lock) waited for."""
+    for folder in _scratch:
+        shutil.rmtree(folder, ignore_errors=True)
+    logging.shutdown()  # a detached run's tracking.log
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _yield_cpu() -> None:
@@ -631,7 +673,6 @@ def _replay(run: StageRun, calls: queue.Queue, replies: _Replies) -> str:
                     replies.send("failed", f"logging the model failed: {exc}")
                 job = None
             elif kind == "end":
-                faults.point("sidecar.end")  # a test holds a detached delivery here (SIGSTOP)
                 return body
             elif kind == "unreadable":  # a bug, not the stage's death: the run ends FAILED
                 raise RuntimeError(f"a call from the stage could not be read ({body})")

@@ -333,10 +333,7 @@ def folders(cfg: Config, merged: Config, run_setup: Setup, profile: Path,
     if scratch is not None:
         (scratch / "history").mkdir(parents=True)
         return Folders(backup, scratch / "tb", scratch / "history")
-    done = finished_epochs(backup, run_setup.keras)
-    if not adopt_backup(backup, backup_fingerprint(merged, run_setup.keras),
-                        run_setup.keras) and done:
-        log.info(f"train: discarded the backup in {backup}: made with other params or data")
+    adopt_backup(backup, backup_fingerprint(merged, run_setup.keras), run_setup.keras)
     return Folders(backup, profile, backup)
 
 
@@ -386,14 +383,41 @@ def history_rows(backup_dir: str | Path) -> list[dict]:
 
 
 def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
-    """Keep a backup made with the same params and data; wipe any other. True if kept."""
+    """Keep a backup made with the same params and data, whole; wipe any other. True if kept."""
     folder = Path(backup_dir)
-    keep = (finished_epochs(folder, keras) > 0
-            and read_json(folder / FINGERPRINT_FILE, None) == fingerprint)
+    done = finished_epochs(folder, keras)
+    same = read_json(folder / FINGERPRINT_FILE, None) == fingerprint
+    # Keras rewrites best.weights.h5 (ModelCheckpoint) and latest.weights.h5 in place,
+    # without fsync: resumed, a torn one fails the run at its end, after training.
+    damage = torn_weights(folder) if done and same else None
+    keep = bool(done) and same and damage is None
+    if damage is not None:
+        log.warning("train: the backup in %s is damaged (%s; killed while Keras wrote it?); "
+                    "discarded, training starts afresh", folder, damage)
+    elif done and not same:
+        log.info(f"train: discarded the backup in {folder}: made with other params or data")
     if not keep:
         clear(folder)
         write_json(folder / FINGERPRINT_FILE, fingerprint)
     return keep
+
+
+def torn_weights(folder: Path) -> str | None:
+    """The first weights file of a backup that does not read whole (every dataset of the
+    HDF5 file), and why; None if all do."""
+    import h5py
+
+    def read(_name, item) -> None:  # None: visititems goes on
+        if isinstance(item, h5py.Dataset):
+            item[()]
+
+    for path in sorted(folder.glob("*.h5")):
+        try:
+            with h5py.File(path, "r") as weights:
+                weights.visititems(read)
+        except Exception as exc:  # noqa: BLE001 - h5py raises OSError, KeyError, RuntimeError...
+            return f"{path.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return None
 
 
 def clear(backup_dir: str | Path) -> None:

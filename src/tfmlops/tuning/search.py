@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tfmlops.artifacts import data_version
 from tfmlops.config import Config
+from tfmlops.errors import DataError
+from tfmlops.files import MARKER, claim_folder, owned
 from tfmlops.model import hparams, search_space
+
+log = logging.getLogger(__name__)
 
 
 def search_key(cfg: Config) -> str:
@@ -39,6 +45,37 @@ def search_key(cfg: Config) -> str:
 
 def project_name(cfg: Config, key: str) -> str:
     return f"{cfg.tune.tuner}-{key}"
+
+
+# The marker of a keras-tuner project folder in paths.tuner (files.claim_folder): only
+# such a folder is deleted when its saved state is damaged.
+SEARCH_KIND = "tune-search"
+
+
+def adopt_search(cfg: Config, key: str) -> Path:
+    """The folder of search `key`, claimed, its saved state checked first. keras-tuner
+    rewrites oracle.json and each trial.json in place, without fsync: one torn by a kill
+    would fail every later run in Oracle.reload. Such a search is discarded with one
+    warning and starts afresh (a damaged folder that is not ours: one error line)."""
+    folder = Path(cfg.paths.tuner) / project_name(cfg, key)
+    if (damage := torn_json(folder)) is not None:
+        if not owned(folder, SEARCH_KIND):
+            raise DataError(f"the saved search in {folder} is damaged ({damage}) and the folder "
+                            f"has no {MARKER} of tfmlops; remove it to start the search afresh")
+        log.warning("tune: the saved search in %s is damaged (%s; killed while keras-tuner "
+                    "wrote it?); discarded, the search starts afresh", folder, damage)
+        shutil.rmtree(folder)
+    return claim_folder(folder, SEARCH_KIND)
+
+
+def torn_json(folder: Path) -> str | None:
+    """The first JSON file of a keras-tuner project that does not parse, and why; None."""
+    for path in sorted([*folder.glob("*.json"), *folder.glob("trial_*/*.json")]):
+        try:
+            json.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            return f"{path.relative_to(folder)}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+    return None
 
 
 def distributed_role() -> str:

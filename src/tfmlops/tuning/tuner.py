@@ -19,7 +19,16 @@ from tfmlops.files import write_json
 from tfmlops.model import search_space
 from tfmlops.tuning.hypermodel import TrialModel
 from tfmlops.tuning.oracles import make_oracle
-from tfmlops.tuning.search import ENDED, TRIAL_FILE, SearchResult, best_epoch, last_line, project_name, record
+from tfmlops.tuning.search import (
+    ENDED,
+    TRIAL_FILE,
+    SearchResult,
+    adopt_search,
+    best_epoch,
+    last_line,
+    project_name,
+    record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +136,7 @@ def _search(tuner: TrackedTuner, cfg: Config) -> None:
 
 def search(cfg: Config, parent: tracking.StageRun, key: str) -> SearchResult:
     """Run (or resume) the search (single process or chief); every trial of it, old and new."""
+    adopt_search(cfg, key)  # a search a kill left damaged starts afresh
     tuner, oracle = build_tuner(cfg, parent, key)
     ended_before = {i for i, t in oracle.trials.items() if t.status in ENDED}
     log.info(f"tune: {cfg.tune.tuner} search in {tuner.project_dir} "
