@@ -9,6 +9,7 @@ tests read it and never write into it.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import socket
@@ -363,3 +364,21 @@ def exported_offline(exported_digits):
     encoded, x, y = split.arrays()
     return {"prepared": prepared, "split": split, "encoded": encoded, "x": x, "y": y,
             "probs": model.predict(x, verbose=0)}
+
+
+# --------------------------------------------- CI's shape: the longest modules first
+
+MODULE_COSTS = Path(__file__).with_name("module_costs.json")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules in order of their measured seconds, longest first (module_costs.json, from a
+    full run's junit report: `python tests/module_costs.py junit.xml`). With `--dist
+    loadscope --no-loadscope-reorder` the workers take whole modules in this order, so the
+    few long e2e modules start at once instead of last, when one worker would run them
+    alone. A module not in the table (new) counts as 60 s. Stable: a module's tests keep
+    their order."""
+    if not MODULE_COSTS.exists():
+        return
+    costs = json.loads(MODULE_COSTS.read_text())
+    items.sort(key=lambda item: -costs.get(item.nodeid.split("::")[0], 60.0))

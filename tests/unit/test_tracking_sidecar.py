@@ -7,6 +7,7 @@ real sidecar processes."""
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -270,19 +271,22 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
     scratch = tmp_path / ".tfmlops" / "scratch"  # where its hard links to logged files go
     stage = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
                              text=True)
-    said, child_id = stage.stdout.readline().split()
-    assert list(scratch.glob("tfmlops-model-*"))
-    assert said == "training"
-    deadline = time.monotonic() + 120
-    while not stage_runs(cfg, "train") and time.monotonic() < deadline:
-        time.sleep(0.5)  # the sidecar opens the run
-    os.kill(stage.pid, signal.SIGKILL)
-    stage.wait()
-    while time.monotonic() < deadline:
+    try:
+        ready, _, _ = select.select([stage.stdout], [], [], 120)
+        assert ready, "the stage did not start its run within 120 s"
+        said, child_id = stage.stdout.readline().split()
+        assert list(scratch.glob("tfmlops-model-*"))
+        assert said == "training"
+        until(lambda: stage_runs(cfg, "train"), "the sidecar opens the run")
+    finally:
+        os.kill(stage.pid, signal.SIGKILL)
+        stage.wait()
+
+    def ended():
         (run,) = [r for r in stage_runs(cfg, "train") if "mlflow.parentRunId" not in r.data.tags]
-        if run.info.status != "RUNNING":
-            break
-        time.sleep(0.5)
+        return run if run.info.status != "RUNNING" else None
+
+    run = until(ended, "the sidecar ends the killed stage's run")
     assert run.info.status == "KILLED"
     history = mlflow_client(cfg).get_metric_history(run.info.run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]
@@ -290,9 +294,16 @@ def test_a_stage_killed_mid_run_leaves_its_run_killed_not_running(tmp_path, make
     assert trial.info.status == "KILLED"
     assert trial.data.tags["mlflow.parentRunId"] == run.info.run_id
     # the killed stage could not remove its scratch folder: the sidecar did, as it exited
-    while list(scratch.glob("tfmlops-model-*")) and time.monotonic() < deadline:
+    until(lambda: not list(scratch.glob("tfmlops-model-*")), "the sidecar removes the scratch")
+
+
+def until(condition, what: str, timeout_s: float = 120.0):
+    """`condition()`'s first truthy value, polled; each wait has its own deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
         time.sleep(0.5)
-    assert list(scratch.glob("tfmlops-model-*")) == []
+    return value
 
 
 def test_a_sidecar_run_still_fails_at_once_when_the_server_is_away(tmp_path, make_cfg):

@@ -1,0 +1,87 @@
+"""The suite does not depend on the user's working copy: after the README's
+state-changing blocks (an accepted reference profile, committed; the team block's DVC
+remote, committed; an experiment's params left in the workspace with DVC_EXP_NAME set,
+as `dvc exp run` leaves them for its stages), the fast tier passes in that copy.
+
+The copy is this checkout (its code as it is now, git history included); the blocks are
+read from README.md, so a change to them is what runs here. `dvc exp run`'s pipeline is
+not run (minutes on digits): what it leaves for the tests to trip on, a params.yaml
+changed in the workspace and DVC_EXP_NAME in its stages' environment, is set directly."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, VENV_BIN, git
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+HEAVY = {".venv", "data", "models", "reports", "mlruns", "mlartifacts", "mlflow.db",
+         ".tfmlops", ".pytest_cache", ".hypothesis", ".ruff_cache", "request.json"}
+
+
+def readme_lines(containing: str) -> list[str]:
+    """The README's command lines that contain `containing` (comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()
+            if containing in line and not line.lstrip().startswith("#")]
+
+
+def copy_checkout(dest):
+    def ignore(folder, names):
+        top = os.path.samefile(folder, ROOT)
+        return [n for n in names if n == "__pycache__" or (top and n in HEAVY)
+                or (os.path.samefile(folder, ROOT / ".dvc") and n in ("cache", "tmp"))]
+
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+    (dest / "data").mkdir()
+    shutil.copy2(ROOT / "data" / "reference_profile.json", dest / "data" / "reference_profile.json")
+    return dest
+
+
+def sh(command: str, cwd, env) -> str:
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_the_fast_tier_passes_after_the_readmes_state_changing_blocks(tmp_path):
+    copy = copy_checkout(tmp_path / "checkout")
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+           "DVC_NO_ANALYTICS": "1"}
+    git("add", "-A", cwd=copy)  # the checkout's own uncommitted work, as the user has it
+    git("commit", "-q", "--allow-empty", "-m", "the checkout as it is", cwd=copy)
+
+    # An accepted reference profile, committed (README: data contract).
+    sh("tfmlops materialize && tfmlops prepare", copy, env)
+    (accept,) = readme_lines("tfmlops accept-reference")
+    (commit,) = readme_lines("git add data/reference_profile.json")
+    sh(f"{accept} && {commit}", copy, env)
+    assert yaml.safe_load((copy / "data" / "reference_profile.json").read_text())["reference"]
+
+    # The team block's remote, committed.
+    (remote,) = readme_lines("dvc remote add")
+    sh(remote.replace("/mnt/team/dvc-store", str(tmp_path / "team-store")), copy, env)
+    assert "storage" in sh("dvc remote list", copy, env)
+
+    # An experiment's params in the workspace, and its name in the environment.
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["train"]["epochs"] = params["train"]["epochs"] + 7
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env["DVC_EXP_NAME"] = "users-exp"
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-x",
+                           "-p", "no:cacheprovider", "--durations=0", "-n", "2"],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=2100)
+    tail = proc.stdout[-4000:]
+    assert proc.returncode == 0, tail
+    assert re.search(r"\d+ passed", tail), tail
