@@ -155,3 +155,18 @@ def test_a_run_whose_sidecar_is_killed_is_delivered_by_the_next_stage(tmp_path, 
     # The run file names the later run: the earlier one, delivered after, does not take it back.
     assert read_run_file(run_dir(cfg, "prepare"))["run_id"] == second.info.run_id
     assert _outbox(cfg) == []
+
+
+def test_with_tracking_wait_the_run_is_stored_when_prepare_exits(tmp_path, make_cfg):
+    """README: `tracking.wait: true` makes prepare wait. When it exits its run is in the
+    store, whole; no background process was started and nothing is left queued."""
+    photos = tmp_path / "photos"
+    photo_folder(photos, per_class=4, classes=2)
+    cfg = make_cfg(data={"image_dir": str(photos), "channels": 3, "image_size": 16},
+                   tracking={"wait": True})
+    proc = subprocess.run([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=child_env(),
+                          capture_output=True, text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert "background process" not in text
+    _delivered_once(cfg, tmp_path)  # read at once: nothing to wait for
