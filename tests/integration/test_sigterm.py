@@ -80,16 +80,21 @@ def test_sigterm_to_train_and_its_sidecar_ends_the_run_killed(tmp_path, digits_w
 
     cfg = digits_workdir(train={"use_tuned": False, "epochs": 40})
     log = tmp_path / "train.log"
+    # Held at the second epoch's end (the first one's backup written), then signalled: a
+    # train that finishes its 40 epochs before a starved poller sees one cannot slip by.
+    env = {**child_env(), "TFMLOPS_FAULT": "train.epoch_end@2", "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"}
     with log.open("w") as out:
         proc = subprocess.Popen([str(VENV_BIN / "tfmlops"), "train"], cwd=tmp_path,
-                                env=child_env(), stdout=out, stderr=out, start_new_session=True)
+                                env=env, stdout=out, stderr=out, start_new_session=True)
         try:
             deadline = time.monotonic() + 400
-            while finished_epochs(cfg.paths.backup) < 1:
+            while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
                 assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no epoch finished"
-                time.sleep(0.2)
+                assert time.monotonic() < deadline, "train did not reach its second epoch's end"
+                time.sleep(0.1)
+            assert finished_epochs(cfg.paths.backup) == 1
             os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGCONT)
             code = proc.wait(120)
         finally:
             if proc.poll() is None:
