@@ -391,3 +391,35 @@ def test_serve_with_a_model_that_is_not_there_fails_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
         f"tfmlops serve: error: cannot fetch model {missing} (")
+
+
+def test_mlflow_models_serve_as_the_readme_writes_it_answers_as_the_offline_model(
+        server, exported_digits, exported_offline, tmp_path):
+    """README: `mlflow models serve -m models:/<name>@production --env-manager local` (venv
+    on PATH) serves the same model with the same API, without tfmlops' request checks."""
+    import subprocess
+
+    import local_server
+    from conftest import VENV_BIN, free_port
+    from tfmlops.tracking import tracking_uri
+
+    cfg, off = exported_digits, exported_offline
+    port, log = free_port(), tmp_path / "mlflow-serve.log"
+    env = {**child_env(), "PATH": f"{VENV_BIN}:{child_env().get('PATH', '')}",
+           "MLFLOW_TRACKING_URI": tracking_uri(cfg)}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "mlflow"), "models", "serve", "-m",
+             f"models:/{cfg.promote.registered_model}@production", "--env-manager", "local",
+             "-h", "127.0.0.1", "-p", str(port)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        local_server.wait_ready(proc, url, log, timeout_s=180)
+        rows = [{"image": b64(off["encoded"][i])} for i in range(4)]
+        answer = invoke(url, {"dataframe_records": rows})
+        assert answer.status_code == 200, answer.text
+        probs = np.array([p["probabilities"] for p in answer.json()["predictions"]])
+        np.testing.assert_allclose(probs, off["probs"][:4], atol=cfg.export.atol)
+    finally:
+        local_server.stop(proc)
