@@ -16,7 +16,7 @@ import yaml
 
 from conftest import ROOT, VENV_BIN, child_env, mlflow_client, relative_tiny_params, scratch_repo
 from tfmlops import profiling
-from tfmlops.artifacts import FORMATS_CSV, MODEL_CARD, REGISTERED, SERVING, TAG_STAGE
+from tfmlops.artifacts import FORMATS_CSV, MODEL_CARD, MODEL_FILE, REGISTERED, SERVING, TAG_STAGE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # trains and exports a model
 
@@ -193,6 +193,32 @@ def test_mlflow_run_entry_point(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "params.yaml: ok" in proc.stderr  # the CLI's messages go to stderr
     assert "succeeded" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_mlflow_run_runs_a_stage_under_its_launcher_run(tmp_path):
+    """README: `mlflow run . -e train --env-manager local` runs one stage as an MLflow
+    Project; the stage's own run is nested under the run `mlflow run` opens (MLproject)."""
+    import mlflow
+
+    repo = tmp_path / "repo"
+    scratch_repo(repo, relative_tiny_params(train={"use_tuned": False}))
+    shutil.copy2(ROOT / "MLproject", repo / "MLproject")
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    env = {**child_env(), "MLFLOW_TRACKING_URI": uri}
+    for entry in ("materialize", "prepare", "train"):
+        proc = subprocess.run([str(VENV_BIN / "mlflow"), "run", ".", "-e", entry,
+                               "--env-manager", "local", "--experiment-name", "tfmlops"],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=500)
+        assert proc.returncode == 0, f"{entry}: {proc.stderr[-3000:]}"
+    assert (repo / "models" / "train" / MODEL_FILE).is_file()
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("tfmlops").experiment_id])
+    (stage,) = [r for r in runs if r.data.tags.get(TAG_STAGE) == "train"]
+    launcher = client.get_run(stage.data.tags["mlflow.parentRunId"])
+    assert launcher.data.tags.get("mlflow.project.entryPoint") == "train"
+    assert stage.info.status == launcher.info.status == "FINISHED"
 
 
 def _encode(image, fmt: str, **kwargs) -> bytes:
