@@ -286,6 +286,39 @@ def test_resume_runs_only_new_trials_and_a_new_space_starts_fresh(digits_workdir
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_search_killed_after_a_trial_resumes_to_the_cold_searchs_choice(
+        digits_workdir, make_cfg, prepared_digits, tmp_path):
+    """README: the search state survives a kill, rerunning resumes it. `tfmlops tune`
+    SIGKILLed as its second trial ends (no finally block runs), then run again: it runs
+    only the third trial and chooses what an uninterrupted search in another folder does."""
+    import shutil
+    import signal
+    import subprocess
+
+    from conftest import VENV_BIN, child_env
+
+    cfg = digits_workdir(**tune_params())
+    killed = subprocess.run([str(VENV_BIN / "tfmlops"), "tune"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=400,
+                            env={**child_env(), "TFMLOPS_FAULT": "tune.trial_end@2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = json.loads(run_cli("tune", cwd=tmp_path).stdout.splitlines()[-1])
+    assert resumed["trials"] == 3 and resumed["trials_run"] == 1, resumed
+
+    cold_dir = tmp_path / "cold"
+    shutil.copytree(prepared_digits.paths.prepared, cold_dir / "data" / "prepared")
+    cold_cfg = make_cfg(cold_dir, **tune_params())
+    cold = json.loads(run_cli("tune", cwd=cold_dir).stdout.splitlines()[-1])
+    assert cold["trials_run"] == 3
+    assert (resumed["best_trial"], resumed["best_score"]) == (cold["best_trial"], cold["best_score"])
+    assert hparams.read_best(cfg) == hparams.read_best(cold_cfg)
+    keys = ("trial", "status", "score", "learning_rate", "batch_size", "blocks", "filters")
+    assert [{k: r[k] for k in keys} for r in read_rows(cfg)] == \
+        [{k: r[k] for k in keys} for r in read_rows(cold_cfg)]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_search_whose_saved_state_is_torn_starts_afresh_with_one_line(digits_workdir, caplog):
     """keras-tuner rewrites oracle.json and trial.json in place, without fsync: one torn by

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import keras_tuner as kt
 
-from tfmlops import tracking
+from tfmlops import faults, tracking
 from tfmlops.config import Config
 from tfmlops.files import write_json
 from tfmlops.model import search_space
@@ -80,6 +80,7 @@ class TrackedTuner(kt.Tuner):
             super().on_trial_end(trial)  # the oracle records the result and status
         finally:
             self._finish_child(trial)
+        faults.point("tune.trial_end")  # a test kills the search here (`tune.trial_end@2`)
 
     def _finish_child(self, trial):
         child, self._child = self._child, None
