@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2700)]
 
 STAGES = ["materialize", "prepare", "tune", "train", "prune", "quantize", "export", "promote"]
 WEIGHTS = "weights/mobilenet_v3_small.weights.h5"
+CHANCE = 1 / 3 + 0.01  # three classes
 
 
 def save_pretend_pretrained(path):
@@ -51,7 +52,9 @@ def backbone_repo(tmp_path_factory):
         # Two conversions, not nine (each takes about 30 s on a backbone): full INT8 of the
         # pruned and of the trained model.
         quantize={"representative_samples": 16, "variants": ["int8"]},
-        promote={"gate": {**LOOSE_GATE, "min_accuracy": 0.0, "max_latency_ms": 1000.0,
+        # Above chance (1/3): the gate's pass means the backbone model learned something
+        # (0.5 on the 36 test images here, from random "pretrained" weights).
+        promote={"gate": {**LOOSE_GATE, "min_accuracy": CHANCE, "max_latency_ms": 1000.0,
                           "max_size_bytes": 100_000_000}},
     )
     repo = scratch_repo(tmp_path_factory.mktemp("e2e_backbone") / "repo", params)
@@ -69,15 +72,19 @@ def test_every_stage_passes_with_a_backbone(backbone_repo):
     assert quantize["failed"] == {}
     assert sorted(quantize["variants"]) == ["pruned_int8", "trained_int8"]
     int8 = quantize["variants"]["trained_int8"]  # full INT8 of the backbone model
-    assert int8["input_dtype"] == "int8" and 0.0 <= int8["accuracy"] <= 1.0, int8
+    assert int8["input_dtype"] == "int8", int8
+    # INT8 of the trained backbone agrees with its float model on most test images (0.86
+    # measured; the pruned one, fine-tuned for one epoch, is not held to it)
+    assert int8["agreement"] >= 0.6, int8
     # One model through the stages: export scores train's model on the same test split as
     # train did, and every exported format agrees with it (a wrong model, preprocessing or
     # split between the stages shows here, however well the tiny model learned).
     train = json.loads((repo / "reports" / "train.json").read_text())
     assert export["keras.accuracy"] == pytest.approx(train["test_accuracy"], abs=1e-6)
+    assert train["test_accuracy"] > CHANCE  # it learned: 0.5 measured
     assert export["onnx.accuracy"] == export["keras.accuracy"]
     decision = json.loads((repo / "reports" / "promote.json").read_text())
-    assert decision["promoted"] in (True, 1) and decision["failed"] == []
+    assert decision["promoted"] is True and decision["failed"] == []
 
 
 def test_train_shows_both_phases_in_one_mlflow_history(backbone_repo):
