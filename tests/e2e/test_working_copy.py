@@ -80,8 +80,11 @@ def test_the_fast_tier_passes_after_the_readmes_state_changing_blocks(tmp_path):
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env["DVC_EXP_NAME"] = "users-exp"
 
+    # Its own --basetemp: pytest keeps only the 3 newest numbered folders under the shared
+    # /tmp/pytest-of-<user>, so a nested run there would delete the outer run's live ones.
     proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-x",
-                           "-p", "no:cacheprovider", "--durations=5", "-n", "2"],
+                           "-p", "no:cacheprovider", "--durations=5", "-n", "2",
+                           "--basetemp", str(tmp_path / "inner")],
                           cwd=copy, env=env, capture_output=True, text=True, timeout=2100)
     tail = proc.stdout[-4000:]
     failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]

@@ -47,7 +47,7 @@ from tfmlops import faults, profiling, tracking
 from tfmlops.artifacts import data_version
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
-from tfmlops.files import TEMP_PATTERN, read_json, write_json
+from tfmlops.files import TEMP_PATTERN, read_json, write_bytes, write_json
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
     same = read_json(folder / FINGERPRINT_FILE, None) == fingerprint
     # Keras rewrites best.weights.h5 (ModelCheckpoint) and latest.weights.h5 in place,
     # without fsync: resumed, a torn one fails the run at its end, after training.
-    damage = torn_weights(folder) if done and same else None
+    damage = mend_torn_weights(folder, done) if done and same else None
     keep = bool(done) and same and damage is None
     if damage is not None:
         log.warning("train: the backup in %s is damaged (%s; killed while Keras wrote it?); "
@@ -402,21 +402,58 @@ def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
     return keep
 
 
-def torn_weights(folder: Path) -> str | None:
-    """The first weights file of a backup that does not read whole (every dataset of the
-    HDF5 file), and why; None if all do."""
+def mend_torn_weights(folder: Path, done: int) -> str | None:
+    """What makes a backup unusable, or None once it is usable.
+
+    latest.weights.h5: Keras 3's double checkpoint loads latest.weights.h5.bkp when it
+    does not read; unusable only when neither does. best.weights.h5: each epoch's end
+    writes the history row, then best.weights.h5 (if the epoch improved), then the backup.
+    A kill in that window tears the best file of epoch `done + 1`, which the history
+    shows as a newer improving row: the resumed run trains that epoch again and saves it
+    again. Until then the file holds the backed-up epoch's weights (the run's end always
+    has a whole file to load). A torn best file that no newer row explains (a power cut)
+    leaves no way to know the best epoch's weights: unusable."""
+    latest = [p for p in (folder / BACKUP_WEIGHTS, folder / f"{BACKUP_WEIGHTS}.bkp") if p.exists()]
+    readable = [p for p in latest if unreadable(p) is None]
+    if latest and not readable:
+        return unreadable(latest[0])
+    best = folder / BEST_WEIGHTS
+    why = unreadable(best) if best.exists() else None
+    if why is None:
+        return None
+    if not readable or not _best_was_being_saved(folder, done):
+        return why
+    write_bytes(best, readable[0].read_bytes())
+    log.warning("train: %s was torn by a kill as epoch %d was saved (%s); it holds epoch %d's "
+                "weights until the resumed run saves epoch %d again", best, done + 1, why, done,
+                done + 1)
+    return None
+
+
+def _best_was_being_saved(folder: Path, done: int) -> bool:
+    """Whether the history's newest row is epoch `done + 1` and improved on every earlier one."""
+    rows = read_json(folder / HISTORY_FILE, [])
+    if not isinstance(rows, list) or not rows or rows[-1].get("epoch") != done + 1:
+        return False
+    losses = [r.get(MONITOR) for r in rows]
+    if any(v is None for v in losses):
+        return False
+    return all(losses[-1] < v for v in losses[:-1])
+
+
+def unreadable(path: Path) -> str | None:
+    """Why the HDF5 weights file `path` does not read whole (every dataset), or None."""
     import h5py
 
     def read(_name, item) -> None:  # None: visititems goes on
         if isinstance(item, h5py.Dataset):
             item[()]
 
-    for path in sorted(folder.glob("*.h5")):
-        try:
-            with h5py.File(path, "r") as weights:
-                weights.visititems(read)
-        except Exception as exc:  # noqa: BLE001 - h5py raises OSError, KeyError, RuntimeError...
-            return f"{path.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    try:
+        with h5py.File(path, "r") as weights:
+            weights.visititems(read)
+    except Exception as exc:  # noqa: BLE001 - h5py raises OSError, KeyError, RuntimeError...
+        return f"{path.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     return None
 
 
