@@ -18,6 +18,7 @@ import sys
 
 import pytest
 import yaml
+from test_readme import readme_blocks
 
 from conftest import ROOT, VENV_BIN, git
 
@@ -29,9 +30,8 @@ HEAVY = {".venv", "data", "models", "reports", "mlruns", "mlartifacts", "mlflow.
 
 def readme_lines(containing: str) -> list[str]:
     """The README's command lines that contain `containing` (comments dropped)."""
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()
+    return [line.split("  #")[0].strip() for _, block in readme_blocks()
+            for line in block.splitlines()
             if containing in line and not line.lstrip().startswith("#")]
 
 

@@ -28,10 +28,9 @@ def _cfg(make_cfg, photos: Path, image_size: int):
                           "workers": 2, "split": {"val": 0.2, "test": 0.2}})
 
 
-def test_sigterm_inside_prepares_run_ends_it_killed_and_keeps_the_previous_output(
-        tmp_path, make_cfg):
-    """SIGTERM between swap-in's two renames (the last moment inside prepare's run):
-    exit 143 in one line, the run KILLED, data/prepared still the previous output."""
+def _prepared_then_changed(tmp_path, make_cfg):
+    """(cfg, its prepared bytes) after one prepare; params.yaml then asks for another
+    image size, so the next prepare makes a new output."""
     from tfmlops.stages import prepare
 
     photos = tmp_path / "photos"
@@ -40,7 +39,16 @@ def test_sigterm_inside_prepares_run_ends_it_killed_and_keeps_the_previous_outpu
     cfg = _cfg(make_cfg, photos, 16)
     prepare.run(cfg)
     before = prepared_bytes(cfg)
-    _cfg(make_cfg, photos, 20)  # params.yaml now asks for another size: a new output
+    _cfg(make_cfg, photos, 20)
+    return cfg, before
+
+
+def test_sigterm_inside_prepares_run_ends_it_killed_and_keeps_the_previous_output(
+        tmp_path, make_cfg):
+    """SIGTERM between swap-in's two renames (the last moment inside prepare's run):
+    exit 143 in one line, the run KILLED, data/prepared still the previous output."""
+
+    cfg, before = _prepared_then_changed(tmp_path, make_cfg)
     tag = uuid.uuid4().hex
     env = {**child_env(), "TFMLOPS_FAULT": "swap.old", "TFMLOPS_FAULT_SIGNAL": "SIGTERM",
            "TFMLOPS_KILL_TEST": tag}
@@ -117,15 +125,8 @@ def test_ctrl_c_to_prepares_process_group_exits_130_and_keeps_the_previous_outpu
     """Ctrl-C in a terminal: SIGINT to the whole foreground group (prepare, its pool, any
     sidecar), here while prepare is held between swap-in's renames. Exit 130 with one
     line, the run KILLED, the previous output in place, no temp file and no process left."""
-    from tfmlops.stages import prepare
 
-    photos = tmp_path / "photos"
-    photo_folder(photos, per_class=4, classes=2)
-    age(photos)
-    cfg = _cfg(make_cfg, photos, 16)
-    prepare.run(cfg)
-    before = prepared_bytes(cfg)
-    _cfg(make_cfg, photos, 20)
+    cfg, before = _prepared_then_changed(tmp_path, make_cfg)
     env = {**child_env(), "TFMLOPS_FAULT": "swap.old", "TFMLOPS_FAULT_SIGNAL": "SIGSTOP"}
     log = tmp_path / "interrupted.log"
     with log.open("w") as out:

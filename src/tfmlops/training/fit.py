@@ -413,10 +413,11 @@ def mend_torn_weights(folder: Path, done: int) -> str | None:
     again. Until then the file holds the backed-up epoch's weights (the run's end always
     has a whole file to load). A torn best file that no newer row explains (a power cut)
     leaves no way to know the best epoch's weights: unusable."""
-    latest = [p for p in (folder / BACKUP_WEIGHTS, folder / f"{BACKUP_WEIGHTS}.bkp") if p.exists()]
-    readable = [p for p in latest if unreadable(p) is None]
+    latest = {p: unreadable(p) for p in (folder / BACKUP_WEIGHTS, folder / f"{BACKUP_WEIGHTS}.bkp")
+              if p.exists()}
+    readable = [p for p, why in latest.items() if why is None]
     if latest and not readable:
-        return unreadable(latest[0])
+        return next(iter(latest.values()))
     best = folder / BEST_WEIGHTS
     why = unreadable(best) if best.exists() else None
     if why is None:
