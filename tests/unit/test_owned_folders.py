@@ -199,15 +199,25 @@ _WEIGHTS = {"missing": None, "whole": _weights_file()}
 _WEIGHTS["torn"] = _WEIGHTS["whole"][: len(_WEIGHTS["whole"]) // 2]  # a kill mid-rewrite
 
 
-@settings(max_examples=60, deadline=None)
+# history.json as a kill leaves it: none, or its newest row epoch 4 (one past the backup's
+# epoch 3) improving on the earlier ones (ModelCheckpoint was writing best.weights.h5), or not
+_HISTORY = {"none": None, "next improving": [{"epoch": 3, "val_loss": 0.9}, {"epoch": 4, "val_loss": 0.7}],
+            "next worse": [{"epoch": 3, "val_loss": 0.9}, {"epoch": 4, "val_loss": 1.2}]}
+
+
+@settings(max_examples=80, deadline=None)
 # a kept backup but for one torn weights file: rare among the combinations, so always run
-@example(weights="whole", best="torn", meta="epoch 3", fingerprint="same", notes=True)
-@example(weights="torn", best="whole", meta="epoch 3", fingerprint="same", notes=False)
+@example(weights="whole", best="torn", meta="epoch 3", fingerprint="same", notes=True,
+         history="none")
+@example(weights="whole", best="torn", meta="epoch 3", fingerprint="same", notes=False,
+         history="next improving")
+@example(weights="torn", best="whole", meta="epoch 3", fingerprint="same", notes=False,
+         history="none")
 @given(weights=st.sampled_from(sorted(_WEIGHTS)), best=st.sampled_from(sorted(_WEIGHTS)),
        meta=st.sampled_from(sorted(_META)), fingerprint=st.sampled_from(sorted(_FINGERPRINT)),
-       notes=st.booleans())
+       notes=st.booleans(), history=st.sampled_from(sorted(_HISTORY)))
 def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weights, best, meta,
-                                                         fingerprint, notes):
+                                                         fingerprint, notes, history):
     """adopt_backup keeps a backup iff its weights (and best weights, if any) read whole,
     a finished epoch and the same fingerprint are there, and then touches nothing; else it
     removes train's files only, and a folder without train's marker is refused whole
@@ -222,7 +232,8 @@ def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weigh
     for name, value in ((callbacks.BACKUP_WEIGHTS, _WEIGHTS[weights]),
                         (callbacks.BEST_WEIGHTS, _WEIGHTS[best]),
                         (callbacks.BACKUP_META, _META[meta]),
-                        (callbacks.FINGERPRINT_FILE, _FINGERPRINT[fingerprint])):
+                        (callbacks.FINGERPRINT_FILE, _FINGERPRINT[fingerprint]),
+                        (callbacks.HISTORY_FILE, _HISTORY[history])):
         if value is not None:
             written[name] = value if isinstance(value, bytes) else (
                 value if isinstance(value, str) else json.dumps(value)).encode()
@@ -230,7 +241,10 @@ def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weigh
         written["notes.txt"] = b"the user's"
     for name, data in written.items():
         (backup / name).write_bytes(data)
-    whole = (weights == "whole" and best != "torn" and meta == "epoch 3"
+    # a torn best.weights.h5 is mended from the backup's weights when the history shows
+    # it was being saved for the next epoch (which the resumed run trains again)
+    mended = best == "torn" and history == "next improving"
+    whole = (weights == "whole" and (best != "torn" or mended) and meta == "epoch 3"
              and fingerprint == "same")
     if not whole and fingerprint == "missing" and written:
         with pytest.raises(DataError, match="holds files train did not write"):
@@ -240,7 +254,8 @@ def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weigh
     assert callbacks.adopt_backup(backup, {"params": "x"}) == whole
     after = {p.name: p.read_bytes() for p in backup.iterdir()}
     if whole:
-        assert after == written
+        assert after == ({**written, callbacks.BEST_WEIGHTS: _WEIGHTS["whole"]} if mended
+                         else written)
     else:
         kept = {"notes.txt": b"the user's"} if notes else {}
         assert after == {**kept, callbacks.FINGERPRINT_FILE: (json.dumps(
