@@ -8,6 +8,8 @@ tests read it and never write into it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -162,19 +164,53 @@ def make_cfg(tmp_path):
     return make
 
 
+# ------------------------------------ session fixtures: built once for all the workers
+
+@contextlib.contextmanager
+def _held(lock: Path):
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the holder exits, however it exits
+        yield
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name`, built by `build(folder)` once for the whole session, whatever
+    the number of xdist workers (pytest-xdist's own recipe: the workers' temp folders
+    share a parent). The first worker to ask builds it under a lock; the others wait
+    on the lock, then read it. A failed build is recorded, so the others fail at once
+    with its error instead of building it again. The folder is read-only to its users."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    folder, done, failed = shared / name, shared / f"{name}.built", shared / f"{name}.failed"
+    with _held(shared / f"{name}.lock"):
+        if failed.exists():
+            pytest.fail(f"the session fixture {name} failed to build: {failed.read_text()}")
+        if not done.exists():
+            try:
+                build(folder)
+            except BaseException as e:
+                failed.write_text(f"{type(e).__name__}: {str(e)[-2000:]}")
+                raise
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def prepared_digits(tmp_path_factory):
     """Real digits, prepared once at 16x16 (tracking off). Read-only for tests."""
     from tfmlops.config import load_config
     from tfmlops.stages import materialize, prepare
 
-    workdir = tmp_path_factory.mktemp("prepared_digits")
-    params = tiny_params(workdir, tracking={"enabled": False})
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    cfg = load_config(workdir / "params.yaml")
-    materialize.run(cfg)
-    prepare.run(cfg)
-    return cfg
+    def build(workdir: Path) -> None:
+        workdir.mkdir()
+        params = tiny_params(workdir, tracking={"enabled": False})
+        (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        cfg = load_config(workdir / "params.yaml")
+        materialize.run(cfg)
+        prepare.run(cfg)
+
+    return load_config(built_once(tmp_path_factory, "prepared_digits", build) / "params.yaml")
 
 
 @pytest.fixture
@@ -281,14 +317,48 @@ def dvc(*args: str, cwd: Path, timeout: float = 900, check: bool = True,
 @pytest.fixture(scope="session")
 def pipeline_repo(tmp_path_factory):
     """(scratch repo, its first `dvc repro`): the whole pipeline on tiny params, run once
-    per session and shared by the e2e tests (the README's commands run in it afterwards)."""
-    params = relative_tiny_params(
+    per session and shared by the e2e tests. Read-only: a test that runs commands in it
+    (the README's, an experiment) works in its own copy (`repo_copy`)."""
+    return repro_once(tmp_path_factory, "pipeline", relative_tiny_params(
         tune={"max_trials": 2, "max_epochs": 1, "tuner": "random"},
         promote={"gate": {**LOOSE_GATE, "min_accuracy": 0.3, "max_latency_ms": 1000.0}},
-    )
-    repo = scratch_repo(tmp_path_factory.mktemp("e2e") / "repo", params)
-    first = dvc("repro", cwd=repo, timeout=1400)
-    return repo, first
+    ))
+
+
+def repro_once(tmp_path_factory, name: str, params: dict, prepare=None):
+    """(scratch repo, its first `dvc repro`), built once for the session (`built_once`);
+    `prepare(repo)` runs before the repro."""
+    def build(root: Path) -> None:
+        repo = scratch_repo(root / "repo", params)
+        if prepare is not None:
+            prepare(repo)
+        first = dvc("repro", cwd=repo, timeout=2400)
+        (root / "first_repro.json").write_text(json.dumps(
+            {"args": first.args, "stdout": first.stdout, "stderr": first.stderr}))
+
+    root = built_once(tmp_path_factory, name, build)
+    first = json.loads((root / "first_repro.json").read_text())
+    return root / "repo", subprocess.CompletedProcess(first["args"], 0, first["stdout"],
+                                                      first["stderr"])
+
+
+@pytest.fixture(scope="session")
+def rgb_photo_repo(tmp_path_factory):
+    """(scratch repo, its photos, its first `dvc repro`): the suite's one RGB photo pipeline
+    (tests/rgb_photos.py), shared by the photo, backbone and skew tests. Read-only."""
+    import rgb_photos
+
+    root = built_once(tmp_path_factory, "rgb_photos", rgb_photos.build)
+    first = json.loads((root / "first_repro.json").read_text())
+    return root / "repo", root / "photos", subprocess.CompletedProcess(
+        first["args"], 0, first["stdout"], first["stderr"])
+
+
+def repo_copy(repo: Path, dest: Path) -> Path:
+    """A copy of a session's scratch repo for a test that changes it (the MLflow store's
+    artifact folders stay the original's, which the copy only adds runs to)."""
+    shutil.copytree(repo, dest, symlinks=True)
+    return dest
 
 
 def relative_tiny_params(**sections) -> dict:
@@ -340,15 +410,17 @@ def exported_digits(tmp_path_factory, prepared_digits):
     from tfmlops.config import load_config
     from tfmlops.stages import export
 
-    workdir = tmp_path_factory.mktemp("exported_digits")
-    params = tiny_params(workdir, promote={"gate": LOOSE_GATE},
-                         profiling={"enabled": True, "start_step": 1, "steps": 1})
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    cfg = load_config(workdir / "params.yaml")
-    shutil.copytree(prepared_digits.paths.prepared, cfg.paths.prepared)
-    save_tiny_trained(cfg)
-    export.run(cfg)
-    return cfg
+    def build(workdir: Path) -> None:
+        workdir.mkdir()
+        params = tiny_params(workdir, promote={"gate": LOOSE_GATE},
+                             profiling={"enabled": True, "start_step": 1, "steps": 1})
+        (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        cfg = load_config(workdir / "params.yaml")
+        shutil.copytree(prepared_digits.paths.prepared, cfg.paths.prepared)
+        save_tiny_trained(cfg)
+        export.run(cfg)
+
+    return load_config(built_once(tmp_path_factory, "exported_digits", build) / "params.yaml")
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import dvc, git, relative_tiny_params, scratch_repo
+from conftest import dvc, git, relative_tiny_params, repo_copy, scratch_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -65,13 +65,10 @@ def test_an_applied_and_committed_experiment_reaches_production_on_dvc_repro(pip
     of the whole pipeline's repo: `dvc exp run -S export.latency_runs=151`, `dvc exp
     apply`, `git commit`, `dvc repro`, then the aliases. Promote's deps do not change, so
     only its `always_changed` runs it."""
-    import shutil
-
     from tfmlops.config import load_config
     from tfmlops.registry import Registry
 
-    repo = tmp_path / "repo"
-    shutil.copytree(pipeline_repo[0], repo, symlinks=True)
+    repo = repo_copy(pipeline_repo[0], tmp_path / "repo")
     git("add", "-A", cwd=repo)
     git("commit", "-q", "--allow-empty", "-m", "the pipeline's first run", cwd=repo)
     monkeypatch.chdir(repo)  # the params' relative store is the copy's
@@ -79,8 +76,7 @@ def test_an_applied_and_committed_experiment_reaches_production_on_dvc_repro(pip
     before = registry.alias("production")
     assert before is not None
 
-    # 151, not the README's 150: the session's pipeline_repo may have run the README's blocks,
-    # which registered (by the same inputs: the same version) and then rolled back 150's.
+    # 151, not the README's 150: a value of this test's own, whatever the README shows.
     dvc("exp", "run", "-S", "export.latency_runs=151", cwd=repo)
     (name,) = dvc("exp", "list", "--name-only", cwd=repo).stdout.split()
     exp_version = registry.alias(f"exp-{name}")
@@ -103,15 +99,12 @@ def test_a_committed_training_change_is_gated_and_promoted_by_dvc_repro(pipeline
     """Issue 46: the committed-work rule holds an uncommitted workspace, not a committed
     change: `train.epochs` raised and committed, then plain `dvc repro` retrains, exports,
     and the gate compares the better model with production on the same images."""
-    import shutil
-
     import yaml
 
     from tfmlops.config import load_config
     from tfmlops.registry import Registry
 
-    repo = tmp_path / "repo"
-    shutil.copytree(pipeline_repo[0], repo, symlinks=True)
+    repo = repo_copy(pipeline_repo[0], tmp_path / "repo")
     git("add", "-A", cwd=repo)
     git("commit", "-q", "--allow-empty", "-m", "the pipeline's first run", cwd=repo)
     monkeypatch.chdir(repo)

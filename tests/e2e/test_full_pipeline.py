@@ -1,11 +1,13 @@
 """The whole `dvc repro` in a scratch git repo, tiny params, real everything."""
 
 import json
+import shutil
+import subprocess
 
 import pytest
 import yaml
 
-from conftest import dvc
+from conftest import dvc, repo_copy
 from tfmlops.artifacts import TAG_STAGE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -14,8 +16,10 @@ STAGES = ["materialize", "prepare", "tune", "train", "prune", "quantize", "expor
 
 
 @pytest.fixture(scope="module")
-def repro(pipeline_repo):
-    return pipeline_repo
+def repro(pipeline_repo, tmp_path_factory):
+    """The session's pipeline, in a copy of this module's own: it runs `dvc repro` again."""
+    repo, first = pipeline_repo
+    return repo_copy(repo, tmp_path_factory.mktemp("full") / "repo"), first
 
 
 def test_every_stage_ran_and_is_locked(repro):
@@ -93,3 +97,29 @@ def test_a_registered_version_holds_production(repro):
     # the first repro promoted it; a later one (test_second_repro) found it in place
     assert (decision["outcome"], decision["promoted"]) in (("promoted", True), ("unchanged", False))
     assert str(decision["candidate"]) == str(decision["production_after"]) == str(version.version)
+
+
+def test_mlflow_run_main_runs_the_pipeline_through_dvc(pipeline_repo, tmp_path):
+    """MLproject's `main` (`mlflow run . -e main --env-manager local`) is `dvc repro`: on
+    the reproduced pipeline only promote runs (always_changed), under the launcher run."""
+    import re
+
+    import mlflow
+
+    from conftest import ROOT, VENV_BIN, child_env, git
+
+    repo = repo_copy(pipeline_repo[0], tmp_path / "repo")
+    shutil.copy2(ROOT / "MLproject", repo / "MLproject")
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "--allow-empty", "-m", "MLproject", cwd=repo)
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
+    proc = subprocess.run([str(VENV_BIN / "mlflow"), "run", ".", "-e", "main",
+                           "--env-manager", "local", "--experiment-name", "tfmlops"],
+                          cwd=repo, env={**child_env(), "MLFLOW_TRACKING_URI": uri},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.findall(r"Running stage '([\w-]+)'", proc.stdout) == ["promote"], proc.stdout
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("tfmlops").experiment_id],
+                              "tags.`mlflow.project.entryPoint` = 'main'")
+    assert [r.info.status for r in runs] == ["FINISHED"]

@@ -1,6 +1,7 @@
 """The whole `dvc repro` on phone-like JPEG photos (a few PNGs, an EXIF-rotated JPEG),
-3 channels at 64 px, tiny params: every stage passes, a version is registered and
-promoted, and `mlflow models serve` answers an original photo as train's model does."""
+3 channels at 32 px (the suite's one RGB photo pipeline, tests/rgb_photos.py): every
+stage passes, a version is registered and promoted, and `mlflow models serve` answers
+an original photo as train's model does."""
 
 from __future__ import annotations
 
@@ -11,37 +12,18 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import LOOSE_GATE, child_env, dvc, relative_tiny_params, scratch_repo
-from images import phone_photo_folder
+from conftest import child_env
+from rgb_photos import ROTATED
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2700)]
 
 STAGES = ["prepare", "tune", "train", "prune", "quantize", "export", "promote"]
-ROTATED = "class_00/img_000003.jpg"  # the generator stores it sideways, EXIF orientation 6
 
 
-@pytest.fixture(scope="module")
-def photo_repo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("photo_e2e")
-    photos = root / "photos"
-    phone_photo_folder(photos, images=60)
-    params = relative_tiny_params(
-        data={"image_dir": str(photos), "channels": 3, "image_size": 64},
-        # 42 train images: batches the search may pick must fit them
-        tune={"max_trials": 2, "max_epochs": 1, "tuner": "random",
-              "space": {"batch_size": [16, 32]}},
-        train={"epochs": 4, "batch_size": 16},
-        promote={"gate": {**LOOSE_GATE, "min_accuracy": 0.3, "max_latency_ms": 1000.0}},
-    )
-    repo = scratch_repo(root / "repo", params)
-    first = dvc("repro", cwd=repo, timeout=1400)
-    return repo, photos, first
-
-
-def test_every_stage_passes_and_the_version_is_promoted(photo_repo):
+def test_every_stage_passes_and_the_version_is_promoted(rgb_photo_repo):
     import mlflow
 
-    repo, _, first = photo_repo
+    repo, _, first = rgb_photo_repo
     for stage in STAGES:
         assert f"Running stage '{stage}'" in first.stdout, stage
     registered = json.loads((repo / "models/export/registered.json").read_text())
@@ -56,15 +38,15 @@ def test_every_stage_passes_and_the_version_is_promoted(photo_repo):
     assert skew["source_sample"]["exif_rotated"] >= 1
 
 
-def test_the_served_model_answers_an_original_photo_as_trains_model_does(photo_repo, tmp_path,
-                                                                         monkeypatch):
+def test_the_served_model_answers_an_original_photo_as_trains_model_does(rgb_photo_repo,
+                                                                         tmp_path, monkeypatch):
     import local_server
     from tfmlops.config import load_config
     from tfmlops.data.pipeline import load_prepared
     from tfmlops.model.artifacts import load_keras3
     from tfmlops.serving.skew import prepare_inputs
 
-    repo, photos, _ = photo_repo
+    repo, photos, _ = rgb_photo_repo
     monkeypatch.chdir(repo)  # the params' paths are the repo's relative ones
     prepared = load_prepared(load_config(repo / "params.yaml"))
     manifest = json.loads((repo / "data/prepared/manifest.json").read_text())

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import local_server
-from conftest import ROOT, VENV_BIN, dvc, free_port
+from conftest import ROOT, VENV_BIN, dvc, free_port, repo_copy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -56,15 +56,14 @@ def user_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def repo(pipeline_repo):
-    """The scratch repo after `dvc repro`, with the project's venv and `dev` in place,
-    as a fresh clone has them after the two set-up commands."""
-    repo, _ = pipeline_repo
-    if not (repo / ".venv").exists():
-        (repo / ".venv").symlink_to(VENV_BIN.parent)
-        shutil.copy2(ROOT / "dev", repo / "dev")
-        with open(repo / ".git" / "info" / "exclude", "a") as f:
-            f.write(".venv\ndev\n")
+def repo(pipeline_repo, tmp_path_factory):
+    """A copy of the session's scratch repo after `dvc repro`, with the project's venv and
+    `dev` in place, as a fresh clone has them after the two set-up commands."""
+    repo = repo_copy(pipeline_repo[0], tmp_path_factory.mktemp("readme") / "repo")
+    (repo / ".venv").symlink_to(VENV_BIN.parent)
+    shutil.copy2(ROOT / "dev", repo / "dev")
+    with open(repo / ".git" / "info" / "exclude", "a") as f:
+        f.write(".venv\ndev\n")
     return repo
 
 

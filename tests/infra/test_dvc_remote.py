@@ -58,3 +58,31 @@ def test_push_clone_pull_and_nothing_reruns(tmp_path):
     assert "Stage 'materialize' is cached - skipping run" in restored.stdout
     assert len(list((clone / "data" / "builtin").rglob("*.png"))) == 120
     assert not (clone / "mlflow.db").exists()  # no stage ran in the clone
+
+
+def test_a_teammates_clone_pulls_the_whole_pipeline_and_reruns_only_promote(pipeline_repo,
+                                                                             tmp_path):
+    """The README's team flow on the whole pipeline: `dvc push --run-cache` after a run,
+    a teammate's `git clone` + `dvc pull --run-cache`, then `dvc repro` runs nothing but
+    promote (always_changed), which finds production already holding the version. The
+    teammate's MLflow store is the shared one (here: the first repo's database)."""
+    import re
+
+    from conftest import repo_copy
+
+    repo = repo_copy(pipeline_repo[0], tmp_path / "repo")
+    remote = tmp_path / "remote"
+    dvc("remote", "add", "-d", "storage", str(remote), cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "the pipeline ran; remote configured", cwd=repo)
+    dvc("push", "--run-cache", cwd=repo)
+
+    clone = tmp_path / "clone"
+    git("clone", "-q", str(repo), str(clone), cwd=tmp_path)
+    dvc("pull", "--run-cache", cwd=clone)
+    shared = {"MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}"}
+    again = dvc("repro", cwd=clone, env=shared)
+    assert re.findall(r"Running stage '([\w-]+)'", again.stdout) == ["promote"], again.stdout
+    assert "already holds @production; nothing to do" in again.stdout + again.stderr
+    for model in ("models/train/model.keras", "models/export/model.onnx"):
+        assert (clone / model).read_bytes() == (repo / model).read_bytes(), model

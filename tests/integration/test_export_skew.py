@@ -1,44 +1,29 @@
 """Training/serving skew on JPEG photos: one decoding of stored images for training,
-evaluation and every served path, the skew report, and planted skews that fail export."""
+evaluation and every served path, the skew report, and planted skews that fail export.
+On the suite's one RGB photo pipeline (tests/rgb_photos.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from conftest import save_tiny_trained, tiny_params
-from images import phone_photo_folder
+from conftest import repo_copy
+from rgb_photos import absolute_config
 from tfmlops.artifacts import MANIFEST, SKEW
 from tfmlops.errors import DataError
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-PHOTOS = {"image_size": 32, "channels": 3, "shards": 1}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 
 @pytest.fixture(scope="module")
-def photo_export(tmp_path_factory):
-    """Photos (JPEG, PNG, EXIF-rotated) prepared, a tiny model trained, a real export."""
-    from tfmlops.config import load_config
-    from tfmlops.stages import export, prepare
-
-    workdir = tmp_path_factory.mktemp("photo_export")
-    phone_photo_folder(workdir / "photos", images=45)
-    params = tiny_params(workdir, data={**PHOTOS, "image_dir": str(workdir / "photos")})
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    cfg = load_config(workdir / "params.yaml")
-    prepare.run(cfg)
-    save_tiny_trained(cfg, epochs=6)
-    pristine = workdir / "pristine"  # what export reads, for the planted reruns
-    for path in (cfg.paths.prepared, cfg.paths.train, cfg.paths.tflite):
-        shutil.copytree(path, pristine / Path(path).name)
-    metrics = export.run(cfg)
-    return cfg, metrics
+def photo_export(rgb_photo_repo, tmp_path_factory):
+    """(the pipeline's Config with absolute paths, export's report)."""
+    repo = rgb_photo_repo[0]
+    cfg = absolute_config(repo, tmp_path_factory.mktemp("skew_cfg"))
+    return cfg, json.loads((Path(cfg.paths.reports) / "export.json").read_text())
 
 
 def stored_images(cfg):
@@ -88,9 +73,15 @@ def test_the_skew_report_covers_every_pair_and_the_strict_ones_hold(photo_export
         cfg.export.skew.source_min_agreement
     assert metrics["skew.source_saved_model_pixels.max_abs_diff"] <= \
         cfg.export.skew.source_max_grey_levels
-    on_disk = json.loads((Path(cfg.paths.reports) / "export.json").read_text())
-    assert {k: v for k, v in on_disk.items() if k.startswith("skew.")} == \
-        {k: v for k, v in metrics.items() if k.startswith("skew.")}
+    import mlflow
+
+    # what export logged to its MLflow run is what its report says
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    runs = client.search_runs([exp.experiment_id], "tags.`tfmlops.stage` = 'export'")
+    (run,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    logged = {k: v for k, v in run.data.metrics.items() if k.startswith("skew.")}
+    assert logged == pytest.approx({k: v for k, v in metrics.items() if k.startswith("skew.")})
     report = json.loads((Path(cfg.paths.export) / SKEW).read_text())
     assert report["source_sample"]["exif_rotated"] >= 1
     assert report["source_sample"]["images"] >= 10
@@ -128,13 +119,16 @@ PLANTED = {
 
 
 @pytest.mark.parametrize("planted", sorted(PLANTED))
-def test_a_planted_skew_fails_export_with_one_line_naming_the_pair(photo_export, planted,
-                                                                    monkeypatch):
+def test_a_planted_skew_fails_export_with_one_line_naming_the_pair(rgb_photo_repo, planted,
+                                                                    tmp_path, monkeypatch):
     import importlib
 
+    from tfmlops.config import load_config
     from tfmlops.stages import export
 
-    cfg, _ = photo_export
+    # train's resolved params name the weights file relative to the project root
+    monkeypatch.chdir(repo_copy(rgb_photo_repo[0], tmp_path / "repo"))
+    cfg = load_config("params.yaml")
     module, name, make, pair = PLANTED[planted]
     target = importlib.import_module(module)
     monkeypatch.setattr(target, name, make(getattr(target, name)))

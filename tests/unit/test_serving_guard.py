@@ -178,3 +178,33 @@ def test_stalled_uploads_get_408_or_503_and_the_servers_memory_stays_bounded(gua
     late = [round(t, 2) for s, t in answers if s == 408 and not 2.0 <= t <= 2.0 + 3.0]
     assert not late, f"408 outside the 2 s deadline (+3 s slack): {late}"
     assert post(port, b"{}", "application/json")[0] == 200  # and it keeps serving
+
+
+@pytest.mark.parametrize("flavor", ["python_model", "keras"])
+def test_a_model_that_is_not_tfmlops_own_is_guarded_with_the_default_limits(flavor, tmp_path,
+                                                                            monkeypatch):
+    """`tfmlops serve` of another model (the serving benchmark's plain Keras flavor, a
+    PythonModel of one's own) serves it under the default limits instead of failing to
+    start (mlflow's unwrap_python_model raises MlflowException for a non-pyfunc flavor)."""
+    import mlflow
+    import numpy as np
+
+    from tfmlops.config import ServingLimits
+    from tfmlops.serving import server
+
+    path = tmp_path / "model"
+    if flavor == "keras":
+        import keras
+
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        mlflow.tensorflow.save_model(model, str(path))
+        monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")
+    else:
+        class Doubled(mlflow.pyfunc.PythonModel):
+            def predict(self, context, model_input, params=None):
+                return np.asarray(model_input) * 2
+
+        mlflow.pyfunc.save_model(str(path), python_model=Doubled())
+    monkeypatch.setenv(server.MODEL_ENV, str(path))
+    app = server.create_app()
+    assert isinstance(app, server.Guard) and app.limits == ServingLimits()

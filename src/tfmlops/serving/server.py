@@ -66,6 +66,7 @@ def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, worke
 def create_app():
     """MLflow's scoring app for the model in $TFMLOPS_SERVE_MODEL, guarded by its
     export.serving limits (serving.json)."""
+    from mlflow.exceptions import MlflowException
     from mlflow.pyfunc import load_model, scoring_server
 
     from tfmlops.config import ServingLimits
@@ -73,7 +74,9 @@ def create_app():
     model = load_model(os.environ[MODEL_ENV])
     try:
         limits = model.unwrap_python_model().predictor.limits
-    except AttributeError:  # a model that is not tfmlops' own: the defaults
+    # A model that is not tfmlops' own gets the defaults: another PythonModel has no
+    # `predictor`, and another flavor (Keras) no python model at all (MlflowException).
+    except (AttributeError, MlflowException):
         limits = ServingLimits()
     return Guard(scoring_server.init(model), limits)
 
