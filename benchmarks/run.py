@@ -136,7 +136,8 @@ def print_summary(r: dict) -> None:
           f"{ok(ip['met'])}")
     print(f"1 the same, cache off (decode every epoch)    {ip['uncached_ratio']:>8}x")
     wait = ip["input_wait_share"]
-    print(f"1 input wait share of a train step            {wait if wait is None else f'{wait:.2%}':>9}"
+    shown = "n/a" if wait is None else f"{wait:.2%}"  # no train profile (profiling off)
+    print(f"1 input wait share of a train step            {shown:>9}"
           f"        < 5%    {ok(ip['input_wait_met'])}")
     print(f"2 train throughput pipeline/in-memory         {tt['ratio']:>8}x        >= 0.9x "
           f"{ok(tt['met'])}")

@@ -38,8 +38,10 @@ def test_every_benchmark_row_runs_quick(pipeline_repo, tmp_path):
     assert results["quick"] is True and results["dvc_pipeline"]["repo"] == str(repo)
     for row in ROWS:
         assert results[row]["seconds"] > 0, row
-    assert results["inference"]["served_runtime"] in ("onnx", "tflite", "saved_model", "keras")
-    for ratio in (results["input_pipeline"]["ratio"], results["training_throughput"]["ratio"],
+    # the served runtime was measured beside the fastest one that passed parity
+    assert results["inference"]["served_runtime"].startswith(("tflite", "onnx", "saved_model"))
+    for ratio in (results["inference"]["served_p50_vs_fastest_faithful"],
+                  results["input_pipeline"]["ratio"], results["training_throughput"]["ratio"],
                   results["dvc_pipeline"]["ratio"], results["serving"]["eight_over_one_client"]):
         assert ratio > 0
     assert "--quick: small sizes" in proc.stdout

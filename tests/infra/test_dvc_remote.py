@@ -60,6 +60,13 @@ def test_push_clone_pull_and_nothing_reruns(tmp_path):
     assert not (clone / "mlflow.db").exists()  # no stage ran in the clone
 
 
+# A known defect this test found (issue 48, item 4; the fix belongs with issue 51's
+# reports-out-of-git item): `cache: false` outputs (every reports/<stage>.json, the
+# persisted paths.tuner and paths.backup) are not pushed, so a teammate's clone misses them
+# and `dvc repro` reruns tune and every stage after it. Strict: once fixed, this fails
+# until the marker goes.
+@pytest.mark.xfail(strict=True, reason="cache: false outputs are not in the remote: a clone "
+                   "reruns tune onwards")
 def test_a_teammates_clone_pulls_the_whole_pipeline_and_reruns_only_promote(pipeline_repo,
                                                                              tmp_path):
     """The README's team flow on the whole pipeline: `dvc push --run-cache` after a run,
