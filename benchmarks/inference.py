@@ -43,7 +43,7 @@ def runners(cfg) -> dict:
     """name -> callable(float32 batch) -> probabilities, for each format on disk."""
     import tensorflow as tf
 
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
     from tfmlops.runtimes import OnnxModel, TFLiteModel
 
     model = load_keras3(trained_model_path(cfg))
@@ -75,7 +75,7 @@ SERVED_NAME = {"onnx": "onnxruntime_float32", "tflite": "tflite_float32",
 def parity(fns: dict, x: np.ndarray, atol: float) -> dict:
     """Each runtime's probabilities on the whole test split against Keras'."""
     from tfmlops.runtimes import top1_agreement
-    from tfmlops.serving.skew import compare
+    from tfmlops.stages.export.skew import compare
 
     reference = np.concatenate([fns["tf_function"](x[i:i + 64]) for i in range(0, len(x), 64)])
     out = {}

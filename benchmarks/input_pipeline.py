@@ -75,8 +75,8 @@ def measure(epochs: int = 20, uncached_epochs: int = 3, rounds: int = 3) -> dict
     cached side lasts a fraction of a second: one round alone moved the ratio from 18x
     to 31x between runs on the same machine)."""
     from tfmlops.data import pipeline
-    from tfmlops.data.images import SUPPORTED
     from tfmlops.stages import materialize, prepare
+    from tfmlops.stages.prepare.images import SUPPORTED
 
     cfg, workdir = scratch_config()
     materialize.run(cfg)

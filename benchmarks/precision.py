@@ -66,14 +66,14 @@ def digits_case(workdir: Path):
     import keras
 
     from tfmlops.data import pipeline
-    from tfmlops.training import fit
+    from tfmlops.model import fitting
 
     cfg = prepared(workdir)
     data = pipeline.load_prepared(cfg)
-    train_ds, _, steps = fit.datasets(cfg, data, cfg.train.batch_size)
+    train_ds, _, steps = fitting.datasets(cfg, data, cfg.train.batch_size)
     batch = next(iter(train_ds))
-    return (lambda: fit.compiled_model(cfg, data, keras, steps * cfg.train.epochs), batch,
-            lambda: fit.decide_precision(cfg, data, cfg.train.batch_size))
+    return (lambda: fitting.compiled_model(cfg, data, keras, steps * cfg.train.epochs), batch,
+            lambda: fitting.decide_precision(cfg, data, cfg.train.batch_size))
 
 
 def mobilenet_case(batch_size: int):

@@ -1,5 +1,5 @@
 """Wall time of promote's evaluation: the candidate and @production, each through its
-registered serving files, on the same current test split (serving/versions.py).
+registered serving files, on the same current test split (stages/promote/versions.py).
 
 Takes a workdir where `export` registered a version (a `dvc repro` through export,
 e.g. the photo benchmark's), or builds one on digits with the repo's params and
@@ -67,7 +67,7 @@ def main() -> None:
     workdir = args.workdir or build_digits(Path(tempfile.mkdtemp(prefix="tfmlops-bench-eval-")))
     cfg = load_config(workdir / "params.yaml")
     from tfmlops.registry import Registry
-    from tfmlops.serving.versions import evaluate_versions
+    from tfmlops.stages.promote.versions import evaluate_versions
 
     version = json.loads((Path(cfg.paths.export) / "registered.json").read_text())["version"]
     registry = Registry(cfg)

@@ -162,7 +162,7 @@ def evaluate(clone: Path, models: dict[str, tuple[int, Path]]) -> dict:
     from tfmlops.data.pipeline import load_prepared
     from tfmlops.data.stored_split import StoredSplit
     from tfmlops.evaluation import paired_interval
-    from tfmlops.model.artifacts import load_keras3
+    from tfmlops.model.trained import load_keras3
 
     if not Path(tfmlops.__file__).resolve().is_relative_to(clone.resolve() / "src"):
         raise SystemExit(f"tfmlops is imported from {tfmlops.__file__}, not from {clone}")

@@ -111,7 +111,7 @@ def save_keras_flavor(model, path: Path, example) -> None:
 def measure(cfg, registry, version, encoded, x, tmp: Path, args) -> dict:
     import requests
 
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
     from tfmlops.registry import PRODUCTION
     from tfmlops.tracking import tracking_uri
 

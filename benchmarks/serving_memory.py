@@ -47,8 +47,8 @@ def build_model(folder: Path) -> Path:
     import keras
     from PIL import Image
 
-    from tfmlops.serving import mlflow_model
-    from tfmlops.serving.formats import to_onnx, write_serving_config
+    from tfmlops.stages.export import mlflow_model
+    from tfmlops.stages.export.formats import to_onnx, write_serving_config
 
     out = folder / "export"
     out.mkdir()

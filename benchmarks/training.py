@@ -59,7 +59,7 @@ def throughput(epochs: int = 6) -> dict:
     import keras
 
     from tfmlops.data import pipeline
-    from tfmlops.training.fit import compiled_model
+    from tfmlops.model.fitting import compiled_model
 
     cfg, _ = prepared_digits()
     prepared = pipeline.load_prepared(cfg)

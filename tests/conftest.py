@@ -66,7 +66,7 @@ def committed_params() -> dict:
 
 def host_gpus() -> int:
     """The GPUs this host shows TensorFlow (what a test expects a run to use)."""
-    from tfmlops.model.strategy import visible_gpus
+    from tfmlops.stages.train.strategy import visible_gpus
 
     return visible_gpus()
 
@@ -382,8 +382,8 @@ def save_tiny_trained(cfg, epochs: int = 8) -> None:
     import tensorflow as tf
 
     from tfmlops.data import pipeline
-    from tfmlops.model.artifacts import write_resolved
     from tfmlops.model.builder import build_model
+    from tfmlops.model.trained import write_resolved
 
     keras.utils.set_random_seed(cfg.seed)
     prepared = pipeline.load_prepared(cfg)
@@ -428,7 +428,7 @@ def exported_offline(exported_digits):
     """The exported Keras model's answers on the test split, in export's order."""
     from tfmlops.data.pipeline import load_prepared
     from tfmlops.data.stored_split import StoredSplit
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
 
     prepared = load_prepared(exported_digits)
     model = load_keras3(trained_model_path(exported_digits))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from tfmlops.data.builtin import write_digits
+from tfmlops.stages.materialize.builtin import write_digits
 
 
 def mixed_folder(root: Path, per_class: int = 12) -> dict[str, str]:

@@ -15,23 +15,10 @@ import logging
 import os
 import sys
 
-from tfmlops import logs
+from tfmlops import logs, stages
 from tfmlops.harness import run_command
 
 log = logging.getLogger(__name__)
-
-STAGES = {
-    "materialize": "write the built-in dataset (digits or synthetic) as class folders",
-    "prepare": "validate images, split them, write TFRecords, manifest and statistics",
-    "tune": "keras-tuner search over architectures and learning-rate schedules",
-    "train": "the final mixed-precision run under a tf.distribute strategy",
-    "prune": "tensorflow-model-optimization magnitude pruning and fine-tuning",
-    "quantize": "TFLite variants (float32, dynamic, float16, INT8, optional QAT)",
-    "export": "SavedModel, ONNX and TFLite with parity checks; registers the model",
-    "promote": "gated promotion to @production in the MLflow model registry",
-}
-# tfmot works only on tf_keras: these stages run with Keras 2 (own process).
-LEGACY_KERAS_STAGES = {"prune", "quantize"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                       const=logs.VERBOSE,
                       help="debug messages, and TensorFlow's own logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, text in STAGES.items():
+    for spec in stages.specs():  # each stage's package is light: no TensorFlow
+        name, text = spec.name, spec.help
         p = sub.add_parser(name, help=text, description=text)
         if name == "promote":
             g = p.add_mutually_exclusive_group()
@@ -109,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.verbosity)  # before any stage imports TensorFlow
-    if args.command in LEGACY_KERAS_STAGES:
+    if args.command in stages.PIPELINE and stages.spec(args.command).keras == "tf_keras":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
     # A stage ends as on Ctrl-C on SIGTERM; `serve` keeps the default (its server stops).
     return run_command(args.command, lambda: _command(args),
@@ -147,8 +135,8 @@ def _command(args: argparse.Namespace):
         log.info("%s: ok", args.params)
         return None
     if args.command == "history":
-        from tfmlops.promotion.history import history, history_table
         from tfmlops.registry import Registry
+        from tfmlops.stages.promote.history import history, history_table
 
         rows = history(Registry(cfg))
         if args.json:
@@ -159,7 +147,7 @@ def _command(args: argparse.Namespace):
         from pathlib import Path
 
         from tfmlops.artifacts import DATA_PROFILE
-        from tfmlops.data.drift import accept_reference
+        from tfmlops.stages.prepare.drift import accept_reference
 
         return accept_reference(Path(cfg.paths.reports) / DATA_PROFILE, cfg.data.contract.reference)
     if args.command == "sync":

@@ -130,31 +130,36 @@ class Stage:
 
 
 @contextlib.contextmanager
-def stage(cfg, name: str, *, output: str | Path | None = None, run_dir: str | Path | None = None,
-          upstream: tuple[str, ...] = (), params: dict | None = None,
-          tracked: bool = True, sidecar: bool = False,
-          staged: bool = True, detach: bool = False) -> Iterator[Stage]:
-    """The block a stage runs in (module docstring). `run_dir` holds `mlflow_run.json`
-    instead of the output folder (artifacts.run_dir); `upstream`: the stages whose runs
-    this one's lineage names; `staged=False` writes into `output`
-    directly (a non-chief worker's scratch output). `detach` (with `sidecar` and a
-    `run_dir`): run as a `tfmlops` command with `tracking.wait: false`, the stage hands
-    its finished run to the sidecar and returns without waiting for the store."""
+def stage(cfg, spec, *, params: dict | None = None, output: str | Path | None = None,
+          staged: bool = True) -> Iterator[Stage]:
+    """The block a stage runs in (module docstring), shaped by its `spec` (a
+    stages.StageSpec): its output folder, the upstream stages its lineage names, whether
+    it is tracked, by a sidecar, and may detach. `output` replaces the SPEC's folder and
+    `staged=False` writes into it directly (a non-chief worker's scratch output). A
+    SPEC with `run_in_reports` keeps `mlflow_run.json` in reports/<name>/
+    (artifacts.run_dir) instead of the output folder. `detach`: run as a `tfmlops`
+    command with `tracking.wait: false`, the stage hands its finished run to the sidecar
+    and returns without waiting for the store."""
+    name, upstream, tracked, sidecar = spec.name, spec.upstream, spec.tracked, spec.sidecar
+    runs_at = run_dir(cfg, name) if spec.run_in_reports else None  # else: in the output
+    detach = spec.detach
+    if output is None:
+        output = spec.output_dir(cfg)
     final = Path(output) if output is not None else None
-    hold = Path(run_dir) / DELIVERY_LOCK if _detaches(cfg, detach and sidecar and tracked,
-                                                    run_dir) else None
+    hold = Path(runs_at) / DELIVERY_LOCK if _detaches(cfg, detach and sidecar and tracked,
+                                                    runs_at) else None
     with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar, hold), \
             _output_lock(cfg, name, final if staged else None):
         out = staging_dir(final) if final is not None and staged else final
         runs = contextlib.ExitStack()  # the run, once opened: it ends as the block does
 
         def open_run():
-            run = runs.enter_context(_run(cfg, name, run_dir or out, upstream, params, tracked,
+            run = runs.enter_context(_run(cfg, name, runs_at or out, upstream, params, tracked,
                                           sidecar, current.run_facts, hold))
             faults.stage_point(name, "running")
             return run
 
-        current = Stage(cfg, name, out, final, run_in_out=run_dir is None, swapped=not staged,
+        current = Stage(cfg, name, out, final, run_in_out=runs_at is None, swapped=not staged,
                         _open=open_run)
         try:
             yield current

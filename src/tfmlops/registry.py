@@ -4,7 +4,7 @@ With the tracking package, the only code that calls MLflow. Aliases, never the d
 stages: `production`, `previous` (what production replaced, the rollback target),
 `candidate` (refused by the gate), `inconclusive` (the gate could not show it is not worse),
 `awaiting-approval` (passed, waiting for `tfmlops approve`) and `exp-<name>` (a version a
-DVC experiment produced). The promotion ledger (promotion/ledger.py, the model's tags) is
+DVC experiment produced). The promotion ledger (stages/promote/ledger.py, the model's tags) is
 the record of every decision; the aliases are its cache.
 
 Registration is idempotent: `register` looks for the version tagged with its key

@@ -38,8 +38,8 @@ def splits(prepared_digits, tmp_path_factory):
 
 
 def test_rows_at_gives_the_images_indexing_the_whole_split_gives(splits):
-    from tfmlops.compress.tflite import sample_indices
     from tfmlops.data import pipeline
+    from tfmlops.stages.quantize.tflite import sample_indices
 
     cfg, prepared, _ = splits
     whole, _ = pipeline.arrays(cfg, prepared, "train")
@@ -81,8 +81,8 @@ def test_peak_memory_does_not_grow_with_the_split(splits):
     """Sampling 32 train images and predicting the test split, at 1x and 4x: the peak of
     what Python holds (tracemalloc) stays far below the 4x split's images, and the
     sample's does not grow at all, where reading the whole split grows 4x."""
-    from tfmlops.compress.tflite import sample_indices
     from tfmlops.data import pipeline
+    from tfmlops.stages.quantize.tflite import sample_indices
 
     cfg, one, four = splits
     image_bytes = int(np.prod(one.input_shape)) * 4

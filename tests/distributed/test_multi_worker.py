@@ -1,6 +1,6 @@
 """`tfmlops train` on two real worker processes (TF_CONFIG, 127.0.0.1, free ports).
 
-MultiWorkerMirroredStrategy with tf_keras fit (training/fit.py): one
+MultiWorkerMirroredStrategy with tf_keras fit (stages/train/fit.py): one
 MLflow run, one model written by the chief, non-chief temp folders removed,
 and a worker killed mid-training resumes from the BackupAndRestore state.
 """
@@ -79,7 +79,7 @@ def assert_no_worker_leftovers(workdir: Path, workers: Workers) -> None:
 @pytest.mark.timeout(900)
 def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_path):
     from tfmlops.data import pipeline
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
 
     cfg = digits_workdir(train={**NO_TUNE, "epochs": 2})
     workers = Workers(tmp_path)
@@ -125,7 +125,7 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
 
 @pytest.mark.timeout(1200)
 def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tmp_path):
-    from tfmlops.training.fit import chief_finished_epochs
+    from tfmlops.stages.train.backup import chief_finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, tracking={"enabled": False})

@@ -43,8 +43,8 @@ def test_the_served_model_answers_an_original_photo_as_trains_model_does(rgb_pho
     import local_server
     from tfmlops.config import load_config
     from tfmlops.data.pipeline import load_prepared
-    from tfmlops.model.artifacts import load_keras3
-    from tfmlops.serving.skew import prepare_inputs
+    from tfmlops.model.trained import load_keras3
+    from tfmlops.stages.export.skew import prepare_inputs
 
     repo, photos, _ = rgb_photo_repo
     monkeypatch.chdir(repo)  # the params' paths are the repo's relative ones

@@ -15,7 +15,7 @@ from conftest import VENV_BIN, child_env, free_port, mlflow_client, run_cli
 from tfmlops import tracking
 from tfmlops.artifacts import MODEL_FILE
 from tfmlops.errors import TrackingUnavailable
-from tfmlops.tuning.report import draw_plots
+from tfmlops.stages.tune.report import draw_plots
 
 
 def test_unreachable_server_stops_the_stage_before_any_work(tmp_path, make_cfg):

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_a_bfloat16_trained_model_quantizes_and_exports_with_parity(tmp_path, prepared_digits):
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
 
     shutil.copytree(prepared_digits.paths.prepared, tmp_path / "data" / "prepared")
     params = tiny_params(tmp_path,

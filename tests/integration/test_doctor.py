@@ -41,7 +41,7 @@ def test_doctor_trains_two_epochs_and_prints_what_it_resolved(tmp_path, make_cfg
     assert result["precision_policy"] == policy
     assert result["loss_scaling"] == str(policy == "mixed_float16")  # float16 only
     assert result["strategy"] and result["strategy_class"].endswith("Strategy")
-    from tfmlops.model.strategy import resolve_strategy
+    from tfmlops.stages.train.strategy import resolve_strategy
 
     # what this host reports: no GPU here, N on a GPU machine (auto mirrors over 2 or more)
     gpus = host_gpus()

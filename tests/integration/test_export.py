@@ -78,7 +78,7 @@ def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_dig
     from PIL import Image
 
     from tfmlops.serving.predictor import Predictor
-    from tfmlops.serving.signatures import BYTES_SIGNATURE, FLOAT_SIGNATURE
+    from tfmlops.stages.export.signatures import BYTES_SIGNATURE, FLOAT_SIGNATURE
 
     cfg, offline = exported_digits, exported_offline
     out = Path(cfg.paths.export)
@@ -107,7 +107,7 @@ def test_the_savedmodel_takes_any_image_and_matches_the_served_path(exported_dig
 
 def test_onnx_parity_fails_on_a_perturbed_model(exported_digits, exported_offline, tmp_path):
     from tfmlops.errors import DataError
-    from tfmlops.serving.formats import check_onnx
+    from tfmlops.stages.export.formats import check_onnx
 
     cfg, offline = exported_digits, exported_offline
     source = Path(cfg.paths.export) / "model.onnx"
@@ -142,8 +142,8 @@ def test_the_export_stage_refuses_an_onnx_file_that_disagrees(exported_digits, t
     with the parity line, and nothing is registered or left in paths.export."""
     from tfmlops.config import load_config
     from tfmlops.errors import DataError
-    from tfmlops.serving import formats
     from tfmlops.stages import export
+    from tfmlops.stages.export import formats
 
     source = exported_digits
     params = yaml.safe_load((Path(source.paths.export).parent.parent / "params.yaml").read_text())

@@ -42,7 +42,7 @@ def test_training_evaluation_and_serving_decode_stored_images_to_the_same_pixels
 
     from tfmlops.data.pipeline import decode_stored
     from tfmlops.serving.preprocess import decode_image
-    from tfmlops.serving.signatures import decode_like_prepare
+    from tfmlops.stages.export.signatures import decode_like_prepare
 
     cfg, _ = photo_export
     manifest = json.loads((Path(cfg.paths.prepared) / MANIFEST).read_text())
@@ -111,9 +111,9 @@ PLANTED = {
     # what is planted: (module, attribute, replacement from the original, the pair named)
     "served channel order": ("tfmlops.serving.preprocess", "normalize", _swap_channels,
                              "served_pyfunc"),
-    "SavedModel without normalization": ("tfmlops.serving.signatures", "preprocess",
+    "SavedModel without normalization": ("tfmlops.stages.export.signatures", "preprocess",
                                          lambda _: _no_normalization, "saved_model_bytes"),
-    "SavedModel resize filter": ("tfmlops.serving.signatures", "reduce_like_prepare",
+    "SavedModel resize filter": ("tfmlops.stages.export.signatures", "reduce_like_prepare",
                                  lambda _: _nearest_reduction, "source_saved_model_pixels"),
 }
 

@@ -26,7 +26,7 @@ def plant_mislabel(images: Path, cfg) -> str:
     """Move the first "0" that prepare will put in val or test once filed under "1" (the
     split is stratified by content hash within the class it is filed under); return its
     new relative path."""
-    from tfmlops.data.images import assign_splits
+    from tfmlops.stages.prepare.images import assign_splits
 
     shas = {p: sha256(p) for p in sorted(images.rglob("*.png"))}
     wrong = [(h, WRONG) for p, h in shas.items() if p.parent.name == WRONG]

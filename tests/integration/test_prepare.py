@@ -23,9 +23,9 @@ from tfmlops.artifacts import (
     TAG_STAGE,
     run_dir,
 )
-from tfmlops.data.builtin import write_digits
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
+from tfmlops.stages.materialize.builtin import write_digits
 from tfmlops.tracking.lineage import wait_delivered
 
 

@@ -12,10 +12,10 @@ from PIL import Image
 
 from conftest import run_cli
 from tfmlops.artifacts import DATA_PROFILE, DATA_PROFILE_CLASSES, DATA_PROFILE_FEATURES, MANIFEST
-from tfmlops.data.builtin import write_digits
-from tfmlops.data.drift import NO_REFERENCE, accept_reference
 from tfmlops.errors import DataError
 from tfmlops.stages import prepare
+from tfmlops.stages.materialize.builtin import write_digits
+from tfmlops.stages.prepare.drift import NO_REFERENCE, accept_reference
 
 
 def textured(rng: np.random.Generator, width: int, height: int) -> Image.Image:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from conftest import child_env
 from images import photo_folder
-from tfmlops.data.builtin import write_digits
 from tfmlops.stages import prepare
+from tfmlops.stages.materialize.builtin import write_digits
 
 
 def _wait_stopped(proc: subprocess.Popen, timeout: float = 120) -> None:

@@ -109,8 +109,8 @@ def test_a_duplicate_across_two_classes_is_kept_under_each_label_and_warned(tmp_
 
 def test_a_result_about_another_file_stops_the_run(tmp_path, make_cfg, monkeypatch):
     """The join checks each pool result names the file it is joined to."""
-    from tfmlops.data import stream
     from tfmlops.errors import DataError
+    from tfmlops.stages.prepare import stream
 
     photo_folder(tmp_path / "photos", per_class=4, classes=2)
     cfg = trust_cfg(make_cfg, tmp_path / "run", tmp_path / "photos", workers=1)

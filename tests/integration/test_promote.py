@@ -65,7 +65,7 @@ def served_variant(cfg, dest: Path, rename: dict | None = None,
     from onnx import helper, numpy_helper
 
     from tfmlops.data.stored_split import stored_records
-    from tfmlops.serving import mlflow_model
+    from tfmlops.stages.export import mlflow_model
     from tfmlops.tracking import tracking_uri, use_uri
 
     export = Path(cfg.paths.export)
@@ -147,8 +147,8 @@ def test_gate_promotes_a_better_model_refuses_a_worse_one_and_rollback_restores(
 def _history_lists_every_move_in_order(cfg, v1: str, worse: str, better: str) -> None:
     """`tfmlops history`: the ledger's promote, refusal, promote and rollback above, in
     order, with who and why; through the CLI as a table and as JSON."""
-    from tfmlops.promotion.history import history
     from tfmlops.registry import Registry
+    from tfmlops.stages.promote.history import history
 
     rows = history(Registry(cfg))
     assert [(r["decision"], r["from"], r["to"], r["version"]) for r in rows] == [
@@ -352,8 +352,8 @@ def test_both_versions_see_the_same_images_without_productions_training_images(s
     """Production's prepare run names a manifest whose train split holds 12 of today's test
     images: they are left out, for both versions alike."""
     from tfmlops.artifacts import MANIFEST, PREPARED_MANIFEST
-    from tfmlops.serving import versions
     from tfmlops.stages import promote
+    from tfmlops.stages.promote import versions
     from tfmlops.tracking import tracking_uri, use_uri
 
     cfg, registry, register = store
@@ -390,8 +390,8 @@ def test_production_trained_on_an_unknown_manifest_is_never_replaced_automatical
     """Production's lineage names no prepare run in the store and another data version:
     its training images cannot be left out of the test split, so the comparison could
     favour it (or hide a leak): the same model as candidate is inconclusive, not promoted."""
-    from tfmlops.promotion.history import history
     from tfmlops.stages import promote
+    from tfmlops.stages.promote.history import history
 
     cfg, registry, register = store
     production = register(tags={"lineage.data_version": "older", "lineage.run.prepare": "none"})

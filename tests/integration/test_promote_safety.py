@@ -134,7 +134,7 @@ def test_a_crash_after_any_write_of_a_promotion_never_makes_rollback_restore_the
 
 
 def _ledger(registry) -> list[dict]:
-    from tfmlops.promotion.history import history
+    from tfmlops.stages.promote.history import history
 
     return history(registry)
 
@@ -379,9 +379,9 @@ def test_an_alias_moved_by_another_writer_during_the_promotion_is_a_conflict(reg
     """A writer outside the lock (an old tfmlops, a hand in the UI) moves @production
     right after this promotion's write: the re-read after the writes reports it."""
     from tfmlops.errors import DataError
-    from tfmlops.promotion import Request, act
-    from tfmlops.promotion.moves import Actor
-    from tfmlops.promotion.workspace import Checkout
+    from tfmlops.stages.promote.decide import Request, act
+    from tfmlops.stages.promote.moves import Actor
+    from tfmlops.stages.promote.workspace import Checkout
 
     cfg, registry, register = reg
     v1, v2 = register(), register()

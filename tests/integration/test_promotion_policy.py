@@ -92,7 +92,7 @@ class Project:
         return json.loads((self.root / "reports" / "promote.json").read_text())
 
     def ledger(self) -> list[dict]:
-        from tfmlops.promotion.history import history
+        from tfmlops.stages.promote.history import history
 
         return history(self.registry)
 
@@ -292,8 +292,8 @@ def test_a_version_of_another_store_holds(project):
 
 def test_a_deleted_production_and_a_renamed_model(project):
     from tfmlops.config import load_config
-    from tfmlops.promotion.history import history
     from tfmlops.registry import Registry
+    from tfmlops.stages.promote.history import history
 
     p = project
     p.register()
@@ -360,7 +360,7 @@ def test_a_remembered_decision_equals_a_cold_one(tmp_path_factory, steps):
     import os
 
     from tfmlops.errors import DataError
-    from tfmlops.promotion.decided import FILE
+    from tfmlops.stages.promote.decided import FILE
 
     root = tmp_path_factory.mktemp("remembered")
     here = os.getcwd()

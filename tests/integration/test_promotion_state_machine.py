@@ -124,10 +124,10 @@ class Promotions(RuleBasedStateMachine):
         """One promote, as the stage runs it (under the lock); a person's command that does
         not apply (DataError) is part of the game."""
         from tfmlops.errors import DataError
-        from tfmlops.promotion import Request, act
-        from tfmlops.promotion.ledger import Ledger
-        from tfmlops.promotion.moves import Actor
-        from tfmlops.promotion.workspace import Checkout
+        from tfmlops.stages.promote.decide import Request, act
+        from tfmlops.stages.promote.ledger import Ledger
+        from tfmlops.stages.promote.moves import Actor
+        from tfmlops.stages.promote.workspace import Checkout
 
         registry = registry or self.registry
         candidate = version if action != "auto" else json.loads(self.registered.read_text())["version"]
@@ -262,7 +262,7 @@ class Promotions(RuleBasedStateMachine):
         self.act("release")
 
     def outside_pending(self) -> bool:
-        from tfmlops.promotion.ledger import Ledger
+        from tfmlops.stages.promote.ledger import Ledger
 
         ledger = Ledger(self.registry)
         return ledger.unresolved_outside is not None or \
@@ -286,7 +286,7 @@ class Promotions(RuleBasedStateMachine):
 
     @invariant()
     def production_moves_only_with_a_confirmed_ledger_entry(self):
-        from tfmlops.promotion.ledger import MOVES, Ledger
+        from tfmlops.stages.promote.ledger import MOVES, Ledger
 
         if not hasattr(self, "registry") or self.last_crashed:
             return

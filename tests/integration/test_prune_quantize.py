@@ -47,8 +47,8 @@ def train_tiny_model(cfg) -> None:
     import keras
 
     from tfmlops.data import pipeline
-    from tfmlops.model.artifacts import write_resolved
     from tfmlops.model.builder import build_model
+    from tfmlops.model.trained import write_resolved
 
     keras.utils.set_random_seed(cfg.seed)
     prepared = pipeline.load_prepared(cfg)

@@ -101,8 +101,8 @@ def test_a_colour_jpeg_of_another_size_is_served_as_the_savedmodel_would(
     import tensorflow as tf
 
     from tfmlops.serving.preprocess import image_input
-    from tfmlops.serving.signatures import FLOAT_SIGNATURE
-    from tfmlops.serving.skew import graph_decoding_difference
+    from tfmlops.stages.export.signatures import FLOAT_SIGNATURE
+    from tfmlops.stages.export.skew import graph_decoding_difference
 
     cfg = exported_digits
     data = colour_jpeg(exported_offline, (41, 33))

@@ -28,7 +28,7 @@ from tfmlops.artifacts import (
     data_version,
 )
 from tfmlops.errors import ConfigError, DataError
-from tfmlops.training.fit import BEST_WEIGHTS
+from tfmlops.model.fitting import BEST_WEIGHTS
 
 NO_TUNE = {"use_tuned": False}
 QUIET = {"tracking": {"enabled": False}}
@@ -66,9 +66,9 @@ def artifact_paths(client, run_id: str, folder: str = "") -> list[str]:
 @pytest.mark.timeout(300)
 def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     from tfmlops import tracking
-    from tfmlops.model.artifacts import load_keras3, trained_config, trained_model_path
+    from tfmlops.model.fitting import HISTORY_COLUMNS
+    from tfmlops.model.trained import load_keras3, trained_config, trained_model_path
     from tfmlops.stages import train
-    from tfmlops.training.fit import HISTORY_COLUMNS
 
     cfg = digits_workdir(train={"overrides": {"optimizer.learning_rate": 0.003}},
                          profiling={"enabled": True, "start_step": 2, "steps": 2})
@@ -117,7 +117,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     assert json.loads((folder / RUN_FILE).read_text())["run_id"] == run.info.run_id
     params = run.data.params
     from tfmlops.model import precision
-    from tfmlops.model.strategy import resolve_strategy
+    from tfmlops.stages.train.strategy import resolve_strategy
 
     # auto: what this host's GPUs and CPU flags decide for this architecture, never timed
     expected = precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
@@ -156,7 +156,7 @@ def _stopped_after_its_last_backup(cfg) -> None:
     there leaves a backup with nothing left to train)."""
     from tfmlops import harness
     from tfmlops.stages import train
-    from tfmlops.training.fit import finished_epochs
+    from tfmlops.stages.train.backup import finished_epochs
 
     backup, done = Path(cfg.paths.backup), threading.Event()
 
@@ -181,7 +181,7 @@ def _stopped_after_its_last_backup(cfg) -> None:
 @pytest.mark.timeout(300)
 def test_two_runs_with_the_same_params_give_bit_identical_weights(
         digits_workdir, make_cfg, prepared_digits, tmp_path, caplog):
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
     from tfmlops.stages import train
 
     sections = {"train": NO_TUNE, **QUIET}
@@ -221,7 +221,7 @@ def test_two_runs_with_the_same_params_give_bit_identical_weights(
 
 
 def test_classification_report_counts_per_class():
-    from tfmlops.training.results import classification_report
+    from tfmlops.stages.train.results import classification_report
 
     report = classification_report([0, 0, 1, 1, 2], [0, 1, 1, 1, 0], ["a", "b", "c"])
     assert report["confusion_matrix"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
@@ -306,7 +306,7 @@ def test_cli_reports_a_missing_tune_output_in_one_line(make_cfg, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mirrored_on_two_logical_cpus_with_bfloat16(digits_workdir, tmp_path):
-    from tfmlops.model.artifacts import load_keras3, trained_model_path
+    from tfmlops.model.trained import load_keras3, trained_model_path
 
     cfg = digits_workdir(train={**NO_TUNE, "epochs": 1, "strategy": "mirrored", "replicas": 2,
                                 "precision": "mixed_bfloat16"}, **QUIET)
@@ -323,7 +323,7 @@ def test_mirrored_on_two_logical_cpus_with_bfloat16(digits_workdir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_run_killed_after_an_epoch_resumes_from_its_backup(digits_workdir, tmp_path):
-    from tfmlops.training.fit import finished_epochs
+    from tfmlops.stages.train.backup import finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, **QUIET)

@@ -22,7 +22,8 @@ from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, RUN_FILE, TAG_TUNE_SEAR
 from tfmlops.config import replace
 from tfmlops.errors import DataError
 from tfmlops.files import MARKER
-from tfmlops.model import hparams, search_space
+from tfmlops.model import hparams
+from tfmlops.stages.tune import search_space
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
 TINY_SPACE = {
@@ -325,7 +326,7 @@ def test_a_search_whose_saved_state_is_torn_starts_afresh_with_one_line(digits_w
     a kill or a power cut failed every later `tune` in Oracle.reload (JSONDecodeError).
     The damaged search is discarded with one warning line and runs afresh (issue 47, L5)."""
     from tfmlops.stages import tune
-    from tfmlops.tuning.search import adopt_search, search_key, torn_json
+    from tfmlops.stages.tune.search import adopt_search, search_key, torn_json
 
     cfg = digits_workdir(**tune_params(max_trials=1), tracking={"enabled": False})
     assert tune.run(cfg)["trials_run"] == 1

@@ -11,8 +11,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_moving_statistics_become_the_inputs_exact_statistics():
-    from tfmlops.compress.pruning import recalibrated_batch_norm
     from tfmlops.compress.source import tf_keras_module
+    from tfmlops.stages.prune.pruning import recalibrated_batch_norm
 
     keras = tf_keras_module()
     keras.utils.set_random_seed(0)

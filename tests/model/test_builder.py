@@ -47,9 +47,9 @@ def test_custom_layer_and_loss_round_trip_with_safe_mode(tmp_path):
     import keras
 
     from tfmlops.config import LossConfig
-    from tfmlops.model.artifacts import load_keras3
     from tfmlops.model.builder import build_model
     from tfmlops.model.custom import make_loss
+    from tfmlops.model.trained import load_keras3
 
     model = build_model(SPECS["separable_se_avg"], keras, INPUT, 10)
     model.compile(optimizer="adam", loss=make_loss(LossConfig(name="focal", label_smoothing=0.1),
@@ -76,8 +76,8 @@ def test_spec_with_more_pooling_than_the_input_allows_fails_before_building():
 def test_squeeze_excite_under_mixed_float16_saves_and_loads(tmp_path):
     import keras
 
-    from tfmlops.model.artifacts import load_keras3
     from tfmlops.model.builder import build_model
+    from tfmlops.model.trained import load_keras3
 
     spec = ModelSpec(squeeze_excite=True, blocks=[BlockSpec(8, 3, False), BlockSpec(16, 3, True)])
     x = np.random.default_rng(0).random((2, 16, 16, 1), dtype=np.float32)

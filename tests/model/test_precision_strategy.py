@@ -16,7 +16,7 @@ from tfmlops.artifacts import PRECISION
 from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig, replace
 from tfmlops.errors import ConfigError
 from tfmlops.model.precision import decide_policy
-from tfmlops.model.strategy import cluster_tasks, resolve_strategy
+from tfmlops.stages.train.strategy import cluster_tasks, resolve_strategy
 
 TINY = ModelSpec(blocks=[BlockSpec(4, 3, False), BlockSpec(8, 3, False)], convs_per_block=1,
                  head_units=16, dropout=0.0)
@@ -172,10 +172,9 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
 @pytest.mark.timeout(300)
 def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     """What tune's trials and final round share: the train stage's own timing of the
-    actual model (training/fit.decide_precision), kept in the tuner folder's file."""
+    actual model (model/fitting.decide_precision), kept in the tuner folder's file."""
     from tfmlops.data import pipeline
-    from tfmlops.model import precision
-    from tfmlops.training import fit
+    from tfmlops.model import fitting, precision
 
     prepared = pipeline.load_prepared(prepared_digits)
     auto = prepared_digits
@@ -183,18 +182,18 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
         auto, train=replace(auto.train, precision="timed"))
     cache = tmp_path / PRECISION
     bf16 = {"avx2", "amx_bf16"}
-    first = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
+    first = fitting.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
     margin = prepared_digits.train.precision_margin
     assert first.reason == "timed" and first.margin == margin
     assert first.policy == precision.faster(first.images_per_s, margin)
     stored = json.loads(cache.read_text())
     assert [v["policy"] for v in stored.values()] == [first.policy]
-    again = fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
+    again = fitting.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
     assert again == first  # the in-process memo
     precision._decided.clear()  # another process of the same tune: the file
-    assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=cache,
+    assert fitting.decide_precision(prepared_digits, prepared, 32, cache_file=cache,
                                 flags=bf16) == first
-    other_batch = fit.decide_precision(prepared_digits, prepared, 16, cache_file=cache,
+    other_batch = fitting.decide_precision(prepared_digits, prepared, 16, cache_file=cache,
                                        flags=bf16)
     assert other_batch.reason == "timed" and len(json.loads(cache.read_text())) == 2
     # train reads tune's copy without writing into it (paths.tuned is tune's output).
@@ -202,20 +201,20 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     read_only = tmp_path / "tuned" / PRECISION
     read_only.parent.mkdir()
     read_only.write_text(cache.read_text())
-    assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=read_only, write=False,
+    assert fitting.decide_precision(prepared_digits, prepared, 32, cache_file=read_only, write=False,
                                 flags=bf16) == first
     precision._decided.clear()
     missing = tmp_path / "untuned" / PRECISION
-    assert fit.decide_precision(prepared_digits, prepared, 32, cache_file=missing, write=False,
+    assert fitting.decide_precision(prepared_digits, prepared, 32, cache_file=missing, write=False,
                                 flags=bf16).reason == "timed"
     assert not missing.exists()
-    here = fit.decide_precision(prepared_digits, prepared, 32)  # this machine's own flags
+    here = fitting.decide_precision(prepared_digits, prepared, 32)  # this machine's own flags
     if not precision.has_bf16_units(precision.cpu_flags()):
         assert (here.policy, here.reason) == ("float32", "no-bf16-units")
     # auto, on any machine: no timing, nothing written
     precision._decided.clear()
     untimed = tmp_path / "auto" / PRECISION
-    assert fit.decide_precision(auto, prepared, 32, cache_file=untimed,
+    assert fitting.decide_precision(auto, prepared, 32, cache_file=untimed,
                                 flags=bf16).reason == "amx-dense"
     assert not untimed.exists()
 
@@ -243,7 +242,7 @@ def test_bad_tf_config_is_a_config_error():
 def test_logical_cpus_cannot_be_added_once_tensorflow_runs():
     import tensorflow as tf
 
-    from tfmlops.model.strategy import prepare_devices
+    from tfmlops.stages.train.strategy import prepare_devices
 
     tf.constant(1.0) + 1.0  # devices are initialised from here on
     with pytest.raises(ConfigError, match="fresh process"):
@@ -283,7 +282,7 @@ def test_one_mixed_precision_training_step(policy, compute):
 MIRRORED_ONE_STEP = textwrap.dedent("""
     import json
     import numpy as np
-    from tfmlops.model import strategy as dist
+    from tfmlops.stages.train import strategy as dist
 
     dist.prepare_devices("mirrored", 2)  # first: before TensorFlow initialises devices
     import keras
@@ -340,8 +339,9 @@ def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
     import keras_tuner as kt
 
     from tfmlops.data import pipeline
-    from tfmlops.model import precision, search_space
-    from tfmlops.tuning.hypermodel import TrialModel
+    from tfmlops.model import precision
+    from tfmlops.stages.tune import search_space
+    from tfmlops.stages.tune.hypermodel import TrialModel
 
     cfg = make_cfg(train={"precision": setting})
     hypermodel = TrialModel(cfg, pipeline.load_prepared(prepared_digits), deadline=1e12)

@@ -5,8 +5,8 @@ import hashlib
 import numpy as np
 from PIL import Image
 
-from tfmlops.data.builtin import SHAPES, write_digits, write_shapes
 from tfmlops.stages import materialize
+from tfmlops.stages.materialize.builtin import SHAPES, write_digits, write_shapes
 
 
 def folder_digest(root):

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfmlops.errors import DataError
-from tfmlops.serving import skew
-from tfmlops.serving.formats import choose_serving
+from tfmlops.stages.export import skew
+from tfmlops.stages.export.formats import choose_serving
 
 REFERENCE = np.array([[0.9, 0.1], [0.2, 0.8]], np.float32)
 OFF = np.array([[0.1, 0.9], [0.2, 0.8]], np.float32)  # a different top-1 on the first image

@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from tfmlops.compress.frontier import required_names, select_edge, variants
 from tfmlops.compress.measure import gzip_bytes, sparsity_table, zero_fraction
-from tfmlops.compress.pruning import pruning_steps
 from tfmlops.config import ConfigError, PruneConfig, config_from_dict
+from tfmlops.stages.prune.pruning import pruning_steps
+from tfmlops.stages.quantize.frontier import required_names, select_edge, variants
 
 
 def tfmot_update_steps(steps) -> list[int]:
@@ -148,7 +148,7 @@ def test_int8_and_float16_conversions_shrink_weights_4x_and_2x():
     264k-weight model converted by quantize's own `convert` (the pipeline's tiny test
     models are mostly flatbuffer overhead, so their ratios say little)."""
     from tfmlops.compress.source import tf_keras_module
-    from tfmlops.compress.tflite import convert
+    from tfmlops.stages.quantize.tflite import convert
 
     keras = tf_keras_module()
     keras.utils.set_random_seed(0)

@@ -6,7 +6,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tfmlops.compress import frontier
 from tfmlops.config import (
     HP_NAMES,
     SEARCHED_PARAMS,
@@ -19,7 +18,8 @@ from tfmlops.config import (
 )
 from tfmlops.config.messages import field_info
 from tfmlops.config.sections.quantize import QAT_VARIANT, TFLITE_VARIANTS
-from tfmlops.model import search_space
+from tfmlops.stages.quantize import frontier
+from tfmlops.stages.tune import search_space
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -408,7 +408,7 @@ def test_prepare_raises_its_soft_open_files_limit_to_what_the_shards_need():
     """Soft limit 128, hard 4096: 300 shards need 964 files; the process raises its own
     soft limit (what `ulimit -n` would do), and 300 shards pass the check."""
     code = ("import resource; from tfmlops.config import config_from_dict; "
-            "from tfmlops.config.machine import allow_open_files; "
+            "from tfmlops.stages.prepare.machine import allow_open_files; "
             "config_from_dict({'data': {'shards': 300}}); allow_open_files(300); "
             "print(resource.getrlimit(resource.RLIMIT_NOFILE))")
     proc = _with_open_files(128, 4096, code)

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 from PIL import Image
 
-from tfmlops.data.drift import js_distance
 from tfmlops.data.features import image_features, phash
-from tfmlops.data.leakage import chunks, find_leakage
-from tfmlops.data.profile import EDGES
+from tfmlops.stages.prepare.data_profile import EDGES
+from tfmlops.stages.prepare.drift import js_distance
+from tfmlops.stages.prepare.leakage import chunks, find_leakage
 
 
 def test_phash_keeps_a_resized_recompressed_copy_close_and_unrelated_images_far():
@@ -102,7 +102,7 @@ def summary(classes, tiny_share=0.0, side=32, formats=None, brightness=None, sto
 def test_each_anomaly_is_raised_by_its_change_and_not_by_a_change_of_settings():
     from types import SimpleNamespace
 
-    from tfmlops.data.drift import anomalies
+    from tfmlops.stages.prepare.drift import anomalies
 
     contract = SimpleNamespace(max_class_share_change=0.05, max_feature_distance=0.15,
                                tiny=SimpleNamespace(max_share_change=0.02))

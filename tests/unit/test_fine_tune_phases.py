@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tfmlops.config import config_from_dict
-from tfmlops.training.fit import Phase, phases
+from tfmlops.model.fitting import Phase, phases
 
 
 def cfg_of(backbone="mobilenet_v3_small", weights="imagenet", epochs=10, **fine_tune):

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from tfmlops.config import GateConfig, replace
 from tfmlops.evaluation import paired_interval, summarize
-from tfmlops.gate import VersionMetrics, evaluate_gate, outcome
-from tfmlops.serving.skew import compare
+from tfmlops.stages.export.skew import compare
+from tfmlops.stages.promote.gate import VersionMetrics, evaluate_gate, outcome
 
 GATE = GateConfig(min_accuracy=0.9, max_regression=0.01, max_size_bytes=1000,
                   max_latency_ms=5.0, require_parity=True)

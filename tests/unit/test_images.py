@@ -10,11 +10,11 @@ import pytest
 from PIL import Image
 
 from images import mixed_folder
-from tfmlops.data.builtin import write_digits
-from tfmlops.data.images import assign_splits, check_empty_classes, list_files, split_bounds
 from tfmlops.data.store import ImageCache
-from tfmlops.data.stream import prepare_stream, store_spec
 from tfmlops.errors import DataError
+from tfmlops.stages.materialize.builtin import write_digits
+from tfmlops.stages.prepare.images import assign_splits, check_empty_classes, list_files, split_bounds
+from tfmlops.stages.prepare.stream import prepare_stream, store_spec
 
 
 def prepared(make_cfg, root: Path, channels: int = 1):

@@ -1,4 +1,4 @@
-"""The suspected-label-error ranking (training/label_issues.py): pure numpy, no model."""
+"""The suspected-label-error ranking (stages/train/label_issues.py): pure numpy, no model."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from tfmlops.artifacts import LABEL_ISSUES_CSV, LABEL_ISSUES_PNG, MANIFEST
-from tfmlops.training import label_issues as li
+from tfmlops.stages.train import label_issues as li
 
 # probabilities on a coarse grid: ties are common, as with saturated softmax outputs
 p_values = st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.9, 1.0]), max_size=60)

@@ -68,22 +68,22 @@ def test_the_prepare_cache_compaction_keeps_a_neighbour(tmp_path):
 
 def test_the_train_backup_is_emptied_of_trains_files_only(tmp_path):
     from tfmlops.errors import DataError
-    from tfmlops.training import fit as callbacks
+    from tfmlops.stages.train import backup as train_backup
 
     foreign = tmp_path / "someone"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("mine")
     with pytest.raises(DataError, match="holds files train did not write"):
-        callbacks.clear(foreign)
+        train_backup.clear(foreign)
     assert (foreign / "thesis.tex").read_text() == "mine"
 
     backup = tmp_path / "backup"
-    callbacks.adopt_backup(backup, {"params": "x"})  # a fresh backup: marked as train's
+    train_backup.adopt_backup(backup, {"params": "x"})  # a fresh backup: marked as train's
     for name in ("latest.weights.h5", "training_metadata.json.bkp", "history.json"):
         (backup / name).write_text("state")
     (backup / "chief").mkdir()
     others = neighbours(backup, "train-backup", "notes")
-    callbacks.clear(backup)
+    train_backup.clear(backup)
     assert survived(others)
     assert sorted(p.name for p in backup.iterdir()) == ["not-ours", "notes"]
 
@@ -225,15 +225,16 @@ def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weigh
     import json
 
     from tfmlops.errors import DataError
-    from tfmlops.training import fit as callbacks
+    from tfmlops.model import fitting
+    from tfmlops.stages.train import backup as train_backup
 
     backup = tmp_path_factory.mktemp("backup")
     written = {}
-    for name, value in ((callbacks.BACKUP_WEIGHTS, _WEIGHTS[weights]),
-                        (callbacks.BEST_WEIGHTS, _WEIGHTS[best]),
-                        (callbacks.BACKUP_META, _META[meta]),
-                        (callbacks.FINGERPRINT_FILE, _FINGERPRINT[fingerprint]),
-                        (callbacks.HISTORY_FILE, _HISTORY[history])):
+    for name, value in ((train_backup.BACKUP_WEIGHTS, _WEIGHTS[weights]),
+                        (fitting.BEST_WEIGHTS, _WEIGHTS[best]),
+                        (train_backup.BACKUP_META, _META[meta]),
+                        (train_backup.FINGERPRINT_FILE, _FINGERPRINT[fingerprint]),
+                        (fitting.HISTORY_FILE, _HISTORY[history])):
         if value is not None:
             written[name] = value if isinstance(value, bytes) else (
                 value if isinstance(value, str) else json.dumps(value)).encode()
@@ -248,17 +249,17 @@ def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weigh
              and fingerprint == "same")
     if not whole and fingerprint == "missing" and written:
         with pytest.raises(DataError, match="holds files train did not write"):
-            callbacks.adopt_backup(backup, {"params": "x"})
+            train_backup.adopt_backup(backup, {"params": "x"})
         assert {p.name: p.read_bytes() for p in backup.iterdir()} == written  # nothing removed
         return
-    assert callbacks.adopt_backup(backup, {"params": "x"}) == whole
+    assert train_backup.adopt_backup(backup, {"params": "x"}) == whole
     after = {p.name: p.read_bytes() for p in backup.iterdir()}
     if whole:
-        assert after == ({**written, callbacks.BEST_WEIGHTS: _WEIGHTS["whole"]} if mended
+        assert after == ({**written, fitting.BEST_WEIGHTS: _WEIGHTS["whole"]} if mended
                          else written)
     else:
         kept = {"notes.txt": b"the user's"} if notes else {}
-        assert after == {**kept, callbacks.FINGERPRINT_FILE: (json.dumps(
+        assert after == {**kept, train_backup.FINGERPRINT_FILE: (json.dumps(
             {"params": "x"}, indent=2, sort_keys=True) + "\n").encode()}
 
 
@@ -271,20 +272,21 @@ def test_a_best_file_torn_as_the_next_epoch_was_saved_is_mended_not_discarded(
     the torn file: discarded (the dvc repro kill test hit the first case 3 times in 3)."""
     import json
 
-    from tfmlops.training import fit as callbacks
+    from tfmlops.model import fitting
+    from tfmlops.stages.train import backup as train_backup
 
     latest = _WEIGHTS["whole"]
-    (tmp_path / callbacks.BACKUP_WEIGHTS).write_bytes(latest)
-    (tmp_path / callbacks.BEST_WEIGHTS).write_bytes(_WEIGHTS["torn"])
-    (tmp_path / callbacks.BACKUP_META).write_text('{"epoch": 1, "batch": 0}')
-    (tmp_path / callbacks.FINGERPRINT_FILE).write_text(json.dumps({"params": "x"}))
+    (tmp_path / train_backup.BACKUP_WEIGHTS).write_bytes(latest)
+    (tmp_path / fitting.BEST_WEIGHTS).write_bytes(_WEIGHTS["torn"])
+    (tmp_path / train_backup.BACKUP_META).write_text('{"epoch": 1, "batch": 0}')
+    (tmp_path / train_backup.FINGERPRINT_FILE).write_text(json.dumps({"params": "x"}))
     rows = [{"epoch": 1, "val_loss": 0.9}, {"epoch": 2, "val_loss": 0.7 if improved else 1.1}]
-    (tmp_path / callbacks.HISTORY_FILE).write_text(json.dumps(rows))
+    (tmp_path / fitting.HISTORY_FILE).write_text(json.dumps(rows))
     caplog.set_level("WARNING", logger="tfmlops")
-    assert callbacks.adopt_backup(tmp_path, {"params": "x"}) == improved
+    assert train_backup.adopt_backup(tmp_path, {"params": "x"}) == improved
     (warning,) = [r.getMessage() for r in caplog.records]
     if improved:
-        assert (tmp_path / callbacks.BEST_WEIGHTS).read_bytes() == latest
+        assert (tmp_path / fitting.BEST_WEIGHTS).read_bytes() == latest
         assert "holds epoch 1's weights until the resumed run saves epoch 2 again" in warning
     else:
-        assert not (tmp_path / callbacks.BEST_WEIGHTS).exists() and "discarded" in warning
+        assert not (tmp_path / fitting.BEST_WEIGHTS).exists() and "discarded" in warning

@@ -7,7 +7,8 @@ import pytest
 
 from tfmlops.config import Config, config_from_dict, replace
 from tfmlops.errors import ConfigError
-from tfmlops.model import hparams, search_space
+from tfmlops.model import hparams
+from tfmlops.stages.tune import search_space
 
 
 def space_of(**space):
@@ -105,7 +106,7 @@ def test_architectures_that_cannot_be_built_fail_up_front(space, image_size, key
 
 def oracle_for(cfg: Config, folder) -> object:
     """tune's oracle for `cfg`, its space declared, its state kept in `folder`."""
-    from tfmlops.tuning.oracles import make_oracle
+    from tfmlops.stages.tune.oracles import make_oracle
 
     oracle = make_oracle(cfg)
     oracle._set_project_dir(str(folder.parent), folder.name)
@@ -139,7 +140,7 @@ def test_same_seed_same_trials(tmp_path, tuner):
 
 
 def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
-    from tfmlops.tuning.search import search_key
+    from tfmlops.stages.tune.search import search_key
 
     cfg = Config()
 
@@ -163,7 +164,7 @@ def test_a_changed_dataset_starts_a_fresh_search(tmp_path):
     """README: a changed dataset starts a fresh search. The key follows the bytes of
     prepare's manifest (which lists every image's sha256), not the folder's name."""
     from tfmlops.artifacts import MANIFEST
-    from tfmlops.tuning.search import search_key
+    from tfmlops.stages.tune.search import search_key
 
     cfg = Config()
     cfg = replace(cfg, paths=replace(cfg.paths, prepared=str(tmp_path)))

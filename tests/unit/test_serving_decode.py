@@ -132,7 +132,7 @@ def test_a_decompression_bomb_header_is_a_one_line_request_error(side):
 
 def test_the_served_model_carries_the_stored_size(tmp_path):
     from tfmlops.data.pipeline import Prepared
-    from tfmlops.serving.formats import write_serving_config
+    from tfmlops.stages.export.formats import write_serving_config
 
     prepared = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3,
                         MEAN, STD, stored_size=48)
@@ -157,7 +157,7 @@ def test_the_savedmodels_in_graph_decoding_reduces_as_prepare_does(stored_size, 
     within one grey level of PIL's (exact without a stored size)."""
     import tensorflow as tf
 
-    from tfmlops.serving.signatures import decode_like_prepare
+    from tfmlops.stages.export.signatures import decode_like_prepare
 
     decode = tf.function(lambda b: decode_like_prepare(b, channels, stored_size))
     for data in (jpeg(photo(640, 480, seed=5)), jpeg(photo(210, 500, seed=6)),
@@ -219,7 +219,7 @@ def test_a_big_request_image_is_never_converted_to_float_whole():
 
 def test_export_writes_the_request_caps_into_serving_json(tmp_path):
     from tfmlops.data.pipeline import Prepared
-    from tfmlops.serving.formats import write_serving_config
+    from tfmlops.stages.export.formats import write_serving_config
 
     prepared = Prepared(tmp_path, ["a", "b"], {"train": 1, "val": 1, "test": 1}, 32, 3,
                         MEAN, STD)
@@ -476,7 +476,7 @@ def test_the_savedmodels_bytes_signature_refuses_headers_beyond_the_cap(tmp_path
     import keras
     import tensorflow as tf
 
-    from tfmlops.serving.signatures import export_saved_model
+    from tfmlops.stages.export.signatures import export_saved_model
 
     inputs = keras.Input((8, 8, 3))
     model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(
@@ -518,7 +518,7 @@ def test_the_savedmodel_refuses_gif_and_formats_it_cannot_bound(tmp_path):
     import tensorflow as tf
 
     from tfmlops.data.decode import ImageRejected
-    from tfmlops.serving.signatures import export_saved_model
+    from tfmlops.stages.export.signatures import export_saved_model
 
     inputs = keras.Input((8, 8, 1))
     model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tfmlops.serving.skew import EXIF_ORIENTATION, _orientation, sample_sources
+from tfmlops.stages.export.skew import EXIF_ORIENTATION, _orientation, sample_sources
 
 
 def _folder(root: Path, images: int, rotated_every: int) -> dict:

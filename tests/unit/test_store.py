@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from images import exif_rotated_jpeg, photo
-from tfmlops.data.hash_memo import HashMemo, stat_key, trust_cutoff
 from tfmlops.data.store import (
     ImageCache,
     Stored,
@@ -21,6 +20,7 @@ from tfmlops.data.store import (
 )
 from tfmlops.data.tfrecords import ShardedWriter, encode_example
 from tfmlops.progress import Progress
+from tfmlops.stages.prepare.hash_memo import HashMemo, stat_key, trust_cutoff
 
 SPEC = StoreSpec(channels=3, short_side=16, encoding="auto", jpeg_quality=90, image_size=16)
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from conftest import child_env, mlflow_client, stage_runs
 from tfmlops import tracking
 from tfmlops.artifacts import MODEL_FILE
-from tfmlops.tuning.report import draw_plots
+from tfmlops.stages.tune.report import draw_plots
 
 pytestmark = pytest.mark.timeout(300)
 

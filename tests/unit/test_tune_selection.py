@@ -7,9 +7,9 @@ import math
 import pytest
 
 from tfmlops.config import config_from_dict
-from tfmlops.model import search_space
-from tfmlops.tuning.final_round import FinalEntry, finalists, pick_winner
-from tfmlops.tuning.search import TrialRecord
+from tfmlops.stages.tune import search_space
+from tfmlops.stages.tune.final_round import FinalEntry, finalists, pick_winner
+from tfmlops.stages.tune.search import TrialRecord
 
 CFG = config_from_dict({"tune": {"space": {"batch_size": [32, 64]}}})
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tfmlops.data.images import list_files, list_keys, name_refusal, staged_path
-from tfmlops.data.stream import quarantine
 from tfmlops.errors import DataError
+from tfmlops.stages.prepare.images import list_files, list_keys, name_refusal, staged_path
+from tfmlops.stages.prepare.stream import quarantine
 
 URL = "s3://bucket/photos"
 ABS = "@ABS@"  # replaced by an absolute path outside the stage's folder, per example

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tfmlops.artifacts import MANIFEST, read_manifest, require
 from tfmlops.config import Config
-from tfmlops.model.artifacts import MODEL_FILE, trained_model_path
+from tfmlops.model.trained import MODEL_FILE, trained_model_path
 
 
 def pruned_path(cfg: Config) -> Path:
@@ -35,7 +35,7 @@ def tf_keras_module():
 
 def load_trained(cfg: Config, tcfg: Config, prepared):
     """(the Keras 3 model as trained, its tf_keras twin with the same weights)."""
-    from tfmlops.model.artifacts import load_keras3, rebuild
+    from tfmlops.model.trained import load_keras3, rebuild
 
     original = load_keras3(trained_model_path(cfg))
     twin = rebuild(original, tcfg, tf_keras_module(), prepared.input_shape, prepared.num_classes)

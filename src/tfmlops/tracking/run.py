@@ -440,7 +440,7 @@ def attach_run(cfg: Config, stage: str, tags: dict[str, str], wait_s: float = 0.
 
 def stage_runs(cfg: Config, stage: str, params: dict[str, str] | None = None) -> list[dict]:
     """Every run of `stage` (with these `params`), oldest first: id, status, start time, tags.
-    Every alias move is a `promote` run whose tags hold its decision (`stages/promote.py`),
+    Every alias move is a `promote` run whose tags hold its decision (`stages/promote/__init__.py`),
     so the registry's history is a query of those runs; `mlflow.user` says who ran it."""
     uri = tracking_uri(cfg)
     ensure_reachable(uri, cfg.tracking.connect_timeout_s)

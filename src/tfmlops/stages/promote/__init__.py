@@ -1,0 +1,141 @@
+"""Stage `promote`: @production moves through the gate or a person's recorded decision.
+
+Plain `dvc repro` (DVC runs promote on every repro) gates the version export registered
+(`registered.json`) against @production, when the policy allows it (committed work on a
+promotion branch, no person's decision standing in the way: policy.py). The
+gate (`promote.gate`, stages/promote/gate.py) evaluates both versions on the same current test split:
+passed moves @production (the old one becomes @previous, or with `promote.approval:
+required` it waits for `tfmlops approve`); inconclusive and refused leave production
+where it is. A person's commands: `--version N` (gate a chosen version), `--version N
+--force`, `--rollback`, `tfmlops approve|reject N --reason ...`, `--adopt`/`--release`
+(after an alias moved outside tfmlops). A `dvc exp run` is tentative: @exp-<name> only.
+
+Every decision goes to the promotion ledger (the registry's record, ledger.py),
+`reports/promote.json`, a `promote` MLflow run and the version's tags; the evaluation to
+`reports/promote_evaluation.json` and `reports/promote/`. Tracking off: nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from tfmlops import harness
+from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version, report_path, run_dir
+from tfmlops.config import Config
+from tfmlops.errors import DataError
+from tfmlops.files import read_json, write_json
+from tfmlops.stages import StageSpec
+from tfmlops.stages.promote import decided
+from tfmlops.stages.promote.decide import Request, user, verdict
+from tfmlops.stages.promote.workspace import Checkout
+
+log = logging.getLogger(__name__)
+
+SPEC = StageSpec(
+    name="promote",
+    help="gated promotion to @production in the MLflow model registry",
+    output=None,
+    upstream=("export",),
+    params=("promote", "tracking.enabled"),
+    reports=("promote.json",),
+    run_in_reports=True,
+)
+
+
+def run(cfg: Config, request: Request | None = None, **asked) -> dict:
+    """`asked`: rollback=True, version=N, force=True, ... as the CLI's flags (Request.of)."""
+    from tfmlops import tracking
+    from tfmlops.project import repo_root
+
+    request = request or Request.of(**asked)
+    if not cfg.tracking.enabled:
+        return skipped(cfg, "tracking is off (tracking.enabled: false): no registry, nothing "
+                       "to promote")
+    candidate, registered = (request.version, None) if request.action != "auto" else exported(cfg)
+    if request.action == "auto" and candidate is None:
+        return skipped(cfg, f"nothing registered: {registered} names no version (export ran "
+                       "with tracking off)")
+    reference = cfg.data.contract.reference  # an input, when it is the repository's file
+    checkout = Checkout.read(repo_root(), () if Path(reference).is_absolute() else (reference,))
+    uri = tracking.tracking_uri(cfg)
+    data = data_version(cfg.paths.prepared)
+    inputs = decided.inputs(cfg, uri, registered, checkout, data) if registered else None
+    if remembered := decided.recall(cfg, inputs):  # DVC removed promote.json: written again
+        return summary_of(cfg, write_decision(cfg, remembered))
+    from tfmlops.registry import Registry
+    from tfmlops.stages.promote.decide import act, precheck
+
+    registry = Registry(cfg)
+    early = precheck(cfg, registry, request, candidate, checkout, data, registered)
+    if early is not None:
+        decided.remember(cfg, decided.verified(registry, inputs, write_decision(cfg, early)), early)
+        return summary_of(cfg, early)
+    out_dir = run_dir(cfg, SPEC.name)  # mlflow_run.json; paths.export is export's output
+    params = {"promote": cfg.to_dict()["promote"], "action": request.action,
+              "version": request.version, "why": request.why}
+    with harness.stage(cfg, SPEC, params=params) as st:
+        run = st.run  # in this process: registry calls stay synchronous
+        from tfmlops.stages.promote.moves import Actor
+        from tfmlops.stages.promote.record import record_evaluation
+
+        actor = Actor(user(), checkout.head, checkout.branch, run.run_id)
+        with registry.promotion_lock() as still_held:
+            decision = act(cfg, registry, request, candidate, actor, still_held, checkout=checkout,
+                           data=data, out_dir=out_dir, registered=registered)
+        if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
+            decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
+        decision.update(model=registry.name, run_id=run.run_id, who=actor.who)
+        run.log_dict(decision, "decision.json")
+        run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
+                      ("action", "outcome", "candidate", "production_before", "production_after")}
+                     | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})
+        run.log_metrics({"promoted": int(decision["production_after"] != decision["production_before"]),
+                         **{f"gate.{c['name']}": c["value"] for c in decision["checks"]
+                            if isinstance(c["value"], (int, float))}})
+        write_decision(cfg, decision, report=st.report)
+    if request.action == "auto":  # after the run ended: its last write to the store
+        decided.remember(cfg, decided.verified(registry, inputs, decision), decision)
+    return summary_of(cfg, decision)
+
+
+def exported(cfg: Config) -> tuple[str | None, Path]:
+    """(the version `export` registered, its registered.json)."""
+    from tfmlops.artifacts import require
+
+    path = require(Path(cfg.paths.export) / REGISTERED, "export", hint=" (or pass --version N)")
+    registered = json.loads(path.read_text())
+    if registered.get("version") and registered.get("name") != cfg.promote.registered_model:
+        raise DataError(f"{path} registered '{registered.get('name')}', params name "
+                        f"'{cfg.promote.registered_model}' (promote.registered_model); run "
+                        "`dvc repro export` again")
+    return (str(registered["version"]) if registered.get("version") else None), path
+
+
+def write_decision(cfg: Config, decision: dict, report=None) -> dict:
+    """promote.json (through the stage's report when there is a run), the one log line."""
+    decision.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    decision["promoted"] = decision["production_after"] != decision["production_before"]
+    path = report_path(cfg.paths.reports, SPEC.name)
+    if report is not None:
+        report(decision, log_metrics=False)
+    elif {**read_json(path, {}), "time": None} != {**decision, "time": None}:
+        write_json(path, decision)  # outside DVC (which removes it first): only when it differs
+    log.info("promote: %s", decision["summary"])
+    return decision
+
+
+def skipped(cfg: Config, why: str) -> dict:
+    return summary_of(cfg, write_decision(cfg, verdict("skipped", None, None, why)))
+
+
+def summary_of(cfg: Config, decision: dict) -> dict:
+    """The command's JSON result; a refusal (also one already decided) fails the pipeline
+    with promote.fail_pipeline."""
+    if decision["outcome"] == "refused" and cfg.promote.fail_pipeline:
+        raise DataError(f"{decision['summary']} (promote.fail_pipeline is true)")
+    return {"outcome": decision["outcome"], "promoted": decision.get("promoted", False),
+            "candidate": decision["candidate"], "production": decision["production_after"],
+            **({"already_decided": True} if decision.get("already_decided") else {})}

@@ -1,0 +1,37 @@
+"""`tfmlops history`: the promotion ledger, oldest first: when, who, which decision, from
+which @production version to which, the version decided about, the commit and why."""
+
+from __future__ import annotations
+
+from tfmlops.stages.promote import ledger as L
+
+HISTORY_COLUMNS = ("time", "user", "decision", "from", "to", "version", "commit", "why")
+
+
+def history(registry) -> list[dict]:
+    """Every ledger entry of the registered model, oldest first (pending and aborted ones
+    say so in their decision)."""
+    rows = []
+    for e in L.Ledger(registry).entries:
+        decision = e.kind.replace(" ", "_") + ("" if e.state == L.CONFIRMED else f" ({e.state})")
+        rows.append({"seq": e.seq, "time": e.time, "user": e.who, "decision": decision,
+                     "from": _version(e.before), "to": _version(e.after),
+                     "version": _version(e.version), "commit": (e.commit or "-")[:10],
+                     "why": e.why, "run_id": e.run_id, "state": e.state,
+                     "moved": e.kind in L.MOVES and e.state == L.CONFIRMED})
+    return rows
+
+
+def history_table(rows: list[dict]) -> str:
+    """The rows as aligned text columns, one decision per line."""
+    if not rows:
+        return "no promotion decisions recorded for this model yet"
+    table = [HISTORY_COLUMNS, *[[str(r[c]) for c in HISTORY_COLUMNS] for r in rows]]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HISTORY_COLUMNS) - 1)]
+    padded = [[*(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)), line[-1]]
+              for line in table]
+    return "\n".join("  ".join(cells) for cells in padded)
+
+
+def _version(value: str | None) -> str:
+    return "-" if value in (None, "", "None", "none") else str(value)

@@ -1,0 +1,61 @@
+"""A stage's shape is declared once, in its SPEC (stages/<name>/__init__.py): dvc.yaml,
+MLproject and `tfmlops --help` must agree with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from tfmlops.stages import PIPELINE, spec, specs
+
+
+def dvc_stages() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def declared_files(entries) -> set[str]:
+    """The file names of a dvc.yaml outs/metrics/plots list (entries are str or {path: opts})."""
+    paths = [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
+    return {p.rsplit("/", 1)[-1] for p in paths}
+
+
+def test_the_pipeline_is_dvc_yamls_stages_in_order():
+    assert tuple(dvc_stages()) == PIPELINE
+    assert [s.name for s in specs()] == list(PIPELINE)
+
+
+@pytest.mark.parametrize("name", PIPELINE)
+def test_dvc_yaml_runs_the_stage_as_its_spec_declares(name):
+    stage, s = dvc_stages()[name], spec(name)
+    assert stage["cmd"] == f"tfmlops {name}"
+    outs = [e if isinstance(e, str) else next(iter(e)) for e in stage.get("outs", [])]
+    if s.output is not None:
+        assert f"${{paths.{s.output}}}" in outs
+    assert [p if isinstance(p, str) else next(iter(p)) for p in stage.get("params", [])] == \
+        list(s.params)
+    declared = declared_files(stage.get("metrics")) | declared_files(stage.get("plots"))
+    assert set(s.reports) <= declared, set(s.reports) - declared
+    code = [d for d in stage.get("deps", []) if isinstance(d, str) and d.startswith("src/")]
+    assert f"src/tfmlops/stages/{name}" in code  # its own code, the folder whole
+
+
+@pytest.mark.parametrize("name", PIPELINE)
+def test_mlproject_has_the_stages_entry_point(name):
+    entry = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"][name]
+    assert entry["command"] == f"tfmlops --params {{params}} {name}"
+
+
+def test_tfmlops_help_lists_every_stage_with_its_specs_help():
+    shown = subprocess.run([sys.executable, "-m", "tfmlops", "--help"], capture_output=True,
+                           text=True, check=True, env={**os.environ, "COLUMNS": "400"}).stdout
+    for s in specs():
+        assert f"{s.name}  " in shown and s.help in " ".join(shown.split()), s.name
+
+
+def test_the_keras_flavour_of_a_stage_is_its_specs():
+    assert {s.name for s in specs() if s.keras == "tf_keras"} == {"prune", "quantize"}
