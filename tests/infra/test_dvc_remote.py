@@ -2,10 +2,9 @@
 
 The run-cache travels too: a clone without dvc.lock restores a stage from the
 pulled run-cache ("cached - skipping run") instead of running it. DVC 3.67
-restores that way only stages whose outputs are all cached: `dvc push` does
-not upload the `cache: false` metrics files (reports/*.json) that a run-cache
-entry of prepare also needs, so prepare would rerun there (dvc.lock in git is
-what spares it). Scoped to materialize -> prepare: later stages train models.
+restores that way only stages whose outputs are all cached, and `dvc push` uploads
+only cached outputs: every output of the pipeline is cached (the reports and the
+persisted tuner and backup folders too), so a teammate's clone misses none of them.
 """
 
 import shutil
@@ -60,13 +59,6 @@ def test_push_clone_pull_and_nothing_reruns(tmp_path):
     assert not (clone / "mlflow.db").exists()  # no stage ran in the clone
 
 
-# A known defect this test found (issue 48, item 4; the fix belongs with issue 51's
-# reports-out-of-git item): `cache: false` outputs (every reports/<stage>.json, the
-# persisted paths.tuner and paths.backup) are not pushed, so a teammate's clone misses them
-# and `dvc repro` reruns tune and every stage after it. Strict: once fixed, this fails
-# until the marker goes.
-@pytest.mark.xfail(strict=True, reason="cache: false outputs are not in the remote: a clone "
-                   "reruns tune onwards")
 def test_a_teammates_clone_pulls_the_whole_pipeline_and_reruns_only_promote(pipeline_repo,
                                                                              tmp_path):
     """The README's team flow on the whole pipeline: `dvc push --run-cache` after a run,
