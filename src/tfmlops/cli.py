@@ -109,8 +109,8 @@ def entry() -> None:
 
     A command that left TensorFlow unloaded has its objects frozen out of the garbage
     collector first: the interpreter's exit would walk every one of them (numpy,
-    PIL, the manifest's rows), 0.09-0.17 s of CPU after `prepare` on a 2-core AVX2
-    machine, 0.02 s frozen. atexit handlers and finalizers still run; only cycles left
+    PIL, the manifest's rows), several times longer than frozen (BENCHMARKS.md, figures behind the code).
+    atexit handlers and finalizers still run; only cycles left
     at exit are not collected, which the interpreter does not promise to do anyway.
     TensorFlow's objects (summary writers, datasets) may flush as they are collected:
     after a TensorFlow stage the interpreter exits as usual.

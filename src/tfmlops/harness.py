@@ -37,6 +37,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -72,11 +73,15 @@ class Stage:
     run_in_out: bool = True  # the run's `mlflow_run.json` goes into `out` (no `run_dir`)
     # more fields for `mlflow_run.json`, set before the run opens (prepare's data version)
     run_facts: dict = field(default_factory=dict)
+    # the run's params, set before the run opens (train's, once TensorFlow is imported)
+    params: dict | None = None
+    scratch: bool = False  # a non-chief worker's: `out` is a scratch folder, removed at the end
     metrics: dict | None = None  # reports/<stage>.json, written once the run has ended
     swapped: bool = False
     _open: Callable[[], Any] | None = None  # opens the run, on the first use of `run`
     _run: Any = None
     _profiles: list[Path] = field(default_factory=list)
+    _kept: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def run(self) -> Any:
@@ -102,6 +107,11 @@ class Stage:
             self.run.log_metrics(metrics)
         return metrics
 
+    def keep(self, files: list[tuple[Path, str]]) -> None:
+        """Files the stage made, each with its artifact folder: logged to the run at the
+        end of a successful block."""
+        self._kept.extend(files)
+
     def profile_dir(self) -> Path:
         """A fresh profile folder for this run, logged as `profile` if it holds anything."""
         from tfmlops import profiling
@@ -120,7 +130,9 @@ class Stage:
                 self._profiles.append(folder)
             yield folder
 
-    def _log_profiles(self) -> None:
+    def _log_kept(self) -> None:
+        for path, folder in self._kept:
+            self.run.log_artifact(path, folder)
         if not self.cfg.profiling.enabled:
             return
         for folder in self._profiles:
@@ -130,55 +142,70 @@ class Stage:
 
 
 @contextlib.contextmanager
-def stage(cfg, spec, *, params: dict | None = None, output: str | Path | None = None,
-          staged: bool = True) -> Iterator[Stage]:
+def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
     """The block a stage runs in (module docstring), shaped by its `spec` (a
     stages.StageSpec): its output folder, the upstream stages its lineage names, whether
-    it is tracked, by a sidecar, and may detach. `output` replaces the SPEC's folder and
-    `staged=False` writes into it directly (a non-chief worker's scratch output). A
-    SPEC with `run_in_reports` keeps `mlflow_run.json` in reports/<name>/
-    (artifacts.run_dir) instead of the output folder. `detach`: run as a `tfmlops`
-    command with `tracking.wait: false`, the stage hands its finished run to the sidecar
-    and returns without waiting for the store."""
+    it is tracked, by a sidecar, and may detach. A SPEC with `run_in_reports` keeps
+    `mlflow_run.json` in reports/<name>/ (artifacts.run_dir) instead of the output
+    folder. `detach`: run as a `tfmlops` command with `tracking.wait: false`, the stage
+    hands its finished run to the sidecar and returns without waiting for the store. A
+    SPEC with `worker_scratch`, off the chief of a distributed run, writes a scratch
+    folder (`Stage.scratch`), removed at the end, instead of its output."""
     name, upstream, tracked, sidecar = spec.name, spec.upstream, spec.tracked, spec.sidecar
     runs_at = run_dir(cfg, name) if spec.run_in_reports else None  # else: in the output
-    detach = spec.detach
-    if output is None:
-        output = spec.output_dir(cfg)
-    final = Path(output) if output is not None else None
-    hold = Path(runs_at) / DELIVERY_LOCK if _detaches(cfg, detach and sidecar and tracked,
-                                                    runs_at) else None
-    with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar, hold), \
-            _output_lock(cfg, name, final if staged else None):
-        out = staging_dir(final) if final is not None and staged else final
-        runs = contextlib.ExitStack()  # the run, once opened: it ends as the block does
+    output = spec.output_dir(cfg)
+    scratch = spec.worker_scratch and output is not None and not _chief()
+    with _scratch_folder(name) if scratch else contextlib.nullcontext(output) as output:
+        final = Path(output) if output is not None else None
+        hold = Path(runs_at) / DELIVERY_LOCK if _detaches(cfg, spec.detach and sidecar and tracked,
+                                                        runs_at) else None
+        with terminated_on_sigterm(), _tracking_ready(cfg, tracked, sidecar, hold), \
+                _output_lock(cfg, name, None if scratch else final):
+            out = final if scratch or final is None else staging_dir(final)
+            runs = contextlib.ExitStack()  # the run, once opened: it ends as the block does
 
-        def open_run():
-            run = runs.enter_context(_run(cfg, name, runs_at or out, upstream, params, tracked,
-                                          sidecar, current.run_facts, hold))
-            faults.stage_point(name, "running")
-            return run
+            def open_run():
+                run = runs.enter_context(_run(cfg, name, runs_at or out, upstream,
+                                              current.params, tracked, sidecar,
+                                              current.run_facts, hold))
+                faults.stage_point(name, "running")
+                return run
 
-        current = Stage(cfg, name, out, final, run_in_out=runs_at is None, swapped=not staged,
-                        _open=open_run)
-        try:
-            yield current
-            if out is not None and not current.swapped:
-                current.swap()
-            current.run.wait_open()  # one that never used its run gets it all the same
-            current._log_profiles()
-            runs.close()
-        except BaseException as exc:
-            try:  # the run ends FAILED or KILLED first, as today, then the rest is cleaned
-                runs.__exit__(type(exc), exc, exc.__traceback__)
-            finally:
-                if out is not None and staged and not current.swapped:
-                    shutil.rmtree(out, ignore_errors=True)  # the old output stays as it was
-                _stop_children()
-            raise
-        if current.metrics is not None:  # the run has ended; still under the lock
-            write_json(report_path(cfg.paths.reports, name), current.metrics)
-        faults.stage_point(name, "reported")
+            current = Stage(cfg, name, out, final, run_in_out=runs_at is None, swapped=scratch,
+                            params=params, scratch=scratch, _open=open_run)
+            try:
+                yield current
+                if out is not None and not current.swapped:
+                    current.swap()
+                current.run.wait_open()  # one that never used its run gets it all the same
+                current._log_kept()
+                runs.close()
+            except BaseException as exc:
+                try:  # the run ends FAILED or KILLED first, as today, then the rest is cleaned
+                    runs.__exit__(type(exc), exc, exc.__traceback__)
+                finally:
+                    if out is not None and not scratch and not current.swapped:
+                        shutil.rmtree(out, ignore_errors=True)  # the old output stays as it was
+                    _stop_children()
+                raise
+            if current.metrics is not None:  # the run has ended; still under the lock
+                write_json(report_path(cfg.paths.reports, name), current.metrics)
+            faults.stage_point(name, "reported")
+
+
+def _chief() -> bool:
+    from tfmlops.tracking import is_chief
+
+    return is_chief()
+
+
+@contextlib.contextmanager
+def _scratch_folder(name: str) -> Iterator[Path]:
+    """A non-chief worker's output folder (its checkpoints, history, traces): removed at
+    the end, whatever happens."""
+    with tempfile.TemporaryDirectory(prefix=f"tfmlops-{name}-worker-",
+                                     ignore_cleanup_errors=True) as folder:
+        yield Path(folder)
 
 
 def _detaches(cfg, may: bool, run_dir) -> bool:

@@ -109,7 +109,8 @@ def children_stderr_to(path: str | os.PathLike):
 class _QuietImport:
     """Imports the top-level `tensorflow` package with the native stderr silenced; an
     import error still raises (and prints) once stderr is back. A meta path finder by
-    its `find_spec` alone: importlib.abc's base class costs 20-45 ms of every start-up."""
+    its `find_spec` alone: importlib.abc's base class slows every start-up
+    (BENCHMARKS.md, figures behind the code)."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":

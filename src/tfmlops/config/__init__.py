@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
-# libyaml's safe loader where PyYAML was built with it: params.yaml in 3 ms, not 28 ms
-# (every command reads it first).
+# libyaml's safe loader where PyYAML was built with it: about 9x faster on params.yaml,
+# which every command reads first (BENCHMARKS.md, figures behind the code).
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

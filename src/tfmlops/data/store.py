@@ -36,9 +36,9 @@ log = logging.getLogger(__name__)
 
 # Bump when the stored bytes of an unchanged file and spec would differ (decoder change).
 STORE_VERSION = 5
-# PNG's compress level: 1 instead of 6 encodes a stored PNG photo in 1.3 ms instead of
-# 4.9 ms for 15% more bytes (100 of the benchmark's PNG photos at 96 px, Pillow's
-# encoder); the stored size is far below the source's either way.
+# PNG's compress level: 1 instead of 6 encodes a stored PNG photo several times faster
+# for a few more bytes (BENCHMARKS.md, figures behind the code); the stored size is far
+# below the source's either way.
 PNG_COMPRESS_LEVEL = 1
 
 
@@ -187,7 +187,7 @@ def setup_worker(cached: np.ndarray, parent: int | None = None) -> None:
     """A pool worker's start: die with `parent` (a killed prepare leaves no worker
     behind), the cached hashes' prefixes, and one thread for OpenCV and BLAS (the pool
     is the parallelism: a thread per core in every one of its processes ran small
-    kernels up to 14x slower)."""
+    kernels many times slower: BENCHMARKS.md, figures behind the code)."""
     import ctypes
     import signal
     import sys
@@ -276,7 +276,7 @@ class ImageCache:
         self.root = Path(root)
         self.folder = self.root / spec.fingerprint()
         # sha256 -> (segment number in self._segments, header offset, refusal reason): a
-        # few small values per image, not the parsed header (1.6 KB per image).
+        # few small values per image, not the parsed header (far larger).
         self.index: dict[str, tuple[int, int, str | None]] = {}
         self._segments: list[Path] = []
         self._readers: dict[Path, object] = {}

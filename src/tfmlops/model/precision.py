@@ -5,9 +5,9 @@ from a timing, so the same commit trains the same numerics on the same machine:
 - `mixed_float16` on CUDA GPUs of compute capability 7.0 or newer (tensor cores);
 - `mixed_bfloat16` on a CPU with AMX-BF16 tiles (`/proc/cpuinfo` flag `amx_bf16`)
   for an architecture of dense convolutions only (the plain blocks without separable
-  ones, or ResNet50): the tiles run those 2.7-3.7x faster in bf16, while depthwise
-  convolutions and the casts around them are slower in bf16 (MobileNetV3Small,
-  EfficientNetB0), and AVX512-BF16 alone gave the digits CNN 1.14x (see BENCHMARKS.md);
+  ones, or ResNet50): the tiles run those faster in bf16, while depthwise convolutions
+  and the casts around them are slower in bf16 (MobileNetV3Small, EfficientNetB0), and
+  AVX512-BF16 alone gained the digits CNN little (BENCHMARKS.md, figures behind the code);
 - `float32` everywhere else.
 `train.precision: timed` (opt-in) times float32 against mixed_bfloat16 on a few training
 steps of the actual model on a CPU with bf16 units (`avx512_bf16` or `amx_bf16`) and keeps

@@ -4,7 +4,7 @@ No TensorFlow and no MLflow here. A request is a table of rows, each with either
 - `image`: base64 PNG/JPEG (GIF/BMP) bytes, any size, grayscale or colour, or
 - `pixels`: one preprocessed (normalized) float image, flattened row-major from
   [height][width][channels] (a flat array: MLflow validates it in one vector
-  operation, a nested one element by element, ~40x slower).
+  operation, a nested one element by element, far slower).
 Every row is checked before any inference, so a bad row refuses the whole
 request with one clear line (`RequestError`) and nothing else is affected.
 What a request may cost is capped by `export.serving` (rows, header pixels

@@ -35,6 +35,9 @@ class StageSpec:
     # output is the data alone, byte for byte; promote has no output folder).
     run_in_reports: bool = False
     detach: bool = False  # as a command with tracking.wait false, hands its run over
+    # Off the chief of a distributed run (TF_CONFIG), writes a scratch folder, not its
+    # output (train: every worker fits, only the chief keeps what it made).
+    worker_scratch: bool = False
 
     def output_dir(self, cfg):
         return None if self.output is None else getattr(cfg.paths, self.output)

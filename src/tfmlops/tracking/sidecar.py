@@ -1,10 +1,10 @@
 """A stage's MLflow run kept in a separate process, so tracking costs the stage little.
 
-Importing MLflow costs 3.6-3.9 s of CPU, the SQLite store's import 1.3 s more, logging
-a model 1.4-2.3 s (BENCHMARKS.md, row 5): in a thread of the training process that is
-work under the GIL, and an 8-epoch `train` got 15.7% slower. TensorFlow leaves about a
-quarter of 2 cores idle while it trains and one while it imports: a second process does
-the work there, and the training process never imports MLflow.
+Importing MLflow, its SQLite store and logging a model cost seconds of CPU
+(BENCHMARKS.md, figures behind the code): in a thread of the training process that is
+work under the GIL, and `train` got measurably slower. TensorFlow leaves part of 2 cores
+idle while it trains and one while it imports: a second process does the work there, and
+the training process never imports MLflow.
 
 - `SidecarRun` (the stage's side): the `StageRun` interface, calls sent over a pipe that
   return at once; nested runs (`SidecarChild`, tune's trials) are opened by the sidecar.

@@ -68,7 +68,7 @@ def is_chief() -> bool:
 def ensure_reachable(uri: str, timeout_s: float) -> None:
     """Fail within seconds, before any expensive work, if the store is away."""
     if uri.startswith(("http://", "https://")):
-        import urllib.error  # here: urllib.request costs 30-70 ms, a SQLite store needs none
+        import urllib.error  # here: urllib.request's import is slow, a SQLite store needs none
         import urllib.request
 
         try:

@@ -47,7 +47,7 @@ from tfmlops.stages.prepare.machine import cores, fit_to_machine, most_workers
 
 log = logging.getLogger(__name__)
 # With data.workers 0 (auto), a pool starts only for work worth its start-up (about a
-# second): small images (digits: 1,797 files, 221 KB) decode faster in this process.
+# second): small images (the digits) decode faster in this process.
 POOL_MIN_BYTES = 8 * 2**20
 POOL_MIN_JOBS = 8  # per worker
 HASH_MEMO = "hashes.sqlite"  # in paths.prepare_cache, beside the spec folders
@@ -369,7 +369,8 @@ def decode_pool(workers: int, cached):
     """A process pool of `workers` (1: decode in this process), each worker given the
     cached hashes' prefixes once. spawn, not fork: the parent may hold threads (MLflow,
     TensorFlow in tests). The workers' entry points live in data.store, which imports
-    neither the config (0.7 s of CPU per spawned worker) nor this module."""
+    neither the config (costly in every spawned worker: BENCHMARKS.md, figures behind
+    the code) nor this module."""
     if workers <= 1:
         yield Decoder(1, None, cached)
         return

@@ -34,6 +34,7 @@ from tfmlops import profiling, tracking
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.model.fitting import (
+    BEST_WEIGHTS,
     Folders,
     Phase,
     best_val_loss,
@@ -143,12 +144,27 @@ class Fitted:
     seconds: float
 
 
-def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, where: Folders,
-        resumed: Resume, run) -> Fitted:
+@dataclass(frozen=True)
+class Training:
+    """What every step of one train run reads, passed whole: the merged params (paths and
+    profiling included), the prepared data, the strategy's setup, this worker's folders,
+    what a killed run left, and the stage's MLflow run."""
+
+    merged: Config
+    prepared: Any
+    setup: Setup
+    folders: Folders
+    resumed: Resume
+    run: Any
+
+
+def fit(t: Training, policy: str) -> Fitted:
     """Build (in the strategy's scope), then fit in phases under `policy`."""
     from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
 
+    merged, prepared, run_setup, where, resumed, run = (t.merged, t.prepared, t.setup,
+                                                        t.folders, t.resumed, t.run)
     keras = run_setup.keras
     train_ds, _, steps_per_epoch = data = datasets(merged, prepared, run_setup.global_batch)
     plan = phases(merged)
@@ -179,7 +195,7 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         def callbacks(phase: Phase) -> list:
             recorder.phase = phase.number if len(plan) > 1 else None
             return training_callbacks(
-                keras, merged.train, where, profiling.keras_profile_batch(cfg, steps_per_epoch),
+                keras, merged.train, where, profiling.keras_profile_batch(merged, steps_per_epoch),
                 recorder, resumed.best_so_far if run_setup.across_workers
                 else best_val_loss(recorder.rows))
 
@@ -190,7 +206,7 @@ def fit(cfg: Config, merged: Config, prepared, run_setup: Setup, policy: str, wh
         return Fitted(model, recorder.rows, time.perf_counter() - started)
 
 
-def final_model(fitted: Fitted, merged: Config, prepared, run_setup: Setup, best: Path):
+def final_model(t: Training, fitted: Fitted):
     """The Keras 3 model to save, with the weights of the epoch with the lowest val_loss.
 
     Across workers the tf_keras weights pass through a tf_keras model outside the
@@ -198,6 +214,8 @@ def final_model(fitted: Fitted, merged: Config, prepared, run_setup: Setup, best
     variable; the Keras 3 twin's optimizer is fresh (later stages never resume training).
     Reading the weights all-reduces (BatchNorm statistics): every worker calls this.
     """
+    merged, prepared, run_setup = t.merged, t.prepared, t.setup
+    best = t.folders.backup / BEST_WEIGHTS
     if not run_setup.across_workers:
         if best.is_file():
             fitted.model.load_weights(best)

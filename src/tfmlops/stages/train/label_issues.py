@@ -143,16 +143,14 @@ def contact_sheet(suspects: list[Suspect], classes: list[str], path: Path) -> No
     write_png(path, fig, dpi=100)
 
 
-def write(worst: Worst, classes: list[str], prepared_folder: Path, reports: Path, run) -> Path:
+def write(worst: Worst, classes: list[str], prepared_folder: Path, reports: Path) -> list[Path]:
     """reports/label_issues.csv and reports/label_issues.png (only a header and a note
-    when `train.label_issues` is 0), both logged to `run` under reports/."""
+    when `train.label_issues` is 0); returns both."""
     suspects = worst.suspects()
     csv = write_csv(Path(reports) / LABEL_ISSUES_CSV, rows(suspects, classes, prepared_folder),
                     COLUMNS)
     sheet = Path(reports) / LABEL_ISSUES_PNG
     contact_sheet(suspects, classes, sheet)
-    run.log_artifact(csv, "reports")
-    run.log_artifact(sheet, "reports")
     log.info(f"train: {len(suspects)} suspected label errors in val and test (lowest "
              f"p(given label) first) -> {csv}")
-    return csv
+    return [csv, sheet]

@@ -20,7 +20,7 @@ from tfmlops.model.fitting import HISTORY_COLUMNS, log_precision, metrics_of, si
 from tfmlops.model.trained import MODEL_FILE, write_resolved
 from tfmlops.stages.train import label_issues
 from tfmlops.stages.train.backup import Resume, clear
-from tfmlops.stages.train.fit import Setup
+from tfmlops.stages.train.fit import Setup, Training
 
 OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
            "classification_report.json", "confusion_matrix.png", "training_curves.png")
@@ -89,32 +89,32 @@ def evaluate_test(model, merged: Config, prepared, global_batch: int):
     return test, y_test, predicted, worst
 
 
-def finish(cfg: Config, final: Path, evaluation, fitted, resumed: Resume, run_setup: Setup,
-           prepared, run, profile: Path, model_logging, started: float) -> dict:
+def finish(t: Training, final: Path, evaluation, fitted, model_logging,
+           started: float) -> tuple[dict, list[tuple[Path, str]]]:
     """With the outputs swapped in (nothing after this can lose the model): the report,
-    history, plots and metrics, the backup emptied, all logged; returns the metrics."""
+    history, plots and metrics, the backup emptied. Returns the metrics and the files it
+    made, each with its artifact folder, for the harness to log (`Stage.keep`)."""
+    merged, prepared, reports = t.merged, t.prepared, Path(t.merged.paths.reports)
     test, y_test, predicted, worst = evaluation
     report = classification_report(y_test, predicted, prepared.classes)
     write_json(final / "classification_report.json", report)
-    metrics = summary(fitted.rows, test, report, resumed.done, run_setup,
+    metrics = summary(fitted.rows, test, report, t.resumed.done, t.setup,
                       fit_seconds=fitted.seconds, wall_seconds=time.perf_counter() - started,
-                      profile=profiling.trace_summary(profile))
-    history = write_csv(Path(cfg.paths.reports) / "train_history.csv", fitted.rows,
-                        HISTORY_COLUMNS)
-    clear(cfg.paths.backup)
+                      profile=profiling.trace_summary(t.folders.profile))
+    history = write_csv(reports / "train_history.csv", fitted.rows, HISTORY_COLUMNS)
+    clear(merged.paths.backup)
     plot(final, fitted.rows, report, prepared.classes)
     # `images_per_s` is also the per-epoch series: the summary gets its own name.
-    run.log_metrics({("steady_images_per_s" if k == "images_per_s" else k): v
-                     for k, v in metrics.items()})
-    for name in OUTPUTS:
-        run.log_artifact(final / name, "train")
-    run.log_artifact(history, "reports")
-    label_issues.write(worst, prepared.classes, prepared.folder, Path(cfg.paths.reports), run)
-    run.log_dict(metrics, "reports/train.json")  # the harness writes the file at the end
+    t.run.log_metrics({("steady_images_per_s" if k == "images_per_s" else k): v
+                       for k, v in metrics.items()})
+    files = [(final / name, "train") for name in OUTPUTS] + [(history, "reports")]
+    files += [(f, "reports") for f in label_issues.write(worst, prepared.classes,
+                                                         prepared.folder, reports)]
+    t.run.log_dict(metrics, "reports/train.json")  # the harness writes the file at the end
     # The model logged in a thread since `save`: a failure other than the store being
     # away (then its file is queued) fails the stage here.
     model_logging.wait(final / MODEL_FILE)
-    return metrics
+    return metrics, files
 
 
 def classification_report(y_true, y_pred, classes: list[str]) -> dict:
