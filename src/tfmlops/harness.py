@@ -142,6 +142,23 @@ class Stage:
 
 
 @contextlib.contextmanager
+def attached(cfg, spec, tags: dict[str, str], wait_s: float) -> Iterator[Stage]:
+    """The block of a worker in another process's stage run (tune's distributed search):
+    its work is recorded under that open run (found by `tags` within `wait_s`), which it
+    never ends; it writes no output, holds no lock and writes no report. SIGTERM and a
+    failure end it as they end a stage: children stopped, the error raised."""
+    from tfmlops import tracking
+
+    with terminated_on_sigterm():
+        run = tracking.attach_run(cfg, spec.name, tags, wait_s=wait_s)
+        try:
+            yield Stage(cfg, spec.name, None, None, swapped=True, _open=lambda: run)
+        except BaseException:
+            _stop_children()
+            raise
+
+
+@contextlib.contextmanager
 def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
     """The block a stage runs in (module docstring), shaped by its `spec` (a
     stages.StageSpec): its output folder, the upstream stages its lineage names, whether
@@ -328,6 +345,11 @@ class NullRun:
     active = False
 
     def __getattr__(self, name):
+        from tfmlops.tracking import StageRun
+
+        # StageRun's methods only: a misspelled one fails here as it would on a real run
+        if name.startswith("_") or not callable(getattr(StageRun, name, None)):
+            raise AttributeError(f"a stage's run has no method {name!r} (tracking.StageRun)")
         return lambda *args, **kwargs: None
 
 

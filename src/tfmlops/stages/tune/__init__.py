@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tfmlops import harness, tracking
+from tfmlops import harness
 from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, data_version, report_path
 from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
@@ -100,10 +100,10 @@ def run(cfg: Config) -> dict[str, Any]:
 def _run_worker(cfg: Config) -> dict[str, Any]:
     """A distributed worker: run the chief's trials, nested under the chief's run."""
     key = search_key(cfg)
-    parent = tracking.attach_run(cfg, SPEC.name, {TAG_TUNE_SEARCH: key}, wait_s=WORKER_WAIT_S)
-    from tfmlops.stages.tune import tuner  # keras-tuner, Keras, TensorFlow
+    with harness.attached(cfg, SPEC, {TAG_TUNE_SEARCH: key}, WORKER_WAIT_S) as st:
+        from tfmlops.stages.tune import tuner  # keras-tuner, Keras, TensorFlow
 
-    return tuner.work(cfg, parent, key)
+        return tuner.work(cfg, st.run, key)
 
 
 def _write_untuned(cfg: Config) -> dict[str, Any]:
