@@ -164,5 +164,8 @@ def test_stored_split_evaluation_does_not_grow_with_the_split(splits):
                        "whole": _peak(lambda s=split: s.arrays())}
     print(peaks)
     assert peaks["4x"]["whole"] > 3 * peaks["1x"]["whole"]
-    # per-image outputs (labels, 10 probabilities) grow; the images must not
-    assert peaks["4x"]["evaluate"] < peaks["1x"]["evaluate"] + four.counts["test"] * 100
+    # per-image outputs (labels, 10 probabilities: about 100 bytes an image) grow; the
+    # images must not: evaluating grows by a small part of what holding the split grows by
+    # (a fixed 100 bytes an image was met by 88-120 bytes of outputs, and flaked in CI)
+    evaluate_growth = peaks["4x"]["evaluate"] - peaks["1x"]["evaluate"]
+    assert evaluate_growth < (peaks["4x"]["whole"] - peaks["1x"]["whole"]) / 4
