@@ -8,8 +8,6 @@ tests read it and never write into it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -23,6 +21,7 @@ import pytest
 import yaml
 
 from tfmlops.artifacts import EDGE, MODEL_FILE
+from tfmlops.files import hold_lock
 
 # The user's environment must not steer the tests (nor the subprocesses they start): a
 # cluster (TF_CONFIG), a distributed search (KERASTUNER_*), another Keras backend, hidden
@@ -166,13 +165,6 @@ def make_cfg(tmp_path):
 
 # ------------------------------------ session fixtures: built once for all the workers
 
-@contextlib.contextmanager
-def _held(lock: Path):
-    with open(lock, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the holder exits, however it exits
-        yield
-
-
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """The folder `name`, built by `build(folder)` once for the whole session, whatever
     the number of xdist workers (pytest-xdist's own recipe: the workers' temp folders
@@ -183,7 +175,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent
     folder, done, failed = shared / name, shared / f"{name}.built", shared / f"{name}.failed"
-    with _held(shared / f"{name}.lock"):
+    with hold_lock(shared / f"{name}.lock", f"tests: waiting for another worker to build {name}"):
         if failed.exists():
             pytest.fail(f"the session fixture {name} failed to build: {failed.read_text()}")
         if not done.exists():
@@ -325,13 +317,14 @@ def pipeline_repo(tmp_path_factory):
     ))
 
 
-def repro_once(tmp_path_factory, name: str, params: dict, prepare=None):
-    """(scratch repo, its first `dvc repro`), built once for the session (`built_once`);
-    `prepare(repo)` runs before the repro."""
+def repro_once(tmp_path_factory, name: str, params, prepare=None):
+    """(scratch repo, its first `dvc repro`), built once for the session (`built_once`) in
+    `<folder>/repo`. `params(folder)` (or a dict) is its params.yaml; `prepare(folder, repo)`
+    runs before the repro."""
     def build(root: Path) -> None:
-        repo = scratch_repo(root / "repo", params)
+        repo = scratch_repo(root / "repo", params(root) if callable(params) else params)
         if prepare is not None:
-            prepare(repo)
+            prepare(root, repo)
         first = dvc("repro", cwd=repo, timeout=2400)
         (root / "first_repro.json").write_text(json.dumps(
             {"args": first.args, "stdout": first.stdout, "stderr": first.stderr}))
@@ -348,10 +341,9 @@ def rgb_photo_repo(tmp_path_factory):
     (tests/rgb_photos.py), shared by the photo, backbone and skew tests. Read-only."""
     import rgb_photos
 
-    root = built_once(tmp_path_factory, "rgb_photos", rgb_photos.build)
-    first = json.loads((root / "first_repro.json").read_text())
-    return root / "repo", root / "photos", subprocess.CompletedProcess(
-        first["args"], 0, first["stdout"], first["stderr"])
+    repo, first = repro_once(tmp_path_factory, "rgb_photos",
+                             lambda root: rgb_photos.params(root / "photos"), rgb_photos.prepare)
+    return repo, repo.parent / "photos", first
 
 
 def repo_copy(repo: Path, dest: Path) -> Path:

@@ -44,19 +44,12 @@ def params(photos: Path) -> dict:
     )
 
 
-def build(root: Path) -> None:
-    """Photos in `root/photos`, the scratch repo in `root/repo`, its first `dvc repro`."""
-    import json
-
-    from conftest import dvc, scratch_repo
+def prepare(root: Path, repo: Path) -> None:
+    """Before the repro: the photos in `root/photos`, the pretend-pretrained weights."""
     from images import phone_photo_folder
 
     phone_photo_folder(root / "photos", images=120, classes=CLASSES)
-    repo = scratch_repo(root / "repo", params(root / "photos"))
     save_pretend_pretrained(repo / WEIGHTS)
-    first = dvc("repro", cwd=repo, timeout=2400)
-    (root / "first_repro.json").write_text(json.dumps(
-        {"args": first.args, "stdout": first.stdout, "stderr": first.stderr}))
 
 
 def save_pretend_pretrained(path: Path) -> None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import logging
 import os
 import sys
 
-from tfmlops import logs, stages
+from tfmlops import logs, stage_spec
 from tfmlops.harness import run_command
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                       const=logs.VERBOSE,
                       help="debug messages, and TensorFlow's own logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for spec in stages.specs():  # each stage's package is light: no TensorFlow
+    for spec in stage_spec.specs():  # each stage's package is light: no TensorFlow
         name, text = spec.name, spec.help
         p = sub.add_parser(name, help=text, description=text)
         if name == "promote":
@@ -97,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.verbosity)  # before any stage imports TensorFlow
-    if args.command in stages.PIPELINE and stages.spec(args.command).keras == "tf_keras":
+    if args.command in stage_spec.PIPELINE and stage_spec.spec(args.command).keras == "tf_keras":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
     # A stage ends as on Ctrl-C on SIGTERM; `serve` keeps the default (its server stops).
     return run_command(args.command, lambda: _command(args),
@@ -134,30 +133,19 @@ def _command(args: argparse.Namespace):
     if args.command == "check":
         log.info("%s: ok", args.params)
         return None
+    # The CLI reaches a stage only by its name (stage_spec.package), never by importing it.
     if args.command == "history":
-        from tfmlops.registry import Registry
-        from tfmlops.stages.promote.history import history, history_table
-
-        rows = history(Registry(cfg))
-        if args.json:
-            return rows
-        sys.stdout.write(history_table(rows) + "\n")  # the command's output, not a log line
-        return None
+        return stage_spec.package("promote").show_history(cfg, as_json=args.json)
     if args.command == "accept-reference":
-        from pathlib import Path
-
-        from tfmlops.artifacts import DATA_PROFILE
-        from tfmlops.stages.prepare.drift import accept_reference
-
-        return accept_reference(Path(cfg.paths.reports) / DATA_PROFILE, cfg.data.contract.reference)
+        return stage_spec.package("prepare").accept(cfg)
     if args.command == "sync":
         from tfmlops.tracking import sync
 
         return sync(cfg)
     if args.command in ("approve", "reject"):
-        promote = importlib.import_module("tfmlops.stages.promote")
+        promote = stage_spec.package("promote")
         return promote.run(cfg, **{args.command: args.version, "reason": args.reason})
-    module = importlib.import_module(f"tfmlops.stages.{args.command}")
+    module = stage_spec.package(args.command)
     if args.command == "promote":
         return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force,
                           adopt=args.adopt, release=args.release, reason=args.reason)

@@ -161,7 +161,7 @@ def attached(cfg, spec, tags: dict[str, str], wait_s: float) -> Iterator[Stage]:
 @contextlib.contextmanager
 def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
     """The block a stage runs in (module docstring), shaped by its `spec` (a
-    stages.StageSpec): its output folder, the upstream stages its lineage names, whether
+    stage_spec.StageSpec): its output folder, the upstream stages its lineage names, whether
     it is tracked, by a sidecar, and may detach. A SPEC with `run_in_reports` keeps
     `mlflow_run.json` in reports/<name>/ (artifacts.run_dir) instead of the output
     folder. `detach`: run as a `tfmlops` command with `tracking.wait: false`, the stage

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import VENV_BIN, child_env, free_port, mlflow_client
 from tfmlops.artifacts import BEST_HPARAMS, TAG_STAGE, TAG_TUNE_SEARCH
+from tfmlops.stages.tune.search import search_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -46,7 +47,6 @@ def tune_runs(cfg) -> list:
 def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_workdir,
                                                                          tmp_path):
     from tfmlops.model import hparams
-    from tfmlops.stages import tune
 
     cfg = digits_workdir(tune={"tuner": "random", "max_trials": TRIALS, "max_epochs": 1,
                                "budget_minutes": 30.0, "space": SPACE})
@@ -85,7 +85,7 @@ def test_a_chief_and_two_workers_split_the_trials_under_one_parent_run(digits_wo
     runs = tune_runs(cfg)
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.data.tags[TAG_STAGE] == "tune"
-    assert parent.data.tags[TAG_TUNE_SEARCH] == tune.search_key(cfg)
+    assert parent.data.tags[TAG_TUNE_SEARCH] == search_key(cfg)
     assert parent.info.status == "FINISHED"
     nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(nested) == len(runs) - 1  # nothing outside the parent

@@ -28,8 +28,7 @@ DVC_YAML = """stages:
       - promote
       - tracking.enabled
     metrics:
-      - reports/promote.json:
-          cache: false
+      - reports/promote.json            # cached, as in the project's dvc.yaml
 """
 
 

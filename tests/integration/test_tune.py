@@ -24,6 +24,7 @@ from tfmlops.errors import DataError
 from tfmlops.files import MARKER
 from tfmlops.model import hparams
 from tfmlops.stages.tune import search_space
+from tfmlops.stages.tune.search import search_key
 
 # Tiny but real: 1-2 small blocks, few trials, one epoch each.
 TINY_SPACE = {
@@ -93,7 +94,7 @@ def test_tiny_search_records_every_trial_and_writes_the_best(digits_workdir):
     assert [m.step for m in client.get_metric_history(children[0].info.run_id, "val_loss")] == [0]
     assert parent.data.metrics["best_score"] == metrics["best_score"]
     assert parent.data.metrics["trials"] == 3
-    assert parent.data.tags[TAG_TUNE_SEARCH] == tune.search_key(cfg)
+    assert parent.data.tags[TAG_TUNE_SEARCH] == search_key(cfg)
     artifacts = {a.path for folder in ("plots", "tune", "profile")
                  for a in client.list_artifacts(parent.info.run_id, folder)}
     assert {"plots/tune_score_per_trial.png", "plots/tune_score_vs_learning_rate.png",
@@ -233,7 +234,7 @@ def test_no_final_round_when_train_does_not_use_the_tuned_settings(digits_workdi
     assert not (Path(cfg.paths.tuned) / FINAL_ROUND).exists()
     # a speed-only setting does not make it a different search
     faster = replace(cfg, pipeline=replace(cfg.pipeline, autotune=True))
-    assert tune.search_key(faster) == tune.search_key(cfg)
+    assert search_key(faster) == search_key(cfg)
 
 
 def test_best_hparams_merge_into_a_buildable_train_config(make_cfg):
@@ -326,7 +327,7 @@ def test_a_search_whose_saved_state_is_torn_starts_afresh_with_one_line(digits_w
     a kill or a power cut failed every later `tune` in Oracle.reload (JSONDecodeError).
     The damaged search is discarded with one warning line and runs afresh (issue 47, L5)."""
     from tfmlops.stages import tune
-    from tfmlops.stages.tune.search import adopt_search, search_key, torn_json
+    from tfmlops.stages.tune.search import adopt_search, torn_json
 
     cfg = digits_workdir(**tune_params(max_trials=1), tracking={"enabled": False})
     assert tune.run(cfg)["trials_run"] == 1

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from tfmlops.stages import PIPELINE, spec, specs
+from tfmlops.stage_spec import PIPELINE, spec, specs
 
 
 def dvc_stages() -> dict:
@@ -59,3 +59,15 @@ def test_tfmlops_help_lists_every_stage_with_its_specs_help():
 
 def test_the_keras_flavour_of_a_stage_is_its_specs():
     assert {s.name for s in specs() if s.keras == "tf_keras"} == {"prune", "quantize"}
+
+
+def test_reading_every_spec_loads_no_stage_work():
+    """`tfmlops --help` and every command read all SPECs: a stage package's top level
+    holds its SPEC and `run`, and imports its work inside `run` (no numpy, no config,
+    no YAML, TensorFlow least of all)."""
+    probe = ("import sys; from tfmlops.stage_spec import specs; specs(); "
+             "print(sorted(m for m in sys.modules if m in "
+             "('numpy', 'tensorflow', 'keras', 'mlflow', 'yaml', 'tfmlops.config')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "[]", loaded

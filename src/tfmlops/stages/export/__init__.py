@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfmlops import harness
 from tfmlops.artifacts import (
@@ -32,11 +33,11 @@ from tfmlops.artifacts import (
     TAG_SERVED_RUNTIME,
     data_version,
 )
-from tfmlops.config import Config
 from tfmlops.files import write_csv, write_json, write_text
-from tfmlops.stages import StageSpec
-from tfmlops.stages.export import registration as reg
-from tfmlops.stages.export.skew import skew_metrics
+from tfmlops.stage_spec import StageSpec
+
+if TYPE_CHECKING:
+    from tfmlops.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ COLUMNS = ["format", "file", "bytes", "accuracy", "p50_ms", "p95_ms", "max_abs_d
 def run(cfg: Config) -> dict:
     from tfmlops.data.pipeline import load_prepared
     from tfmlops.model.trained import trained_config, trained_model_path
+    from tfmlops.stages.export import registration as reg
+    from tfmlops.stages.export.skew import skew_metrics
 
     prepared = load_prepared(cfg)
     tcfg = trained_config(cfg)  # fails clearly when train has not run

@@ -7,11 +7,13 @@ The built-in data goes through exactly the path a user's own images take:
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from tfmlops import harness
-from tfmlops.config import Config
-from tfmlops.stages import StageSpec
-from tfmlops.stages.materialize.builtin import write_builtin
+from tfmlops.stage_spec import StageSpec
+
+if TYPE_CHECKING:
+    from tfmlops.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,8 @@ SPEC = StageSpec(
 
 def run(cfg: Config) -> dict[str, int]:
     # Staged and swapped in whole: a kill leaves the old folder or the new, never half.
+    from tfmlops.stages.materialize.builtin import write_builtin
+
     with harness.stage(cfg, SPEC) as st:
         counts = write_builtin(cfg, st.out)
     log.info("materialize: %d %s images in %d classes -> %s", counts["images"], cfg.data.builtin,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfmlops import faults, harness
 from tfmlops.artifacts import (
@@ -43,14 +44,11 @@ from tfmlops.artifacts import (
     TAG_DATA_VERSION,
     data_version,
 )
-from tfmlops.config import Config
 from tfmlops.files import write_json
-from tfmlops.stages import StageSpec
-from tfmlops.stages.prepare.beam import is_url, list_url, prepare_beam
-from tfmlops.stages.prepare.contract import check_contract, log_profile
-from tfmlops.stages.prepare.images import SPLITS, list_files
-from tfmlops.stages.prepare.manifest import build_manifest, check_tally, prepare_metrics, prepare_params
-from tfmlops.stages.prepare.stream import prepare_stream
+from tfmlops.stage_spec import StageSpec
+
+if TYPE_CHECKING:
+    from tfmlops.config import Config
 
 SPEC = StageSpec(
     name="prepare",
@@ -66,6 +64,12 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict[str, float]:
+    from tfmlops.stages.prepare.beam import is_url, list_url, prepare_beam
+    from tfmlops.stages.prepare.contract import check_contract, log_profile
+    from tfmlops.stages.prepare.images import SPLITS, list_files
+    from tfmlops.stages.prepare.manifest import build_manifest, check_tally, prepare_metrics, prepare_params
+    from tfmlops.stages.prepare.stream import prepare_stream
+
     url = is_url(cfg.data.image_dir)  # gs://, s3://: read through Beam's filesystems
     image_dir = cfg.data.image_dir.rstrip("/") if url else Path(cfg.data.image_dir)
     with harness.stage(cfg, SPEC, params=prepare_params(cfg)) as st:
@@ -110,3 +114,11 @@ def run(cfg: Config) -> dict[str, float]:
              f"classes -> " + ", ".join(f"{s} {counts[s]}" for s in SPLITS)
              + f"; {tally.decoded} decoded, {tally.cached} from the cache")
     return metrics
+
+
+def accept(cfg: Config) -> dict:
+    """`tfmlops accept-reference`: the last prepare's data profile becomes the reference."""
+    from tfmlops.artifacts import DATA_PROFILE
+    from tfmlops.stages.prepare.drift import accept_reference
+
+    return accept_reference(Path(cfg.paths.reports) / DATA_PROFILE, cfg.data.contract.reference)

@@ -2,13 +2,13 @@
 
 Plain `dvc repro` (DVC runs promote on every repro) gates the version export registered
 (`registered.json`) against @production, when the policy allows it (committed work on a
-promotion branch, no person's decision standing in the way: policy.py). The
-gate (`promote.gate`, stages/promote/gate.py) evaluates both versions on the same current test split:
-passed moves @production (the old one becomes @previous, or with `promote.approval:
-required` it waits for `tfmlops approve`); inconclusive and refused leave production
-where it is. A person's commands: `--version N` (gate a chosen version), `--version N
---force`, `--rollback`, `tfmlops approve|reject N --reason ...`, `--adopt`/`--release`
-(after an alias moved outside tfmlops). A `dvc exp run` is tentative: @exp-<name> only.
+promotion branch, no person's decision standing in the way: policy.py). The gate
+(`promote.gate`, stages/promote/gate.py) evaluates both versions on the same current test
+split: passed moves @production (the old one becomes @previous, or with `promote.approval:
+required` it waits for `tfmlops approve`); inconclusive and refused leave production where
+it is. A person's commands: `--version N` (gate a chosen version), `--version N --force`,
+`--rollback`, `tfmlops approve|reject N --reason ...`, `--adopt`/`--release` (after an alias
+moved outside tfmlops). A `dvc exp run` is tentative: @exp-<name> only.
 
 Every decision goes to the promotion ledger (the registry's record, ledger.py),
 `reports/promote.json`, a `promote` MLflow run and the version's tags; the evaluation to
@@ -21,16 +21,18 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfmlops import harness
 from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version, report_path, run_dir
-from tfmlops.config import Config
 from tfmlops.errors import DataError
 from tfmlops.files import read_json, write_json
-from tfmlops.stages import StageSpec
-from tfmlops.stages.promote import decided
-from tfmlops.stages.promote.decide import Request, user, verdict
-from tfmlops.stages.promote.workspace import Checkout
+from tfmlops.stage_spec import StageSpec
+from tfmlops.stages.promote.history import show_history  # noqa: F401  (`tfmlops history`)
+
+if TYPE_CHECKING:
+    from tfmlops.config import Config
+    from tfmlops.stages.promote.decide import Request
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ def run(cfg: Config, request: Request | None = None, **asked) -> dict:
     """`asked`: rollback=True, version=N, force=True, ... as the CLI's flags (Request.of)."""
     from tfmlops import tracking
     from tfmlops.project import repo_root
+    from tfmlops.stages.promote import decided
+    from tfmlops.stages.promote.decide import Request, user
+    from tfmlops.stages.promote.workspace import Checkout
 
     request = request or Request.of(**asked)
     if not cfg.tracking.enabled:
@@ -128,6 +133,8 @@ def write_decision(cfg: Config, decision: dict, report=None) -> dict:
 
 
 def skipped(cfg: Config, why: str) -> dict:
+    from tfmlops.stages.promote.decide import verdict
+
     return summary_of(cfg, write_decision(cfg, verdict("skipped", None, None, why)))
 
 

@@ -3,6 +3,8 @@ which @production version to which, the version decided about, the commit and wh
 
 from __future__ import annotations
 
+import sys
+
 from tfmlops.stages.promote import ledger as L
 
 HISTORY_COLUMNS = ("time", "user", "decision", "from", "to", "version", "commit", "why")
@@ -35,3 +37,15 @@ def history_table(rows: list[dict]) -> str:
 
 def _version(value: str | None) -> str:
     return "-" if value in (None, "", "None", "none") else str(value)
+
+
+def show_history(cfg, as_json: bool) -> list | None:
+    """The command: the rows (`--json`), else the table on stdout (its output, not a log
+    line)."""
+    from tfmlops.registry import Registry
+
+    rows = history(Registry(cfg))
+    if as_json:
+        return rows
+    sys.stdout.write(history_table(rows) + "\n")
+    return None

@@ -31,13 +31,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfmlops import harness
 from tfmlops.artifacts import PRECISION, data_version
-from tfmlops.config import Config
-from tfmlops.model import backbones, hparams
-from tfmlops.model.trained import MODEL_FILE
-from tfmlops.stages import StageSpec
+from tfmlops.stage_spec import StageSpec
+
+if TYPE_CHECKING:
+    from tfmlops.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ SPEC = StageSpec(
 
 
 def run(cfg: Config) -> dict:
+    from tfmlops.model import backbones, hparams
+
     started = time.perf_counter()
     tuned = None
     if cfg.train.use_tuned:
@@ -89,6 +92,7 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     import keras
 
     from tfmlops.model import fitting, precision
+    from tfmlops.model.trained import MODEL_FILE
     from tfmlops.stages.train import fit, results
 
     # Before the seed: timing the policies builds models (it draws random numbers). On one

@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from tfmlops import harness
 from tfmlops.artifacts import BEST_HPARAMS, FINAL_ROUND, TAG_TUNE_SEARCH, data_version, report_path
-from tfmlops.config import Config
 from tfmlops.files import write_csv, write_text
-from tfmlops.model import backbones, hparams
-from tfmlops.stages import StageSpec
-from tfmlops.stages.tune import final_round, report, search_space
-from tfmlops.stages.tune.search import distributed_role, search_key
+from tfmlops.stage_spec import StageSpec
+
+if TYPE_CHECKING:
+    from tfmlops.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +42,10 @@ WORKER_WAIT_S = 120.0  # how long a worker waits for the chief's parent run
 
 
 def run(cfg: Config) -> dict[str, Any]:
+    from tfmlops.model import backbones, hparams
+    from tfmlops.stages.tune import final_round, report, search_space
+    from tfmlops.stages.tune.search import distributed_role, search_key
+
     search_space.check_fits(cfg.tune.space, cfg.data.image_size)
     if not cfg.tune.enabled:
         return _write_untuned(cfg)
@@ -99,6 +100,8 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def _run_worker(cfg: Config) -> dict[str, Any]:
     """A distributed worker: run the chief's trials, nested under the chief's run."""
+    from tfmlops.stages.tune.search import search_key
+
     key = search_key(cfg)
     with harness.attached(cfg, SPEC, {TAG_TUNE_SEARCH: key}, WORKER_WAIT_S) as st:
         from tfmlops.stages.tune import tuner  # keras-tuner, Keras, TensorFlow
@@ -108,6 +111,11 @@ def _run_worker(cfg: Config) -> dict[str, Any]:
 
 def _write_untuned(cfg: Config) -> dict[str, Any]:
     """tune.enabled: false: the params' own settings, no search."""
+    import yaml
+
+    from tfmlops.model import hparams
+    from tfmlops.stages.tune import report
+
     with harness.stage(cfg, SPEC, params=_params(cfg)) as st:
         out, parent = st.out, st.run
         metrics = st.report({"trials": 0, "trials_run": 0, "search_seconds": 0.0, "enabled": 0})
@@ -127,6 +135,8 @@ def _write_untuned(cfg: Config) -> dict[str, Any]:
 
 
 def _params(cfg: Config) -> dict[str, Any]:
+    from tfmlops.model import hparams
+
     d = cfg.to_dict()
     return {"seed": cfg.seed, "model": d["model"], "tune": d["tune"],
             "train": {k: d["train"][k] for k in (*hparams.TUNABLE_TRAIN_KEYS, "loss")}}
