@@ -80,13 +80,13 @@ def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
 
 
 def run_dir(cfg, stage: str) -> Path:
-    """The folder of a stage's `mlflow_run.json`: its output folder, but `reports/<stage>/`
-    for prepare and promote. prepare's output is the data alone, byte for byte the same
-    from either engine and any rerun (a run id in it would make DVC rerun every later
-    stage); promote has no output folder."""
-    outputs = {"tune": cfg.paths.tuned, "train": cfg.paths.train, "prune": cfg.paths.pruned,
-               "quantize": cfg.paths.tflite, "export": cfg.paths.export}
-    return Path(outputs.get(stage) or Path(cfg.paths.reports) / stage)
+    """The folder of stage `stage`'s `mlflow_run.json`, as its SPEC declares it: its output
+    folder, but `reports/<stage>/` for prepare and promote. prepare's output is the data
+    alone, byte for byte the same from either engine and any rerun (a run id in it would
+    make DVC rerun every later stage); promote has no output folder."""
+    from tfmlops.stage_spec import spec
+
+    return spec(stage).run_dir(cfg)
 
 
 def data_version(prepared: str | Path) -> str:

@@ -16,7 +16,8 @@
    tracking/sidecar.py; `tracked=False`: a `NullRun`, for `materialize`;
 6. on success: the staging folder swapped in whole (unless the stage did it with
    `Stage.swap()` to log from the final folder or to register after it), the
-   profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`;
+   profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`
+   (a stage that did nothing, `Stage.skip`, opens no run and only writes its report);
    on failure or a signal: the run FAILED or KILLED, the staging folder removed, the
    old output left in place, child processes of a pool stopped. A `detach` stage run
    as a command (prepare, `tracking.wait: false`) writes its FINISHED run to the outbox
@@ -47,7 +48,7 @@ from typing import Any
 from tfmlops import faults
 from tfmlops.artifacts import DELIVERY_LOCK, report_path, run_dir
 from tfmlops.errors import UserError
-from tfmlops.files import hold_lock, staging_dir, swap_in, write_json
+from tfmlops.files import hold_lock, read_json, staging_dir, swap_in, write_json
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Stage:
     scratch: bool = False  # a non-chief worker's: `out` is a scratch folder, removed at the end
     metrics: dict | None = None  # reports/<stage>.json, written once the run has ended
     swapped: bool = False
+    skipped: bool = False  # did nothing (`skip`): no run, no output swapped in
     _open: Callable[[], Any] | None = None  # opens the run, on the first use of `run`
     _run: Any = None
     _profiles: list[Path] = field(default_factory=list)
@@ -105,6 +107,15 @@ class Stage:
         self.metrics = metrics
         if log_metrics:
             self.run.log_metrics(metrics)
+        return metrics
+
+    def skip(self, metrics: dict) -> dict:
+        """The stage did nothing (promote: no registry, or already decided): no run is
+        opened, the output stays as it was, and reports/<stage>.json is written at the end
+        only if it says something new (its `time` aside), so a no-op repro leaves it."""
+        if self._run is not None:
+            raise RuntimeError(f"{self.name}: skip after its run was opened")
+        self.metrics, self.skipped = metrics, True
         return metrics
 
     def keep(self, files: list[tuple[Path, str]]) -> None:
@@ -169,7 +180,7 @@ def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
     SPEC with `worker_scratch`, off the chief of a distributed run, writes a scratch
     folder (`Stage.scratch`), removed at the end, instead of its output."""
     name, upstream, tracked, sidecar = spec.name, spec.upstream, spec.tracked, spec.sidecar
-    runs_at = run_dir(cfg, name) if spec.run_in_reports else None  # else: in the output
+    runs_at = spec.run_dir(cfg) if spec.run_in_reports else None  # else: in the output
     output = spec.output_dir(cfg)
     scratch = spec.worker_scratch and output is not None and not _chief()
     with _scratch_folder(name) if scratch else contextlib.nullcontext(output) as output:
@@ -192,10 +203,14 @@ def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
                             params=params, scratch=scratch, _open=open_run)
             try:
                 yield current
-                if out is not None and not current.swapped:
-                    current.swap()
-                current.run.wait_open()  # one that never used its run gets it all the same
-                current._log_kept()
+                if current.skipped:
+                    if out is not None and not scratch:
+                        shutil.rmtree(out, ignore_errors=True)  # the output stays as it was
+                else:
+                    if out is not None and not current.swapped:
+                        current.swap()
+                    current.run.wait_open()  # one that never used its run gets it all the same
+                    current._log_kept()
                 runs.close()
             except BaseException as exc:
                 try:  # the run ends FAILED or KILLED first, as today, then the rest is cleaned
@@ -206,8 +221,15 @@ def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
                     _stop_children()
                 raise
             if current.metrics is not None:  # the run has ended; still under the lock
-                write_json(report_path(cfg.paths.reports, name), current.metrics)
+                _write_report(report_path(cfg.paths.reports, name), current.metrics,
+                              only_if_new=current.skipped)
             faults.stage_point(name, "reported")
+
+
+def _write_report(path: Path, metrics: dict, *, only_if_new: bool) -> None:
+    if only_if_new and {**read_json(path, {}), "time": None} == {**metrics, "time": None}:
+        return
+    write_json(path, metrics)
 
 
 def _chief() -> bool:

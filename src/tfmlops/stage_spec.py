@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 # The pipeline's stages in dvc.yaml's order.
 PIPELINE = ("materialize", "prepare", "tune", "train", "prune", "quantize", "export", "promote")
@@ -38,6 +39,12 @@ class StageSpec:
 
     def output_dir(self, cfg):
         return None if self.output is None else getattr(cfg.paths, self.output)
+
+    def run_dir(self, cfg) -> Path:
+        """The folder of its `mlflow_run.json`: its output, or reports/<name>/."""
+        if self.run_in_reports or self.output is None:
+            return Path(cfg.paths.reports) / self.name
+        return Path(self.output_dir(cfg))
 
 
 def package(name: str):

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfmlops import harness
-from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version, report_path, run_dir
+from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version
 from tfmlops.errors import DataError
-from tfmlops.files import read_json, write_json
 from tfmlops.stage_spec import StageSpec
 from tfmlops.stages.promote.history import show_history  # noqa: F401  (`tfmlops history`)
 
@@ -49,61 +48,73 @@ SPEC = StageSpec(
 
 def run(cfg: Config, request: Request | None = None, **asked) -> dict:
     """`asked`: rollback=True, version=N, force=True, ... as the CLI's flags (Request.of)."""
+    from tfmlops.stages.promote.decide import Request
+
+    request = request or Request.of(**asked)
+    params = {"promote": cfg.to_dict()["promote"], "action": request.action,
+              "version": request.version, "why": request.why}
+    with harness.stage(cfg, SPEC, params=params) as st:
+        decision, after = _decide(cfg, st, request)
+    if after is not None:  # after the run ended: its last write to the store
+        after()
+    return summary_of(cfg, decision)
+
+
+def _decide(cfg: Config, st: harness.Stage, request: Request):
+    """(the decision, what to do once its run has ended). One made without evaluating
+    anything (tracking off, nothing registered, already decided, a precheck's answer)
+    is the stage's `skip`: no run."""
     from tfmlops import tracking
     from tfmlops.project import repo_root
     from tfmlops.stages.promote import decided
-    from tfmlops.stages.promote.decide import Request, user
+    from tfmlops.stages.promote.decide import user, verdict
     from tfmlops.stages.promote.workspace import Checkout
 
-    request = request or Request.of(**asked)
     if not cfg.tracking.enabled:
-        return skipped(cfg, "tracking is off (tracking.enabled: false): no registry, nothing "
-                       "to promote")
+        return st.skip(finished(verdict("skipped", None, None, "tracking is off (tracking."
+                                        "enabled: false): no registry, nothing to promote"))), None
     candidate, registered = (request.version, None) if request.action != "auto" else exported(cfg)
     if request.action == "auto" and candidate is None:
-        return skipped(cfg, f"nothing registered: {registered} names no version (export ran "
-                       "with tracking off)")
+        return st.skip(finished(verdict("skipped", None, None, f"nothing registered: {registered} "
+                                        "names no version (export ran with tracking off)"))), None
     reference = cfg.data.contract.reference  # an input, when it is the repository's file
     checkout = Checkout.read(repo_root(), () if Path(reference).is_absolute() else (reference,))
     uri = tracking.tracking_uri(cfg)
     data = data_version(cfg.paths.prepared)
     inputs = decided.inputs(cfg, uri, registered, checkout, data) if registered else None
     if remembered := decided.recall(cfg, inputs):  # DVC removed promote.json: written again
-        return summary_of(cfg, write_decision(cfg, remembered))
+        return st.skip(finished(remembered)), None
     from tfmlops.registry import Registry
     from tfmlops.stages.promote.decide import act, precheck
 
     registry = Registry(cfg)
     early = precheck(cfg, registry, request, candidate, checkout, data, registered)
     if early is not None:
-        decided.remember(cfg, decided.verified(registry, inputs, write_decision(cfg, early)), early)
-        return summary_of(cfg, early)
-    out_dir = run_dir(cfg, SPEC.name)  # mlflow_run.json; paths.export is export's output
-    params = {"promote": cfg.to_dict()["promote"], "action": request.action,
-              "version": request.version, "why": request.why}
-    with harness.stage(cfg, SPEC, params=params) as st:
-        run = st.run  # in this process: registry calls stay synchronous
-        from tfmlops.stages.promote.moves import Actor
-        from tfmlops.stages.promote.record import record_evaluation
+        decided.remember(cfg, decided.verified(registry, inputs, st.skip(finished(early))), early)
+        return early, None
+    run = st.run  # in this process: registry calls stay synchronous
+    from tfmlops.stages.promote.moves import Actor
+    from tfmlops.stages.promote.record import record_evaluation
 
-        actor = Actor(user(), checkout.head, checkout.branch, run.run_id)
-        with registry.promotion_lock() as still_held:
-            decision = act(cfg, registry, request, candidate, actor, still_held, checkout=checkout,
-                           data=data, out_dir=out_dir, registered=registered)
-        if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
-            decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
-        decision.update(model=registry.name, run_id=run.run_id, who=actor.who)
-        run.log_dict(decision, "decision.json")
-        run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
-                      ("action", "outcome", "candidate", "production_before", "production_after")}
-                     | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})
-        run.log_metrics({"promoted": int(decision["production_after"] != decision["production_before"]),
-                         **{f"gate.{c['name']}": c["value"] for c in decision["checks"]
-                            if isinstance(c["value"], (int, float))}})
-        write_decision(cfg, decision, report=st.report)
-    if request.action == "auto":  # after the run ended: its last write to the store
-        decided.remember(cfg, decided.verified(registry, inputs, decision), decision)
-    return summary_of(cfg, decision)
+    actor = Actor(user(), checkout.head, checkout.branch, run.run_id)
+    with registry.promotion_lock() as still_held:
+        decision = act(cfg, registry, request, candidate, actor, still_held, checkout=checkout,
+                       data=data, out_dir=SPEC.run_dir(cfg), registered=registered)
+    if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
+        decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
+    decision.update(model=registry.name, run_id=run.run_id, who=actor.who)
+    run.log_dict(decision, "decision.json")
+    run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
+                  ("action", "outcome", "candidate", "production_before", "production_after")}
+                 | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})
+    run.log_metrics({"promoted": int(decision["production_after"] != decision["production_before"]),
+                     **{f"gate.{c['name']}": c["value"] for c in decision["checks"]
+                        if isinstance(c["value"], (int, float))}})
+    st.report(finished(decision), log_metrics=False)
+    if request.action != "auto":
+        return decision, None
+    return decision, lambda: decided.remember(cfg, decided.verified(registry, inputs, decision),
+                                              decision)
 
 
 def exported(cfg: Config) -> tuple[str | None, Path]:
@@ -119,23 +130,12 @@ def exported(cfg: Config) -> tuple[str | None, Path]:
     return (str(registered["version"]) if registered.get("version") else None), path
 
 
-def write_decision(cfg: Config, decision: dict, report=None) -> dict:
-    """promote.json (through the stage's report when there is a run), the one log line."""
+def finished(decision: dict) -> dict:
+    """The decision with its time and `promoted`, and its one log line."""
     decision.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     decision["promoted"] = decision["production_after"] != decision["production_before"]
-    path = report_path(cfg.paths.reports, SPEC.name)
-    if report is not None:
-        report(decision, log_metrics=False)
-    elif {**read_json(path, {}), "time": None} != {**decision, "time": None}:
-        write_json(path, decision)  # outside DVC (which removes it first): only when it differs
     log.info("promote: %s", decision["summary"])
     return decision
-
-
-def skipped(cfg: Config, why: str) -> dict:
-    from tfmlops.stages.promote.decide import verdict
-
-    return summary_of(cfg, write_decision(cfg, verdict("skipped", None, None, why)))
 
 
 def summary_of(cfg: Config, decision: dict) -> dict:
