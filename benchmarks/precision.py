@@ -73,7 +73,7 @@ def digits_case(workdir: Path):
     train_ds, _, steps = fitting.datasets(cfg, data, cfg.train.batch_size)
     batch = next(iter(train_ds))
     return (lambda: fitting.compiled_model(cfg, data, keras, steps * cfg.train.epochs), batch,
-            lambda: fitting.decide_precision(cfg, data, cfg.train.batch_size))
+            lambda: fitting.choose_precision(cfg, data, cfg.train.batch_size))
 
 
 def mobilenet_case(batch_size: int):
@@ -94,7 +94,7 @@ def mobilenet_case(batch_size: int):
         return model
 
     def decide():
-        return precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+        return precision.choose_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
                                 lambda: precision.time_policies(make_model, batch, keras))
 
     return make_model, batch, decide

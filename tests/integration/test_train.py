@@ -120,7 +120,7 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     from tfmlops.stages.train.strategy import resolve_strategy
 
     # auto: what this host's GPUs and CPU flags decide for this architecture, never timed
-    expected = precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+    expected = precision.choose_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
                                 spec=trained.model)
     assert params["resolved.precision_policy"] == expected.policy
     assert params["resolved.precision_reason"] == expected.reason != "timed"

@@ -22,7 +22,7 @@ def test_train_sends_several_workers_to_tf_keras_which_refuses_lamb(digits_workd
     cfg = digits_workdir(train={"use_tuned": False, "optimizer": {"name": "lamb"}},
                          tracking={"enabled": False})
     monkeypatch.setenv("TF_CONFIG", TWO_WORKERS)
-    # Raised by stages/train/fit.setup before the strategy exists: the Keras 3 path
+    # Raised by stages/train/fit.set_up before the strategy exists: the Keras 3 path
     # (one worker) trains with Lamb, so this error proves the route was taken.
     with pytest.raises(ConfigError, match=r"train\.optimizer\.name: lamb .* tf_keras"):
         train.run(cfg)

@@ -15,7 +15,7 @@ from conftest import child_env
 from tfmlops.artifacts import PRECISION
 from tfmlops.config import BlockSpec, ModelSpec, OptimizerConfig, replace
 from tfmlops.errors import ConfigError
-from tfmlops.model.precision import decide_policy
+from tfmlops.model.precision import choose_policy
 from tfmlops.stages.train.strategy import cluster_tasks, resolve_strategy
 
 TINY = ModelSpec(blocks=[BlockSpec(4, 3, False), BlockSpec(8, 3, False)], convs_per_block=1,
@@ -39,7 +39,7 @@ def cluster(workers: int, chief: bool = False) -> str:
     ("float32", [(9, 0)], "float32"),
 ])
 def test_precision_resolution(setting, gpus, expected):
-    assert decide_policy(setting, gpus).policy == expected
+    assert choose_policy(setting, gpus).policy == expected
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
@@ -124,10 +124,10 @@ def test_auto_is_decided_from_the_cpu_and_the_architecture_never_timed(flags, sp
     def measure():
         raise AssertionError("auto must not time")
 
-    decision = precision.decide_policy("auto", [], flags, measure, spec=spec)
+    decision = precision.choose_policy("auto", [], flags, measure, spec=spec)
     assert (decision.policy, decision.reason) == (expected, reason)
     assert decision.images_per_s == {}
-    assert precision.decide_policy("auto", [(8, 0)], flags, measure, spec=spec).policy == "mixed_float16"
+    assert precision.choose_policy("auto", [(8, 0)], flags, measure, spec=spec).policy == "mixed_float16"
 
 
 @pytest.mark.slow  # trains
@@ -145,16 +145,16 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
         return precision.time_policies(make_model, batch, keras, warmup=1, steps=2)
 
     avx2 = set(AVX2)
-    assert precision.decide_policy("timed", [], avx2, measure).policy == "float32"
-    assert precision.decide_policy("timed", [], avx2, measure).reason == "no-bf16-units"
+    assert precision.choose_policy("timed", [], avx2, measure).policy == "float32"
+    assert precision.choose_policy("timed", [], avx2, measure).reason == "no-bf16-units"
     assert calls == []  # no bf16 units: nothing is timed
-    assert precision.decide_policy("timed", [(8, 0)], avx2 | {"amx_bf16"},
+    assert precision.choose_policy("timed", [(8, 0)], avx2 | {"amx_bf16"},
                             measure).policy == "mixed_float16"  # a GPU decides
-    assert precision.decide_policy("float32", [], {"amx_bf16"}, measure).policy == "float32"
-    assert precision.decide_policy("auto", [], avx2 | {"avx512_bf16"}, measure).reason == "no-amx"
+    assert precision.choose_policy("float32", [], {"amx_bf16"}, measure).policy == "float32"
+    assert precision.choose_policy("auto", [], avx2 | {"avx512_bf16"}, measure).reason == "no-amx"
     assert calls == []
 
-    decision = precision.decide_policy("timed", [], avx2 | {"avx512_bf16"}, measure, margin=0.25)
+    decision = precision.choose_policy("timed", [], avx2 | {"avx512_bf16"}, measure, margin=0.25)
     assert calls == [1] and decision.reason == "timed"
     assert set(decision.images_per_s) == {"float32", "mixed_bfloat16"}
     assert decision.policy == precision.faster(decision.images_per_s, 0.25)
@@ -165,14 +165,14 @@ def test_timed_is_timed_only_on_cpus_with_bf16_units(prepared_digits, tmp_path):
                             "precision_mixed_bfloat16_images_per_s"}
     line = decision.line("timed")
     assert decision.policy in line and "images/s" in line and "more than 25% faster" in line
-    assert precision.decide_policy("timed", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
+    assert precision.choose_policy("timed", [], {"avx512_bf16"}, None).policy == "float32"  # untimed
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     """What tune's trials and final round share: the train stage's own timing of the
-    actual model (model/fitting.decide_precision), kept in the tuner folder's file."""
+    actual model (model/fitting.choose_precision), kept in the tuner folder's file."""
     from tfmlops.data import pipeline
     from tfmlops.model import fitting, precision
 
@@ -182,18 +182,18 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
         auto, train=replace(auto.train, precision="timed"))
     cache = tmp_path / PRECISION
     bf16 = {"avx2", "amx_bf16"}
-    first = fitting.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
+    first = fitting.choose_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
     margin = prepared_digits.train.precision_margin
     assert first.reason == "timed" and first.margin == margin
     assert first.policy == precision.faster(first.images_per_s, margin)
     stored = json.loads(cache.read_text())
     assert [v["policy"] for v in stored.values()] == [first.policy]
-    again = fitting.decide_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
+    again = fitting.choose_precision(prepared_digits, prepared, 32, cache_file=cache, flags=bf16)
     assert again == first  # the in-process memo
     precision._decided.clear()  # another process of the same tune: the file
-    assert fitting.decide_precision(prepared_digits, prepared, 32, cache_file=cache,
+    assert fitting.choose_precision(prepared_digits, prepared, 32, cache_file=cache,
                                 flags=bf16) == first
-    other_batch = fitting.decide_precision(prepared_digits, prepared, 16, cache_file=cache,
+    other_batch = fitting.choose_precision(prepared_digits, prepared, 16, cache_file=cache,
                                        flags=bf16)
     assert other_batch.reason == "timed" and len(json.loads(cache.read_text())) == 2
     # train reads tune's copy without writing into it (paths.tuned is tune's output).
@@ -201,20 +201,20 @@ def test_a_decision_is_timed_once_per_architecture(prepared_digits, tmp_path):
     read_only = tmp_path / "tuned" / PRECISION
     read_only.parent.mkdir()
     read_only.write_text(cache.read_text())
-    assert fitting.decide_precision(prepared_digits, prepared, 32, cache_file=read_only, write=False,
+    assert fitting.choose_precision(prepared_digits, prepared, 32, cache_file=read_only, write=False,
                                 flags=bf16) == first
     precision._decided.clear()
     missing = tmp_path / "untuned" / PRECISION
-    assert fitting.decide_precision(prepared_digits, prepared, 32, cache_file=missing, write=False,
+    assert fitting.choose_precision(prepared_digits, prepared, 32, cache_file=missing, write=False,
                                 flags=bf16).reason == "timed"
     assert not missing.exists()
-    here = fitting.decide_precision(prepared_digits, prepared, 32)  # this machine's own flags
+    here = fitting.choose_precision(prepared_digits, prepared, 32)  # this machine's own flags
     if not precision.has_bf16_units(precision.cpu_flags()):
         assert (here.policy, here.reason) == ("float32", "no-bf16-units")
     # auto, on any machine: no timing, nothing written
     precision._decided.clear()
     untimed = tmp_path / "auto" / PRECISION
-    assert fitting.decide_precision(auto, prepared, 32, cache_file=untimed,
+    assert fitting.choose_precision(auto, prepared, 32, cache_file=untimed,
                                 flags=bf16).reason == "amx-dense"
     assert not untimed.exists()
 
@@ -356,7 +356,7 @@ def test_tune_trials_are_built_under_trains_policy(prepared_digits, make_cfg,
     elif setting == "auto":  # from this host's devices and the trial's architecture
         spec = search_space.config_from_values(
             cfg, search_space.declare(kt.HyperParameters(), cfg.tune.space)).model
-        expected = precision.decide_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
+        expected = precision.choose_policy("auto", precision.gpu_capabilities(), precision.cpu_flags(),
                                     spec=spec).policy
         assert not cache.exists()  # never timed, nothing kept
     assert model.get_layer("block0_conv0").dtype_policy.name == expected

@@ -387,17 +387,19 @@ def test_a_failed_sidecar_ends_the_stage_with_one_line_within_seconds(tmp_path, 
     RuntimeError (killed). A garbled call is a bug: the run ends FAILED, not RUNNING."""
     cfg = make_cfg()
     stage = subprocess.run([sys.executable, "-c", FAILING_SIDECAR, how], cwd=tmp_path,
-                           env=child_env(), capture_output=True, text=True, timeout=180)
+                           env=child_env(), capture_output=True, text=True, timeout=300)
     assert stage.returncode == 2, stage.stderr[-3000:]
     (line,) = stage.stdout.splitlines()
+    # Bounded, not fast: before the fix it waited forever. 15 s failed once at 15.3 s on
+    # the 2-core machine beside two CPU hogs and a CI run (garbled: 15.3 s).
     name, seconds, message = re.fullmatch(r"(\w+) after ([\d.]+) s: (.+)", line).groups()
     assert name == ("RuntimeError" if how == "garbled" else "SidecarGone"), line
-    assert float(seconds) < 15, line
+    assert float(seconds) < 60, line
     if how == "reader":
         assert message.startswith("reading the tracking sidecar's replies failed (ValueError: "
                                   "this filter cannot take the sidecar's records) before "), line
     elif how == "garbled":
-        assert name == "RuntimeError" and float(seconds) < 15, line
+        assert name == "RuntimeError", line
         assert message.startswith("the tracking sidecar failed: RuntimeError: a call from the "
                                   "stage could not be read (UnpicklingError: "), line
         (run,) = stage_runs(cfg, "train")

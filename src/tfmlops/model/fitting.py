@@ -165,11 +165,11 @@ def fit_in_phases(model, merged: Config, prepared, keras, data: tuple, plan: lis
     return result
 
 
-def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
+def choose_precision(merged: Config, prepared, batch_size: int, *, timed: bool = True,
                      cache_file: str | Path | None = None, write: bool = True, flags=None):
     """`merged.train.precision` resolved for this model and batch (model/precision.py),
     logged when decided now. A timing consumes seeds: set them after this call.
-    `cache_file`: the timed decisions to reuse (`write`: add this one to it); `flags`:
+    `cache_file`: the timed choices to reuse (`write`: add this one to it); `flags`:
     the CPU's (default: read from /proc/cpuinfo)."""
     import keras
 
@@ -186,17 +186,17 @@ def decide_precision(merged: Config, prepared, batch_size: int, *, timed: bool =
                                    pretrained=False),  # timing: the weights' values do not matter
             next(iter(sized(merged, prepared, "train", batch_size, training=True))), keras)
 
-    decision, now = precision.decide_cached(
+    chosen, now = precision.choose_cached(
         merged.train.precision, key, flags, measure if timed else None, cache_file, write,
         spec=merged.model, margin=merged.train.precision_margin)
     if now:
-        log.info(decision.line(merged.train.precision))
-    return decision
+        log.info(chosen.line(merged.train.precision))
+    return chosen
 
 
-def log_precision(run, decision) -> None:
-    """The decision into a run: params `resolved.precision_*`, metrics of each timing."""
-    params, metrics = decision.mlflow()
+def log_precision(run, chosen) -> None:
+    """The precision choice into a run: params `resolved.precision_*`, metrics of each timing."""
+    params, metrics = chosen.mlflow()
     run.log_params({"resolved": params})
     if metrics:
         run.log_metrics(metrics)

@@ -42,11 +42,11 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU units that compute bf16 natively
 AMX_FLAG = "amx_bf16"  # the matrix tiles that make bf16 pay off for dense convolutions
 DENSE_BACKBONES = ("none", "resnet50")  # no depthwise convolutions (the plain blocks: unless separable)
 
-_decided: dict[str, Decision] = {}  # this process's decisions, by cache_key
+_decided: dict[str, PrecisionChoice] = {}  # this process's decisions, by cache_key
 
 
 @dataclass(frozen=True)
-class Decision:
+class PrecisionChoice:
     """The policy `train.precision` resolved to, why, and the timings behind it."""
 
     policy: str
@@ -106,34 +106,34 @@ def dense_only(spec) -> bool:
     return not any(block.separable for block in spec.blocks)
 
 
-def decide_policy(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
+def choose_policy(setting: str, gpu_capabilities: Sequence[tuple[int, int]],
                   flags: Iterable[str] = (), measure: Callable[[], dict[str, float]] | None = None,
-                  spec=None, margin: float = 0.0) -> Decision:
+                  spec=None, margin: float = 0.0) -> PrecisionChoice:
     """The policy for `train.precision`, given the GPUs' compute capabilities, the CPU's
     flags, the architecture (`spec`, a ModelSpec; None: dense convolutions) and, for
     `timed` only, `measure` (-> images/s of float32 and mixed_bfloat16 on the actual
     model; called only on a CPU with bf16 units) with the `margin` bf16 must beat.
     Explicit settings are kept as they are."""
     if setting in POLICIES:
-        return Decision(setting, "setting")
+        return PrecisionChoice(setting, "setting")
     if setting not in ("auto", "timed"):
         raise ValueError(f"unknown precision {setting!r}")
     flags = set(flags)
     if gpu_capabilities:
         if all(tuple(c) >= MIN_FLOAT16_CAPABILITY for c in gpu_capabilities):
-            return Decision("mixed_float16", "gpu")
-        return Decision("float32", "gpu")  # older or mixed fleets: the safe policy
+            return PrecisionChoice("mixed_float16", "gpu")
+        return PrecisionChoice("float32", "gpu")  # older or mixed fleets: the safe policy
     if setting == "auto":
         if AMX_FLAG not in flags:
-            return Decision("float32", "no-bf16-units" if not has_bf16_units(flags) else "no-amx")
-        return Decision(*(("mixed_bfloat16", "amx-dense") if dense_only(spec)
+            return PrecisionChoice("float32", "no-bf16-units" if not has_bf16_units(flags) else "no-amx")
+        return PrecisionChoice(*(("mixed_bfloat16", "amx-dense") if dense_only(spec)
                           else ("float32", "depthwise")))
     if not has_bf16_units(flags):
-        return Decision("float32", "no-bf16-units")
+        return PrecisionChoice("float32", "no-bf16-units")
     if measure is None:
-        return Decision("float32", "not-timed")
+        return PrecisionChoice("float32", "not-timed")
     timings = measure()
-    return Decision(faster(timings, margin), "timed", timings, margin)
+    return PrecisionChoice(faster(timings, margin), "timed", timings, margin)
 
 
 def faster(images_per_s: dict[str, float], margin: float = 0.0) -> str:
@@ -184,10 +184,10 @@ def cache_key(spec, input_shape, batch_size: int, flags: Iterable[str] = ()) -> 
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def decide_cached(setting: str, key: str, flags: Iterable[str],
+def choose_cached(setting: str, key: str, flags: Iterable[str],
                   measure: Callable[[], dict[str, float]] | None, file: str | Path | None = None,
-                  write: bool = True, spec=None, margin: float = 0.0) -> tuple[Decision, bool]:
-    """`decide_policy`, remembered in this process (per `setting` and `key`, the architecture)
+                  write: bool = True, spec=None, margin: float = 0.0) -> tuple[PrecisionChoice, bool]:
+    """`choose_policy`, remembered in this process (per `setting` and `key`, the architecture)
     and, for a timing, in `file` (another process of the same tune reuses it); returns
     (decision, made now). With `write` False the file is only read (another stage's
     output). Without a `file` a timing is not reused."""
@@ -197,7 +197,7 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
         return gpu_capabilities() if setting in ("auto", "timed") else []
 
     if timed and file is None:
-        return decide_policy(setting, gpus(), flags, measure, spec, margin), True
+        return choose_policy(setting, gpus(), flags, measure, spec, margin), True
     memo = f"{setting}:{key}:{margin:g}" if timed else f"{setting}:{key}"
     if memo in _decided:
         return _decided[memo], False
@@ -205,9 +205,9 @@ def decide_cached(setting: str, key: str, flags: Iterable[str],
 
     stored = read_json(file, {}).get(memo) if timed else None
     if stored is not None:
-        _decided[memo] = Decision(**stored)
+        _decided[memo] = PrecisionChoice(**stored)
         return _decided[memo], False
-    decision = decide_policy(setting, gpus(), flags, measure if timed else None, spec, margin)
+    decision = choose_policy(setting, gpus(), flags, measure if timed else None, spec, margin)
     _decided[memo] = decision
     if timed and write:
         write_json(file, {**read_json(file, {}), memo: asdict(decision)})

@@ -21,9 +21,7 @@ from tfmlops.tracking.lineage import (
 )
 from tfmlops.tracking.outbox import sync
 from tfmlops.tracking.run import StageRun, attach_run, pinned_requirements, stage_run, stage_runs
-from tfmlops.tracking.sidecar import discard_early as discard_sidecar
-from tfmlops.tracking.sidecar import sidecar_run
-from tfmlops.tracking.sidecar import start_early as start_sidecar
+from tfmlops.tracking.sidecar import discard_sidecar, sidecar_run, start_sidecar
 from tfmlops.tracking.uri import (
     artifact_location,
     ensure_reachable,

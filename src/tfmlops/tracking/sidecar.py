@@ -111,7 +111,7 @@ def _messages(conn: Connection) -> Iterator[tuple[str, Any]]:
 _early: dict[str, Any] = {"process": None}
 
 
-def start_early(cfg, hold: Path | None = None) -> None:
+def start_sidecar(cfg, hold: Path | None = None) -> None:
     """Spawn the sidecar now, at a stage's start: it imports MLflow while the stage
     imports TensorFlow (one core is idle then); `sidecar_run` takes it over. `hold`: the
     delivery lock of a stage that may detach."""
@@ -119,8 +119,8 @@ def start_early(cfg, hold: Path | None = None) -> None:
         _early["process"] = _Process(cfg, hold)
 
 
-def discard_early() -> None:
-    """Close a sidecar `start_early` spawned that no run took over (its stage failed first)."""
+def discard_sidecar() -> None:
+    """Close a sidecar `start_sidecar` spawned that no run took over (its stage failed first)."""
     process, _early["process"] = _early["process"], None
     if process is not None:
         process.discard()

@@ -92,24 +92,25 @@ def _decide(cfg: Config, st: harness.Stage, request: Request):
     if early is not None:
         decided.remember(cfg, decided.verified(registry, inputs, st.skip(finished(early))), early)
         return early, None
-    run = st.run  # in this process: registry calls stay synchronous
+    mlflow_run = st.run  # in this process: registry calls stay synchronous
     from tfmlops.stages.promote.moves import Actor
     from tfmlops.stages.promote.record import record_evaluation
 
-    actor = Actor(user(), checkout.head, checkout.branch, run.run_id)
+    actor = Actor(user(), checkout.head, checkout.branch, mlflow_run.run_id)
     with registry.promotion_lock() as still_held:
         decision = act(cfg, registry, request, candidate, actor, still_held, checkout=checkout,
                        data=data, out_dir=SPEC.run_dir(cfg), registered=registered)
     if decision.get("evaluation"):  # the whole of it in promote_evaluation.json
-        decision["evaluation"] = record_evaluation(cfg, run, decision["evaluation"])
-    decision.update(model=registry.name, run_id=run.run_id, who=actor.who)
-    run.log_dict(decision, "decision.json")
-    run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
-                  ("action", "outcome", "candidate", "production_before", "production_after")}
-                 | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})
-    run.log_metrics({"promoted": int(decision["production_after"] != decision["production_before"]),
-                     **{f"gate.{c['name']}": c["value"] for c in decision["checks"]
-                        if isinstance(c["value"], (int, float))}})
+        decision["evaluation"] = record_evaluation(cfg, mlflow_run, decision["evaluation"])
+    decision.update(model=registry.name, run_id=mlflow_run.run_id, who=actor.who)
+    mlflow_run.log_dict(decision, "decision.json")
+    mlflow_run.set_tags({f"{TAG_PROMOTE}{k}": decision.get(k) for k in
+                         ("action", "outcome", "candidate", "production_before", "production_after")}
+                        | {f"{TAG_PROMOTE}summary": decision["summary"][:2000]})
+    moved = decision["production_after"] != decision["production_before"]
+    mlflow_run.log_metrics({"promoted": int(moved), **{f"gate.{c['name']}": c["value"]
+                                                       for c in decision["checks"]
+                                                       if isinstance(c["value"], (int, float))}})
     st.report(finished(decision), log_metrics=False)
     if request.action != "auto":
         return decision, None

@@ -22,7 +22,7 @@ Order of work, and why:
 Under multi-worker training every worker runs this code (fitting and reading the
 weights involve collective ops); only the chief writes outputs, the others write
 into a scratch folder the harness makes and removes (SPEC.worker_scratch). The flow:
-fit.setup -> fit.folders/resume -> fit.fit -> fit.final_model -> results.save -> swap ->
+fit.set_up -> fit.folders/resume -> fit.fit -> fit.model_to_save -> results.save -> swap ->
 results.finish.
 """
 
@@ -82,7 +82,7 @@ def _train(cfg: Config, st, merged: Config, changes: list, started: float) -> tu
     st.params = results.params(merged)
     prepared = pipeline.load_prepared(merged)
     check_buildable(merged.model, prepared.input_shape)
-    setup = fit.setup(cfg, merged, prepared)  # before any other TensorFlow op
+    setup = fit.set_up(cfg, merged, prepared)  # before any other TensorFlow op
     with fitting.op_determinism(merged.pipeline.deterministic):
         return _fit_and_save(cfg, st, merged, changes, prepared, setup, started)
 
@@ -96,12 +96,12 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     from tfmlops.stages.train import fit, results
 
     # Before the seed: timing the policies builds models (it draws random numbers). On one
-    # machine, the timed decision tune's final round trained this architecture with is
+    # machine, the timed choice tune's final round trained this architecture with is
     # reused (read only), so train reproduces the round's curve. Across workers it is not
     # timed: each worker would time on its own and could pick another policy.
-    decision = (fitting.decide_precision(merged, prepared, merged.train.batch_size, timed=False)
+    chosen = (fitting.choose_precision(merged, prepared, merged.train.batch_size, timed=False)
                 if setup.across_workers else
-                fitting.decide_precision(merged, prepared, merged.train.batch_size, write=False,
+                fitting.choose_precision(merged, prepared, merged.train.batch_size, write=False,
                                      cache_file=Path(cfg.paths.tuned) / PRECISION))
     setup.keras.utils.set_random_seed(merged.seed)
     # A non-chief worker's checkpoints, history and traces go to its scratch folder.
@@ -109,13 +109,13 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     profile = st.profile_dir() if scratch is None else scratch / "tb"
     where = fit.folders(cfg, merged, setup, profile, scratch)
     t = fit.Training(merged, prepared, setup, where, fit.resume(cfg, merged, setup, where), st.run)
-    results.log_setup(st.run, merged, prepared, setup, decision, changes, t.resumed)
-    fitted = fit.fit(t, decision.policy)
-    with precision.global_policy(decision.policy, keras):
-        model = fit.final_model(t, fitted)
+    results.log_setup(st.run, merged, prepared, setup, chosen, changes, t.resumed)
+    fitted = fit.fit(t, chosen.policy)
+    with precision.global_policy(chosen.policy, keras):
+        model = fit.model_to_save(t, fitted)
         if model is None:  # a non-chief worker across workers: the chief finishes alone
             return {"task": fit.task_name(setup.strategy), "epochs_run_now": len(fitted.rows)}, None
-        logging_model = results.save(st.out, model, merged, changes, decision, st.run, prepared)
+        logging_model = results.save(st.out, model, merged, changes, chosen, st.run, prepared)
         evaluation = results.evaluate_test(model, merged, prepared, setup.global_batch)
     final = st.swap()  # the model is now in paths.train: nothing after this can lose it
     metrics, files = results.finish(t, final, evaluation, fitted, logging_model, started)

@@ -16,7 +16,7 @@ multi-worker path differs, and why (`Setup.across_workers`):
   filesystem every worker sees; a non-chief's history and traces go to its scratch;
 - one phase, the whole backbone trainable (fine-tuning is not built for it);
 - after `fit` no collective op is left: other workers stop, the chief copies the
-  weights into the Keras 3 twin (`final_model`) and saves what one machine saves.
+  weights into the Keras 3 twin (`model_to_save`) and saves what one machine saves.
 
 The backup folder a killed run resumes from: stages/train/backup.py.
 """
@@ -72,7 +72,7 @@ class Setup:
     across_workers: bool  # MultiWorkerMirroredStrategy over more than one worker (tf_keras)
 
 
-def setup(cfg: Config, merged: Config, prepared) -> Setup:
+def set_up(cfg: Config, merged: Config, prepared) -> Setup:
     """The strategy (before any other TensorFlow op: logical CPUs and collective ops
     cannot be set up later in a process) and the keras module that fits under it."""
     from tfmlops.stages.train import strategy as dist
@@ -104,7 +104,7 @@ def setup(cfg: Config, merged: Config, prepared) -> Setup:
 
 
 
-def folders(cfg: Config, merged: Config, run_setup: Setup, profile: Path,
+def folders(cfg: Config, merged: Config, setup: Setup, profile: Path,
             scratch: Path | None) -> Folders:
     """The chief adopts the backup in paths.backup (one made with other params or data is
     discarded); other workers (tf_keras, which redirects their writes) pass it too, with
@@ -113,13 +113,13 @@ def folders(cfg: Config, merged: Config, run_setup: Setup, profile: Path,
     if scratch is not None:
         (scratch / "history").mkdir(parents=True)
         return Folders(backup, scratch / "tb", scratch / "history")
-    adopt_backup(backup, backup_fingerprint(merged, run_setup.keras), run_setup.keras)
+    adopt_backup(backup, backup_fingerprint(merged, setup.keras), setup.keras)
     return Folders(backup, profile, backup)
 
 
-def resume(cfg: Config, merged: Config, run_setup: Setup, where: Folders) -> Resume:
-    done = finished_epochs(where.backup, run_setup.keras)
-    if done and run_setup.chief:
+def resume(cfg: Config, merged: Config, setup: Setup, where: Folders) -> Resume:
+    done = finished_epochs(where.backup, setup.keras)
+    if done and setup.chief:
         log.info(f"train: resuming after epoch {done} of {merged.train.epochs} from the "
                  f"backup in {cfg.paths.backup}")
 
@@ -163,23 +163,23 @@ def fit(t: Training, policy: str) -> Fitted:
     from tfmlops.model import precision
     from tfmlops.progress import keras_verbose
 
-    merged, prepared, run_setup, where, resumed, run = (t.merged, t.prepared, t.setup,
+    merged, prepared, setup, where, resumed, run = (t.merged, t.prepared, t.setup,
                                                         t.folders, t.resumed, t.run)
-    keras = run_setup.keras
-    train_ds, _, steps_per_epoch = data = datasets(merged, prepared, run_setup.global_batch)
+    keras = setup.keras
+    train_ds, _, steps_per_epoch = data = datasets(merged, prepared, setup.global_batch)
     plan = phases(merged)
     resolved = {}
-    if run_setup.across_workers:
+    if setup.across_workers:
         resolved["auto_shard_policy"] = _shard_policy(train_ds)
-        log.info(f"train: {task_name(run_setup.strategy)} of {run_setup.placement['workers']} "
-                 f"workers, {run_setup.strategy.num_replicas_in_sync} replicas, global batch "
-                 f"{run_setup.global_batch}, auto-shard {resolved['auto_shard_policy']}")
+        log.info(f"train: {task_name(setup.strategy)} of {setup.placement['workers']} "
+                 f"workers, {setup.strategy.num_replicas_in_sync} replicas, global batch "
+                 f"{setup.global_batch}, auto-shard {resolved['auto_shard_policy']}")
         if len(plan) > 1:  # not built for tf_keras fit across workers
             log.warning("train: train.fine_tune is ignored across workers: one phase, the "
                         "whole backbone trainable")
         plan = [Phase(1, 0, merged.train.epochs, None)]
     with precision.global_policy(policy, keras):
-        with run_setup.strategy.scope():
+        with setup.strategy.scope():
             # compiled once here for the checks below; each phase recompiles in the scope
             model = compiled_model(merged, prepared, keras, steps_per_epoch * merged.train.epochs)
         scaled = precision.uses_loss_scaling(model, keras)
@@ -196,17 +196,17 @@ def fit(t: Training, policy: str) -> Fitted:
             recorder.phase = phase.number if len(plan) > 1 else None
             return training_callbacks(
                 keras, merged.train, where, profiling.keras_profile_batch(merged, steps_per_epoch),
-                recorder, resumed.best_so_far if run_setup.across_workers
+                recorder, resumed.best_so_far if setup.across_workers
                 else best_val_loss(recorder.rows))
 
         started = time.perf_counter()
-        with run_setup.strategy.scope():  # each phase compiles: its optimizer's variables here
+        with setup.strategy.scope():  # each phase compiles: its optimizer's variables here
             fit_in_phases(model, merged, prepared, keras, data, plan, callbacks,
-                          keras_verbose() if run_setup.chief else 0, resumed.done)
+                          keras_verbose() if setup.chief else 0, resumed.done)
         return Fitted(model, recorder.rows, time.perf_counter() - started)
 
 
-def final_model(t: Training, fitted: Fitted):
+def model_to_save(t: Training, fitted: Fitted):
     """The Keras 3 model to save, with the weights of the epoch with the lowest val_loss.
 
     Across workers the tf_keras weights pass through a tf_keras model outside the
@@ -214,9 +214,9 @@ def final_model(t: Training, fitted: Fitted):
     variable; the Keras 3 twin's optimizer is fresh (later stages never resume training).
     Reading the weights all-reduces (BatchNorm statistics): every worker calls this.
     """
-    merged, prepared, run_setup = t.merged, t.prepared, t.setup
+    merged, prepared, setup = t.merged, t.prepared, t.setup
     best = t.folders.backup / BEST_WEIGHTS
-    if not run_setup.across_workers:
+    if not setup.across_workers:
         if best.is_file():
             fitted.model.load_weights(best)
         return fitted.model
@@ -224,14 +224,14 @@ def final_model(t: Training, fitted: Fitted):
     import tf_keras
 
     weights = fitted.model.get_weights()
-    if not run_setup.chief:
+    if not setup.chief:
         return None  # no collective op is left: the chief finishes alone
     local = built_model(merged, prepared, tf_keras, pretrained=False)
     local.set_weights(weights)
     if best.is_file():
         local.load_weights(best)
     twin = compiled_model(merged, prepared, keras,
-                          steps(prepared, run_setup.global_batch) * merged.train.epochs,
+                          steps(prepared, setup.global_batch) * merged.train.epochs,
                           pretrained=False)  # it receives the trained weights
     twin.set_weights(local.get_weights())
     # Built (zero slots), so loading the saved file finds the optimizer variables it expects.

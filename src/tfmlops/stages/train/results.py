@@ -32,17 +32,17 @@ def params(merged: Config) -> dict:
     return {k: d[k] for k in ("seed", "model", "train", "pipeline")}
 
 
-def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes: list,
+def log_setup(run, merged: Config, prepared, setup: Setup, chosen, changes: list,
               resumed: Resume) -> None:
-    """Into the just-opened run: the precision decision, placement, tune merge, dataset,
+    """Into the just-opened run: the precision choice, placement, tune merge, dataset,
     and a killed run's epochs (so this run holds the whole curve)."""
-    placement = run_setup.placement
+    placement = setup.placement
     run.log_params({
         "resolved": {
-            "precision_policy": decision.policy,
+            "precision_policy": chosen.policy,
             **placement,  # strategy, strategy_class, replicas, workers
             "per_replica_batch_size": merged.train.batch_size,
-            "global_batch_size": run_setup.global_batch,
+            "global_batch_size": setup.global_batch,
             "jit_compile_requested": merged.train.jit_compile,
             "input_cache": pipeline.cache_choice(merged, prepared)["mode"],
         },
@@ -51,24 +51,24 @@ def log_setup(run, merged: Config, prepared, run_setup: Setup, decision, changes
                        for c in changes},
     })
     run.log_dict(changes, "train/tune_merge.json")
-    run.set_tags({"tfmlops.precision": decision.policy, "tfmlops.strategy": placement["strategy"],
+    run.set_tags({"tfmlops.precision": chosen.policy, "tfmlops.strategy": placement["strategy"],
                   "tfmlops.trained_params_hash": merged.digest(),
                   "tfmlops.resumed_after_epoch": resumed.done})
     run.log_dataset("prepared", str(Path(merged.paths.prepared).resolve()),
                     data_version(merged.paths.prepared), context="training")
     for row in resumed.rows:
         run.log_metrics(metrics_of(row), step=row["epoch"])
-    log_precision(run, decision)
+    log_precision(run, chosen)
 
 
-def save(out: Path, model, merged: Config, changes: list, decision, run, prepared):
+def save(out: Path, model, merged: Config, changes: list, chosen, run, prepared):
     """The model and what it was trained with into `out`, before anything that may fail;
     the model is logged to MLflow in a thread (returned: `finish` waits for it)."""
     model.save(out / MODEL_FILE)
     write_resolved(merged, out)
     write_json(out / TUNE_MERGE, changes)
     # The policy and why (with a timing: its images/s and margin), beside the model it made.
-    write_json(out / PRECISION, {"setting": merged.train.precision, **asdict(decision)})
+    write_json(out / PRECISION, {"setting": merged.train.precision, **asdict(chosen)})
     example = pipeline.rows_at(merged, prepared, "test", [0, 1], batch_size=2)
     return run.start_keras_model(model, saved_path=out / MODEL_FILE, input_example=example)
 
@@ -135,7 +135,7 @@ def classification_report(y_true, y_pred, classes: list[str]) -> dict:
             "macro": macro, "accuracy": float(np.trace(matrix) / max(matrix.sum(), 1))}
 
 
-def summary(rows, test, report, done: int, run_setup: Setup, *, fit_seconds: float,
+def summary(rows, test, report, done: int, setup: Setup, *, fit_seconds: float,
             wall_seconds: float, profile: dict) -> dict:
     """reports/train.json: test scores, the best epoch, speed and placement."""
     # Steady state: the first epoch of a process also traces and compiles.
@@ -154,8 +154,8 @@ def summary(rows, test, report, done: int, run_setup: Setup, *, fit_seconds: flo
         "wall_seconds": round(wall_seconds, 2),
         "fit_seconds": round(fit_seconds, 2),
         "images_per_s": round(statistics.median(steady), 1) if steady else 0.0,
-        "replicas": run_setup.placement["replicas"],
-        "global_batch_size": run_setup.global_batch,
+        "replicas": setup.placement["replicas"],
+        "global_batch_size": setup.global_batch,
         **{k: round(v, 6) for k, v in profile.items()},
     }
 

@@ -66,8 +66,8 @@ def run(cfg: Config) -> dict[str, Any]:
                          "tfmlops.tune.tuner": cfg.tune.tuner})
         result = tuner.search(cfg, parent, key)
         best = report.best_trial(cfg, result.trials)
-        final = final_round.train_finalists(cfg, parent, result.trials, best)
-        winner = final_round.pick_winner(cfg, final) if final else None
+        finalists = final_round.train_finalists(cfg, parent, result.trials, best)
+        winner = final_round.pick_winner(cfg, finalists) if finalists else None
         best_cfg = winner.config if winner else search_space.config_from_values(cfg, best.values)
         rows = report.trial_rows(cfg, result.trials)
         write_csv(_csv_path(cfg), rows, report.columns())
@@ -75,9 +75,9 @@ def run(cfg: Config) -> dict[str, Any]:
                                                        result.stop_reason == "budget"))
         hparams.write_searched(cfg, out, data_version(cfg.paths.prepared))
         metrics = st.report({**report.search_metrics(result, best),
-                             **final_round.final_round_metrics(final, winner)})
-        if final:
-            write_csv(out / FINAL_ROUND, final_round.final_round_rows(final),
+                             **final_round.final_round_metrics(finalists, winner)})
+        if finalists:
+            write_csv(out / FINAL_ROUND, final_round.final_round_rows(finalists),
                       final_round.COLUMNS)
         report.pass_on_precision(cfg, out)
 
@@ -90,10 +90,10 @@ def run(cfg: Config) -> dict[str, Any]:
         report.log_plots(parent, cfg, rows)
         if result.profile_dir is not None:
             parent.log_artifact(result.profile_dir, "profile")
-        final_dir = st.swap()
+        tuned_dir = st.swap()
         parent.log_artifact(hparams.best_path(cfg), "tune")
-        if final:
-            parent.log_artifact(final_dir / FINAL_ROUND, "tune")
+        if finalists:
+            parent.log_artifact(tuned_dir / FINAL_ROUND, "tune")
     report.log_summary(cfg, metrics, best, best_cfg, winner)
     return metrics
 

@@ -101,7 +101,7 @@ def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
     t = merged.train
     with fitting.op_determinism(merged.pipeline.deterministic):
         # Timed once per architecture (the search's trials share the file); before the seed.
-        decision = fitting.decide_precision(merged, prepared, t.batch_size,
+        decision = fitting.choose_precision(merged, prepared, t.batch_size,
                                         cache_file=Path(merged.paths.tuner) / PRECISION)
         fitting.log_precision(child, decision)
         keras.utils.set_random_seed(merged.seed)

@@ -52,7 +52,7 @@ class TrialModel(kt.HyperModel):
     def build(self, hp):
         trial_cfg = self._trial_cfg(hp)
         # as train resolves it (timed once, the file shared with the final round); before the seed
-        policy = fitting.decide_precision(
+        policy = fitting.choose_precision(
             trial_cfg, self.prepared, trial_cfg.train.batch_size,
             cache_file=Path(self.cfg.paths.tuner) / PRECISION).policy
         keras.utils.set_random_seed(self.cfg.seed)  # same values, same initial weights
