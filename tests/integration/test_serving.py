@@ -181,6 +181,9 @@ BAD_ROWS = [
                                                       "takes 256 = 16x16x1"),
     ({"dataframe_records": [{"pixels": [0.5] * 256, "image": b64(b"x")}]},
      "has both 'image' and 'pixels'"),
+    # raw 0-255 values where normalized floats go (MLflow: "Can not safely convert int64")
+    ({"dataframe_records": [{"pixels": [i % 256 for i in range(256)]}]},
+     "'pixels' holds integers (int64); the model takes normalized floats"),
     ({"dataframe_records": [{"other": 1}]}, "no rows"),  # MLflow drops unknown columns
     ({"dataframe_records": [{"image": b64(png_header(30_000, 30_000))}]}, "decompression bomb"),
     ({"dataframe_records": [{"image": b64(png_header(10_000, 10_000))}]}, "decompression bomb"),

@@ -16,7 +16,8 @@ wrapped in one ASGI layer that, on `/invocations`, before MLflow parses anything
   `body_timeout_s` with 408 (a stalled upload holds its slot and bytes no longer),
   and one with more than `max_json_values` JSON values (413, counted before parsing);
 and makes every error answer one line: MLflow's own carry the Python stack
-trace (`stack_trace`) and multi-line parser messages. The limits come from the
+trace (`stack_trace`) and multi-line parser messages; where MLflow's line names a type
+and not what to send (`ACTIONABLE`), the line says what to send instead. The limits come from the
 model's serving.json and apply per server process (`--workers` multiplies them).
 
 Pickle deserialization is off unless MLFLOW_ALLOW_PICKLE_DESERIALIZATION says
@@ -29,6 +30,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,12 @@ MESSAGE_LIMIT = 300  # characters of an error message a client gets back
 # keep-alive ones count, so far above the Guard's request cap), seconds an idle keep-alive
 # connection stays open, and connections the kernel queues before they are accepted.
 UVICORN = {"limit_concurrency": 1024, "timeout_keep_alive": 5, "backlog": 512}
+# MLflow's schema check refuses integers in the float `pixels` column ("Can not safely
+# convert int64 to float64"): integers there are most often raw 0-255 values.
+ACTIONABLE = [(re.compile(r"convert column pixels to type .*convert (u?int\d*) to"),
+               "'pixels' holds integers ({0}); the model takes normalized floats, "
+               "(value / 255 - mean) / std with serving.json's mean and std (write 0.0, not 0), "
+               "or send the picture itself as 'image' (base64 PNG or JPEG)")]
 
 
 def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, workers: int = 1) -> None:
@@ -207,6 +215,9 @@ def _error_of(body: bytes, status: int) -> tuple[str, str]:
         code, text = "", body.decode("utf-8", "replace")
     code = code or ("BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
     line = next((s.strip() for s in text.splitlines() if s.strip()), f"HTTP {status}")
+    for pattern, instead in ACTIONABLE:
+        if found := pattern.search(line):
+            line = instead.format(*found.groups())
     return code, line[:MESSAGE_LIMIT] + ("..." if len(line) > MESSAGE_LIMIT else "")
 
 
