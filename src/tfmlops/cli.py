@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import sys
+from pathlib import Path
 
 from tfmlops import logs, stage_spec
 from tfmlops.harness import run_command
@@ -146,7 +147,8 @@ def _command(args: argparse.Namespace):
         promote = stage_spec.package("promote")
         return promote.run(cfg, **{args.command: args.version, "reason": args.reason})
     module = stage_spec.package(args.command)
-    if args.command == "promote":
-        return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force,
-                          adopt=args.adopt, release=args.release, reason=args.reason)
-    return module.run(cfg)
+    with logs.others_to(Path(cfg.paths.reports).parent / logs.STAGE_LOGS / f"{args.command}.log"):
+        if args.command == "promote":
+            return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force,
+                              adopt=args.adopt, release=args.release, reason=args.reason)
+        return module.run(cfg)

@@ -12,8 +12,10 @@ import contextlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 ROOT = "tfmlops"
+STAGE_LOGS = ".tfmlops/logs"  # beside paths.reports: what other libraries said, per stage
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 LEVELS = {QUIET: logging.WARNING, NORMAL: logging.INFO, VERBOSE: logging.DEBUG}
 # Python-side loggers of TensorFlow and absl: deprecation notices and warnings
@@ -55,6 +57,9 @@ def configure(verbosity: int = NORMAL) -> None:
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if verbosity >= VERBOSE:
         return
+    # A progress bar per downloaded file, redrawn on the terminal (`others_to` sends what
+    # MLflow says to the stage's log; its bars it cannot).
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # oneDNN notices (INFO) and "failed call to cuInit ... (303)" (an ERROR record) on GPU-less
     # hosts: harmless, alarming; 2 hid the first but not the second under TF 2.21 here, so 3.
     # TensorFlow's real errors still reach the user as Python exceptions. Read once when its
@@ -104,6 +109,46 @@ def children_stderr_to(path: str | os.PathLike):
         sys.stderr = before
         os.dup2(saved, 2)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def others_to(path: str | os.PathLike):
+    """A stage run as a command (not -v): what other libraries say goes to `path`, the
+    stage's own lines and Keras' progress stay on the terminal. To `path`: file
+    descriptor 2 (TensorFlow's absl log, the TFLite converter's and LiteRT's notices, child
+    processes), Python warnings (MLflow's and TensorFlow's UserWarnings) and MLflow's
+    logger (its INFO lines). The file holds the last run's; a crash says where it is."""
+    if logging.getLogger(ROOT).level <= logging.DEBUG:
+        yield
+        return
+    # MLflow would put its own stderr handler on its logger when it is imported (later)
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    taken = [logging.getLogger(name) for name in ("py.warnings", "mlflow")]
+    before = [(lg.handlers[:], lg.propagate, lg.level) for lg in taken]
+    logging.captureWarnings(True)
+    for lg in taken:
+        lg.handlers, lg.propagate = [handler], False
+        lg.setLevel(logging.INFO)
+    try:
+        with children_stderr_to(path):
+            yield
+    except Exception as exc:
+        from tfmlops.errors import UserError
+
+        if not isinstance(exc, UserError):  # a crash: what the libraries said may explain it
+            logging.getLogger(ROOT).error("what other libraries printed is in %s", path)
+        raise
+    finally:
+        logging.captureWarnings(False)
+        for lg, (handlers, propagate, level) in zip(taken, before, strict=True):
+            lg.handlers, lg.propagate = handlers, propagate
+            lg.setLevel(level)
+        handler.close()
 
 
 class _QuietImport:

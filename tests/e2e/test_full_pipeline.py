@@ -30,6 +30,27 @@ def test_every_stage_ran_and_is_locked(repro):
     assert set(STAGES) <= set(lock)
 
 
+# What other libraries print that a person running the pipeline cannot act on: Python
+# warnings (MLflow's "Add type hints", TFLite's "Statistics for quantized inputs"), the
+# C++ logs of TensorFlow, the TFLite converter and LiteRT, MLflow's INFO lines and its
+# artifact progress bars.
+NOISE = ("Warning:", "warnings.warn(", "color_warning(", "Downloading artifacts", "it/s]",
+         " INFO mlflow", "INFO: Created TensorFlow Lite", "fully_quantize:", "I0000 ", "W0000 ",
+         "E0000 ", "absl::InitializeLog", "oneDNN", "cuInit")
+
+
+def test_the_terminal_holds_no_third_party_noise_and_each_stage_log_does(repro):
+    repo, first = repro
+    terminal = first.stdout + first.stderr
+    assert [n for n in NOISE if n in terminal] == [], terminal[-6000:]
+    logs = repo / ".tfmlops" / "logs"
+    assert {p.stem for p in logs.glob("*.log")} == set(STAGES)
+    # routed there, not lost: the TFLite converter's notices are quantize's
+    assert "fully_quantize:" in (logs / "quantize.log").read_text()
+    # a cause fixed, not hidden: the served model's predict has type hints
+    assert "Add type hints" not in "".join(p.read_text() for p in logs.glob("*.log"))
+
+
 def test_second_repro_is_a_no_op(repro):
     import re
 
