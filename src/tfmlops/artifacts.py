@@ -72,6 +72,7 @@ TAG_PARITY = "parity.passed"
 TAG_EDGE_AGREEMENT = "edge.top1_agreement"  # the INT8 edge file vs the float model (quantize)
 TAG_LINEAGE_RUN = "lineage.run."  # prefix: + stage, the run id of each upstream stage
 TAG_LINEAGE_DATA = "lineage.data_version"
+TAG_LINEAGE_COMMIT = "lineage.git_commit"
 
 
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
