@@ -48,6 +48,11 @@ EVALUATED_CSV = "evaluated_images.csv"  # promote, in reports/promote/: every ev
 RELIABILITY_PNG = "reliability.png"  # promote: both versions' reliability diagrams
 CONFUSION_PNG = "confusion_{version}.png"  # promote: one per evaluated version
 PREPARED_MANIFEST = "prepared/" + MANIFEST  # artifact path of the manifest in prepare's run
+# `tfmlops compare A B`, in reports/compare/<A>-<B>/ and its `compare` run
+COMPARE_MD = "compare.md"  # the comparison, thumbnails by relative path
+COMPARE_HTML = "compare.html"  # the same, thumbnails inline (data URIs): the MLflow UI shows it
+COMPARE_JSON = "compare.json"  # the same as data (`tfmlops compare --json`)
+FLIPPED_DIR = "flipped"  # beside them: a PNG thumbnail per listed flipped image
 
 # -- prepare's data contract, in reports/ (data.contract)
 DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
@@ -63,6 +68,7 @@ TAG_SERVED_RUNTIME = "tfmlops.export.served_runtime"
 TAG_PARITY_PASSED = "tfmlops.export.parity"
 TAG_TUNE_SEARCH = "tfmlops.tune.search"
 TAG_PROMOTE = "tfmlops.promote."  # prefix: action, outcome, candidate, production_before/after
+TAG_COMPARE = "tfmlops.compare."  # prefix: kind, a, b and (two versions) model
 
 # -- registered-version tags export writes and promote's gate reads
 TAG_ACCURACY = "serving.accuracy"
@@ -72,6 +78,7 @@ TAG_PARITY = "parity.passed"
 TAG_EDGE_AGREEMENT = "edge.top1_agreement"  # the INT8 edge file vs the float model (quantize)
 TAG_LINEAGE_RUN = "lineage.run."  # prefix: + stage, the run id of each upstream stage
 TAG_LINEAGE_DATA = "lineage.data_version"
+TAG_LINEAGE_COMMIT = "lineage.git_commit"
 
 
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:

@@ -40,19 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         name, text = spec.name, spec.help
         p = sub.add_parser(name, help=text, description=text)
         if name == "promote":
-            g = p.add_mutually_exclusive_group()
-            g.add_argument("--rollback", action="store_true",
-                           help="move @production back to the version holding @previous "
-                           "(holds across dvc repro)")
-            g.add_argument("--version", type=int, help="gate this registered version")
-            g.add_argument("--adopt", action="store_true",
-                           help="keep the version an alias move outside tfmlops put in @production")
-            g.add_argument("--release", action="store_true",
-                           help="undo an alias move outside tfmlops: back to the ledger's version")
-            p.add_argument("--force", action="store_true",
-                           help="with --version: skip the gate (recorded as forced; holds "
-                           "across dvc repro)")
-            p.add_argument("--reason", help="why (recorded in the promotion ledger)")
+            _promote_options(p)
     for verb, text in (("approve", "move a version awaiting approval (or inconclusive) to "
                         "@production"),
                        ("reject", "record that a version must not reach @production")):
@@ -85,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "first: when, who (mlflow.user), the decision, @production before and "
                        "after, the version decided about, the commit and why.")
     p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+    p = sub.add_parser("compare", help="two registered versions (or two runs) side by side: "
+                       "params, metric and per-class deltas, the images whose prediction flipped",
+                       description="Evaluate versions A and B of promote.registered_model on "
+                       "the same current test images (as promote does) and show the params "
+                       "that differ in their lineage runs, the metric and per-class deltas "
+                       "(B - A) and the images whose prediction flipped; kept in a `compare` "
+                       "MLflow run (compare.md, compare.html with thumbnails). Two run ids: "
+                       "their params and metrics.")
+    p.add_argument("a", metavar="A", help="a version number (or a run id)")
+    p.add_argument("b", metavar="B", help="a version number (or a run id)")
+    p.add_argument("--runs", action="store_true", help="A and B are MLflow run ids (the "
+                   "default when they are not numbers)")
+    p.add_argument("--flipped", type=int, default=50, metavar="N",
+                   help="list at most N flipped images (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="the comparison as JSON instead of tables")
     sub.add_parser("accept-reference", help="accept the last prepare's data profile as the "
                    "reference later runs are checked against",
                    description="Copy reports/data_profile.json to data.contract.reference; "
@@ -92,6 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sync", help="upload MLflow calls queued while the server was away",
                    description="Replay reports/outbox/*.jsonl against the tracking store.")
     return parser
+
+
+def _promote_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--rollback", action="store_true",
+                   help="move @production back to the version holding @previous "
+                   "(holds across dvc repro)")
+    g.add_argument("--version", type=int, help="gate this registered version")
+    g.add_argument("--adopt", action="store_true",
+                   help="keep the version an alias move outside tfmlops put in @production")
+    g.add_argument("--release", action="store_true",
+                   help="undo an alias move outside tfmlops: back to the ledger's version")
+    p.add_argument("--force", action="store_true",
+                   help="with --version: skip the gate (recorded as forced; holds "
+                   "across dvc repro)")
+    p.add_argument("--reason", help="why (recorded in the promotion ledger)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +156,9 @@ def _command(args: argparse.Namespace):
     # The CLI reaches a stage only by its name (stage_spec.package), never by importing it.
     if args.command == "history":
         return stage_spec.package("promote").show_history(cfg, as_json=args.json)
+    if args.command == "compare":
+        return stage_spec.package("promote").show_comparison(cfg, args.a, args.b, runs=args.runs,
+                                                             most=args.flipped, as_json=args.json)
     if args.command == "accept-reference":
         return stage_spec.package("prepare").accept(cfg)
     if args.command == "sync":

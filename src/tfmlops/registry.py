@@ -138,6 +138,20 @@ class Registry:
         except (_Missing, OSError):
             return None
 
+    def run_record(self, run_id: str) -> dict | None:
+        """Run `run_id`'s name, params, metrics (their last values) and tags; None when
+        the store has no such run (deleted, logged to another store, not a run id)."""
+        try:
+            run = self._call(lambda c: c.get_run(run_id), f"read run {run_id}")
+        except _Missing:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the store refused the id itself ('../x')
+            if error_code(exc) == "INVALID_PARAMETER_VALUE":
+                return None
+            raise
+        return {"run_id": run_id, "name": run.info.run_name, "params": dict(run.data.params),
+                "metrics": dict(run.data.metrics), "tags": dict(run.data.tags)}
+
     def set_alias(self, alias: str, version: str) -> None:
         self._write(lambda c: c.set_registered_model_alias(self.name, alias, str(version)), f"set @{alias}")
 

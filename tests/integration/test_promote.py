@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import VENV_BIN, child_env, git, mlflow_client, run_cli
+from conftest import VENV_BIN, child_env, git, mlflow_client, run_cli, stage_runs
 from tfmlops.artifacts import EVALUATED_CSV, EVALUATION, REGISTERED, report_path
 from tfmlops.config import load_config
 
@@ -405,3 +405,86 @@ def test_production_trained_on_an_unknown_manifest_is_never_replaced_automatical
         checks["training_images_known"]["message"]
     assert registry.aliases() == {"production": production, "inconclusive": candidate}
     assert [e["decision"] for e in history(registry)] == ["inconclusive", "forced", "inconclusive"]
+
+
+def test_compare_two_versions_through_the_cli(store):
+    """`tfmlops compare A B` on two real versions: A the exported model served by ONNX
+    Runtime, B the same with class j raised so that exactly 3 right images turn wrong
+    (`images_worse`), each with a train run of its own (epochs 2 and 3). Through the CLI:
+    the params that differ, the accuracy and per-class deltas equal to the per-image
+    table's, the flipped images listed (at most --flipped) exactly the first of those the
+    table answers differently, and a `compare` run holding compare.md with their
+    thumbnails. Two run ids: their params and metrics. Bad input: one line, exit 2."""
+    from PIL import Image
+
+    from tfmlops.serving.predictor import Predictor
+
+    cfg, registry, register = store
+    client = mlflow_client(cfg)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment).experiment_id
+    trains = []
+    for epochs in (2, 3):
+        run = client.create_run(experiment, run_name=f"train-{epochs}", tags={"tfmlops.stage": "train"})
+        for key, value in {"train.epochs": epochs, "seed": 42}.items():
+            client.log_param(run.info.run_id, key, value)
+        client.log_metric(run.info.run_id, "val_accuracy", 0.5 + epochs / 10)
+        trains.append(run.info.run_id)
+    a = register(plain=True, tags={"lineage.run.train": trains[0]})
+    export = Path(cfg.paths.export)
+    config = json.loads((export / "serving.json").read_text())
+    j, eps = images_worse(cfg, Predictor("onnx", export / "model.onnx", config), 3)
+    b = register(boost=(j, eps), tags={"lineage.run.train": trains[1]})
+    folder = Path(cfg.paths.reports).parent
+
+    shown = run_cli("compare", a, b, "--flipped", "2", cwd=folder).stdout
+    assert f"version {a} (A) vs version {b} (B)" in shown
+    assert ["train", "train.epochs", "2", "3"] in [line.split() for line in shown.splitlines()]
+
+    (run,) = [r for r in stage_runs(cfg, "compare") if r.data.tags.get("tfmlops.compare.model")
+              == registry.name]
+    got = Path(client.download_artifacts(run.info.run_id, "", str(folder / "artifacts")))
+    result = json.loads((got / "compare.json").read_text())
+    assert result["params"] == [{"stage": "train", "param": "train.epochs", "a": "2", "b": "3"}]
+
+    with open(got / EVALUATED_CSV) as f:
+        table = list(csv.DictReader(f))
+    right = {x: np.array([r[f"{x}_predicted"] == r["label"] for r in table]) for x in "ab"}
+    metrics = {m["metric"]: m for m in result["metrics"]}
+    assert metrics["accuracy"]["delta"] == pytest.approx(right["b"].mean() - right["a"].mean(), abs=1e-6)
+    assert metrics["accuracy"]["delta"] == pytest.approx(-3 / len(table), abs=1e-6)
+    labels = np.array([r["label"] for r in table])
+    for row in result["per_class"]:
+        mine = labels == row["class"]
+        recall = {x: right[x][mine].mean() for x in "ab"}
+        assert row["recall_delta"] == pytest.approx(recall["b"] - recall["a"], abs=1e-6)
+
+    def kind(r):
+        return "fixed" if r["b_predicted"] == r["label"] else \
+            "broken" if r["a_predicted"] == r["label"] else "changed"
+
+    flips = sorted((r for r in table if r["a_predicted"] != r["b_predicted"]), key=lambda r: (
+        ["broken", "fixed", "changed"].index(kind(r)), -float(r["b_confidence"]), r["sha256"]))
+    flipped = result["flipped"]
+    assert (flipped["total"], flipped["broken"], flipped["fixed"]) == (len(flips), 3, 0)
+    assert [(f["sha256"], f["kind"]) for f in flipped["listed"]] == \
+        [(r["sha256"], kind(r)) for r in flips[:2]]
+    assert all(f["file"] for f in flipped["listed"])  # the manifest's source path
+
+    markdown = (got / "compare.md").read_text()
+    for f in flipped["listed"]:
+        assert f"]({f['thumbnail']})" in markdown and f["file"] in markdown
+        with Image.open(got / f["thumbnail"]) as thumbnail:
+            assert max(thumbnail.size) >= 64
+    assert sorted(p.name for p in (got / "flipped").iterdir()) == \
+        sorted(Path(f["thumbnail"]).name for f in flipped["listed"])
+    assert (got / "compare.html").read_text().count("data:image/png;base64,") == 2
+
+    runs = json.loads(run_cli("compare", *trains, "--json", cwd=folder).stdout.splitlines()[-1])
+    assert runs["params"] == [{"stage": "run", "param": "train.epochs", "a": "2", "b": "3"}]
+    assert runs["metrics"][0]["delta"] == pytest.approx(0.1)
+
+    for args, says in (([a, a], "twice"), ([a, "9999"], "version 9999 of registered model")):
+        proc = run_cli("compare", *args, cwd=folder, check=False)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("tfmlops compare: error: ") and says in line

@@ -23,6 +23,7 @@ from tfmlops.artifacts import (
     TAG_BYTES,
     TAG_EDGE_AGREEMENT,
     TAG_LATENCY,
+    TAG_LINEAGE_COMMIT,
     TAG_LINEAGE_DATA,
     TAG_LINEAGE_RUN,
     TAG_PARITY,
@@ -115,7 +116,7 @@ def registry_lineage(cfg: Config, export_run_id: str | None) -> dict[str, str]:
     """Git commit, dvc.lock hashes of the data, run ids of every upstream stage."""
     root = tracking.repo_root()
     commit, dirty = tracking.git_state(root)
-    tags = {"lineage.git_commit": commit, "lineage.git_dirty": str(dirty).lower(),
+    tags = {TAG_LINEAGE_COMMIT: commit, "lineage.git_dirty": str(dirty).lower(),
             TAG_LINEAGE_DATA: data_version(cfg.paths.prepared)}
     for stage in ("prepare", "tune", "train", "prune", "quantize"):
         tags[TAG_LINEAGE_RUN + stage] = tracking.linked_run_id(

@@ -27,6 +27,7 @@ from tfmlops import harness
 from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version
 from tfmlops.errors import DataError
 from tfmlops.stage_spec import StageSpec
+from tfmlops.stages.promote.compare import show_comparison  # noqa: F401  (`tfmlops compare`)
 from tfmlops.stages.promote.history import show_history  # noqa: F401  (`tfmlops history`)
 
 if TYPE_CHECKING:

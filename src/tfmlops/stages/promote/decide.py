@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfmlops.artifacts import TAG_LINEAGE_COMMIT
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.registry import PRODUCTION
 from tfmlops.stages.promote import decisions, moves
@@ -107,7 +108,7 @@ def plan(cfg, registry, ledger: Ledger, candidate: str, checkout: Checkout, data
     if production == candidate:
         return verdict("unchanged", candidate, production,
                        f"version {candidate} already holds @production; nothing to do")
-    commit = registry.tags(candidate).get("lineage.git_commit")
+    commit = registry.tags(candidate).get(TAG_LINEAGE_COMMIT)
     if reason := hold_reason(cfg, ledger, checkout, candidate, commit):
         return verdict("held", candidate, production, f"held: {reason}")
     last = ledger.last_decision(candidate)

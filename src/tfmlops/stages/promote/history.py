@@ -28,11 +28,15 @@ def history_table(rows: list[dict]) -> str:
     """The rows as aligned text columns, one decision per line."""
     if not rows:
         return "no promotion decisions recorded for this model yet"
-    table = [HISTORY_COLUMNS, *[[str(r[c]) for c in HISTORY_COLUMNS] for r in rows]]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HISTORY_COLUMNS) - 1)]
-    padded = [[*(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)), line[-1]]
-              for line in table]
-    return "\n".join("  ".join(cells) for cells in padded)
+    return aligned([HISTORY_COLUMNS, *[[str(r[c]) for c in HISTORY_COLUMNS] for r in rows]])
+
+
+def aligned(table: list) -> str:
+    """Lines of cells (str) as text columns two spaces apart; the last one unpadded, so a
+    long last cell (why, a file path) does not widen the others."""
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
+    return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)),
+                                line[-1]]) for line in table)
 
 
 def _version(value: str | None) -> str:

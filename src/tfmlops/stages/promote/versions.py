@@ -58,12 +58,24 @@ class Predictions:
 def evaluate_versions(cfg, registry, candidate: str, production: str | None, out_dir: Path) -> dict:
     """Both versions on the same images: the summary promote's gate reads (also written
     with its plots and the per-image table to `out_dir`; "files" lists them)."""
+    versions = {"candidate": candidate} | ({"production": production} if production else {})
+    summary, runs = evaluate_together(cfg, registry, versions, out_dir)
+    if "production" in runs:
+        summary["paired"] = ev.paired_interval(runs["candidate"].correct, runs["production"].correct,
+                                               cfg.promote.gate.confidence)
+    return summary
+
+
+def evaluate_together(cfg, registry, versions: dict[str, str], out_dir: Path
+             ) -> tuple[dict, dict[str, Predictions]]:
+    """(the summary, each version's Predictions), both by role (`versions`: role ->
+    version; the first one's images and labels head the per-image table): every
+    version on the same test images, minus those any of them trained or validated on."""
     prepared = Path(cfg.paths.prepared)
     manifest = read_manifest(prepared)
     classes = list(manifest["classes"])
-    versions = {"candidate": candidate} | ({"production": production} if production else {})
     with tempfile.TemporaryDirectory(prefix="tfmlops-promote-") as tmp:
-        # left out: what any of the two trained or validated on (an older candidate, named
+        # left out: what any of them trained or validated on (an older candidate, named
         # with --version, may have trained on today's test images as well)
         found = [trained_hashes(registry, v, data_version(prepared), Path(tmp) / role)
                  for role, v in versions.items()]
@@ -72,20 +84,17 @@ def evaluate_versions(cfg, registry, candidate: str, production: str | None, out
         unknown = [how for _, how in found if how.startswith(UNKNOWN_MANIFEST)]
         predictors = {role: served_predictor(registry, v, Path(tmp) / role) for role, v in versions.items()}
         runs = predict_split(predictors, versions, prepared, classes, lambda sha: sha not in excluded)
-    first = runs["candidate"]
+    first = next(iter(runs.values()))
     summary = {"images": len(first.sha256),
                "excluded": int(manifest["split_counts"]["test"]) - len(first.sha256),
                "exclusion": exclusion, "exclusion_unknown": unknown, "classes": classes}
     for role, p in runs.items():
         summary[role] = {"version": p.version, "runtime": p.runtime,
                          **ev.summarize(p.labels, p.predicted, p.confidence, classes)}
-    if "production" in runs:
-        summary["paired"] = ev.paired_interval(first.correct, runs["production"].correct,
-                                               cfg.promote.gate.confidence)
     summary["slices"] = ev.slices(slice_keys(first, classes, manifest),
                                   {role: p.correct for role, p in runs.items()})
     summary["files"] = write_outputs(out_dir, summary, runs, classes)
-    return summary
+    return summary, runs
 
 
 def trained_hashes(registry, version: str, current_data: str, dest: Path) -> tuple[set[str], str]:
@@ -175,7 +184,7 @@ def write_outputs(out_dir: Path, summary: dict, runs: dict[str, Predictions],
                                 title=f"{role} version {summary[role]['version']}",
                                 path=out_dir / CONFUSION_PNG.format(version=role))
                for role in runs)]
-    first = runs["candidate"]
+    first = next(iter(runs.values()))
     names = [*classes, ev.UNKNOWN]  # a prediction of -1 (a class the split lacks): the last
     rows = ({"sha256": sha, "label": classes[first.labels[i]],
              **{f"{role}_predicted": names[p.predicted[i]] for role, p in runs.items()},
