@@ -157,8 +157,9 @@ def _command(args: argparse.Namespace):
     if args.command == "history":
         return stage_spec.package("promote").show_history(cfg, as_json=args.json)
     if args.command == "compare":
-        return stage_spec.package("promote").show_comparison(cfg, args.a, args.b, runs=args.runs,
-                                                             most=args.flipped, as_json=args.json)
+        with _others_logged(cfg, args.command):
+            return stage_spec.package("promote").show_comparison(
+                cfg, args.a, args.b, runs=args.runs, most=args.flipped, as_json=args.json)
     if args.command == "accept-reference":
         return stage_spec.package("prepare").accept(cfg)
     if args.command == "sync":
@@ -169,8 +170,13 @@ def _command(args: argparse.Namespace):
         promote = stage_spec.package("promote")
         return promote.run(cfg, **{args.command: args.version, "reason": args.reason})
     module = stage_spec.package(args.command)
-    with logs.others_to(Path(cfg.paths.reports).parent / logs.STAGE_LOGS / f"{args.command}.log"):
+    with _others_logged(cfg, args.command):
         if args.command == "promote":
             return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force,
                               adopt=args.adopt, release=args.release, reason=args.reason)
         return module.run(cfg)
+
+
+def _others_logged(cfg, command: str):
+    """What other libraries print during `command` -> .tfmlops/logs/<command>.log."""
+    return logs.others_to(Path(cfg.paths.reports).parent / logs.STAGE_LOGS / f"{command}.log")
