@@ -49,6 +49,9 @@ RELIABILITY_PNG = "reliability.png"  # promote: both versions' reliability diagr
 CONFUSION_PNG = "confusion_{version}.png"  # promote: one per evaluated version
 PREPARED_MANIFEST = "prepared/" + MANIFEST  # artifact path of the manifest in prepare's run
 
+# in reports/: the folder of the stages' headline files, dvc.yaml's `metrics:` (headline_path)
+HEADLINES = "metrics"
+
 # -- prepare's data contract, in reports/ (data.contract)
 DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
 DATA_PROFILE_CLASSES = "data_profile_classes.csv"  # dvc plots: images per class and split
@@ -75,8 +78,15 @@ TAG_LINEAGE_DATA = "lineage.data_version"
 
 
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
-    """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's metrics."""
+    """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's report,
+    every figure it has (scripts and checks read it; a plain DVC output)."""
     return Path(reports) / f"{stage}{suffix}"
+
+
+def headline_path(reports: str | Path, stage: str) -> Path:
+    """`reports/metrics/<stage>.json`: the few figures of its report a person compares
+    between experiments (StageSpec.headline), the stage's DVC metrics file."""
+    return Path(reports) / HEADLINES / f"{stage}.json"
 
 
 def run_dir(cfg, stage: str) -> Path:
