@@ -4,7 +4,7 @@ measured in the same run (median of N). Target: no-op within 1.5x of the empty o
 
 Then promote's share (issue 46): `promote` is `always_changed`, so every `dvc repro`
 runs it. The reproduced project is copied with only promote's `cmd` replaced by a `cp`
-that puts back its metric file, which DVC deletes before running the stage (`true` would
+that puts back its output files, which DVC deletes before running the stage (`true` would
 fail the repro): same stages, deps, outs, always_changed, DVC's own floor. The copy
 reproduced once to settle, both committed, and the two no-op `dvc repro`s alternated
 (median of --repeats, at least 5, also with --quick). Target: the project's within 2x of
@@ -140,20 +140,25 @@ def floor_copy(repo: Path, dest: Path) -> Path:
     """`repo` after its repro, with only promote's cmd replaced, settled and committed:
     DVC's own no-op floor for the same stages, deps, outs and always_changed.
     DVC deletes a stage's outputs before it runs it, so `true` would leave promote's
-    metric (reports/promote.json) missing and fail the repro: the cmd is a `cp` that puts
-    back a copy of the project's file instead (one small exec)."""
+    report and metrics (reports/promote.json, reports/metrics/promote.json) missing and
+    fail the repro: the cmd is a `cp` that puts back a copy of the project's files
+    instead (one small exec)."""
     import yaml
+
+    from tfmlops.artifacts import HEADLINES
 
     shutil.copytree(repo, dest, symlinks=True)
     reports = yaml.safe_load((dest / "params.yaml").read_text())["paths"]["reports"]
-    shutil.copy2(dest / reports / "promote.json", dest / "promote_floor.json")
+    for name in ("promote.json", f"{HEADLINES}/promote.json"):
+        (dest / "promote_floor" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(dest / reports / name, dest / "promote_floor" / name)
     path = dest / "dvc.yaml"
     text = path.read_text()
     stage = "  promote:\n    cmd: tfmlops promote\n"
     if text.count(stage) != 1:
         raise SystemExit(f"{path}: no single `promote` stage whose cmd is `tfmlops promote`")
-    path.write_text(text.replace(stage, f"  promote:\n    cmd: cp promote_floor.json "
-                                        f"{reports}/promote.json\n"))
+    path.write_text(text.replace(stage, f"  promote:\n    cmd: cp -R promote_floor/. "
+                                        f"{reports}/\n"))
     sh(str(BIN / "dvc"), "repro", cwd=dest)  # promote's cmd changed: it runs once
     commit_all(dest)
     return dest

@@ -16,7 +16,7 @@ at data.image_size 96, 3 channels, tracking and profiling off:
 
     .venv/bin/python benchmarks/prepare_photos.py [--images 4000] [--set-dir DIR]
 
-Writes reports/benchmarks_prepare.json (and prints a summary).
+Writes reports/benchmarks/prepare_photos.json (and prints a summary).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, machine, scratch_config  # noqa: E402
+from common import RESULTS, machine, scratch_config  # noqa: E402
 from photo_set import make_photo_set  # noqa: E402
 
-OUT = ROOT / "reports" / "benchmarks_prepare.json"
+OUT = RESULTS / "prepare_photos.json"
 SIZE = 96
 CLASSES = 8
 

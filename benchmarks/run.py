@@ -18,12 +18,12 @@
 that they run; its figures are not the project's. `--photos` adds issue 12's rows on
 generated phone-size photos (made on first use, kept in the temp folder), each script in
 its own process and runnable alone: benchmarks/prepare_photos.py (rows 1-4: prepare vs a
-PIL loop, peak RSS at 1x/4x, bytes, incremental -> reports/benchmarks_prepare.json) and
-benchmarks/train_photos.py (row 5: train at 1x/4x with `cache: auto`).
+PIL loop, peak RSS at 1x/4x, bytes, incremental -> reports/benchmarks/prepare_photos.json)
+and benchmarks/train_photos.py (row 5: train at 1x/4x with `cache: auto`).
 
-Writes reports/benchmarks.json (all results, the machine, the command; --quick:
-reports/benchmarks/run_quick.json, git-ignored) and prints a summary; BENCHMARKS.md
-quotes a run of it.
+Writes reports/benchmarks/run.json (all results, the machine, the command; --quick:
+reports/benchmarks/run_quick.json; both git-ignored, as all of reports/) and prints a
+summary; BENCHMARKS.md quotes a run of it.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dvc_pipeline  # noqa: E402
 import input_pipeline  # noqa: E402
 import training  # noqa: E402
-from common import RESULTS, ROOT, machine  # noqa: E402
+from common import RESULTS, machine  # noqa: E402
 
-OUT = ROOT / "reports" / "benchmarks.json"
-QUICK_OUT = RESULTS / "run_quick.json"  # git-ignored: a check's figures never replace a run's
+OUT = RESULTS / "run.json"
+QUICK_OUT = RESULTS / "run_quick.json"  # a check's figures never replace a run's
 
 
 def inference_in_own_process(repo: Path, runs: int, quick: bool) -> dict:
@@ -63,7 +63,7 @@ def photos_in_own_process(quick: bool) -> dict:
                     *(["--images", "200"] if quick else [])], check=True)
     subprocess.run([sys.executable, str(here / "train_photos.py"),
                     *(["--images", "60", "--epochs", "1"] if quick else [])], check=True)
-    return {"prepare": json.loads((ROOT / "reports" / "benchmarks_prepare.json").read_text()),
+    return {"prepare": json.loads((RESULTS / "prepare_photos.json").read_text()),
             "train": json.loads((RESULTS / "train_photos.json").read_text())}
 
 

@@ -114,6 +114,9 @@ def tiny_params(workdir: Path, **sections) -> dict:
 
 
 NO_REFERENCE = '{"reference": null}\n'  # what a fresh clone commits: no accepted profile yet
+# `dvc metrics show` and the README's `dvc exp show` have a column per DVC metric, the
+# stages' headline keys (issue 51: every report's key was one, about 300 columns)
+MAX_METRIC_COLUMNS = 60
 
 
 def no_reference(path: Path) -> Path:

@@ -54,6 +54,9 @@ COMPARE_HTML = "compare.html"  # the same, thumbnails inline (data URIs): the ML
 COMPARE_JSON = "compare.json"  # the same as data (`tfmlops compare --json`)
 FLIPPED_DIR = "flipped"  # beside them: a PNG thumbnail per listed flipped image
 
+# in reports/: the folder of the stages' headline files, dvc.yaml's `metrics:` (headline_path)
+HEADLINES = "metrics"
+
 # -- prepare's data contract, in reports/ (data.contract)
 DATA_PROFILE = "data_profile.json"  # counts, histograms, leakage, anomalies
 DATA_PROFILE_CLASSES = "data_profile_classes.csv"  # dvc plots: images per class and split
@@ -82,8 +85,15 @@ TAG_LINEAGE_COMMIT = "lineage.git_commit"
 
 
 def report_path(reports: str | Path, stage: str, suffix: str = ".json") -> Path:
-    """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's metrics."""
+    """`reports/<stage>.json` (or another suffix: `_history.csv`...): a stage's report,
+    every figure it has (scripts and checks read it; a plain DVC output)."""
     return Path(reports) / f"{stage}{suffix}"
+
+
+def headline_path(reports: str | Path, stage: str) -> Path:
+    """`reports/metrics/<stage>.json`: the few figures of its report a person compares
+    between experiments (StageSpec.headline), the stage's DVC metrics file."""
+    return Path(reports) / HEADLINES / f"{stage}.json"
 
 
 def run_dir(cfg, stage: str) -> Path:

@@ -17,7 +17,9 @@
 6. on success: the staging folder swapped in whole (unless the stage did it with
    `Stage.swap()` to log from the final folder or to register after it), the
    profile folders it asked for logged, the run FINISHED, then `reports/<stage>.json`
-   (a stage that did nothing, `Stage.skip`, opens no run and only writes its report);
+   and its headline, `reports/metrics/<stage>.json` (the SPEC's `headline` keys: its
+   DVC metrics file); a stage that did nothing (`Stage.skip`) opens no run and writes
+   only these;
    on failure or a signal: the run FAILED or KILLED, the staging folder removed, the
    old output left in place, child processes of a pool stopped. A `detach` stage run
    as a command (prepare, `tracking.wait: false`) writes its FINISHED run to the outbox
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import faults
-from tfmlops.artifacts import DELIVERY_LOCK, report_path, run_dir
+from tfmlops.artifacts import DELIVERY_LOCK, headline_path, report_path, run_dir
 from tfmlops.errors import UserError
 from tfmlops.files import hold_lock, read_json, staging_dir, swap_in, write_json
 
@@ -77,7 +79,7 @@ class Stage:
     # the run's params, set before the run opens (train's, once TensorFlow is imported)
     params: dict | None = None
     scratch: bool = False  # a non-chief worker's: `out` is a scratch folder, removed at the end
-    metrics: dict | None = None  # reports/<stage>.json, written once the run has ended
+    metrics: dict | None = None  # reports/<stage>.json (and its headline), once the run ended
     swapped: bool = False
     skipped: bool = False  # did nothing (`skip`): no run, no output swapped in
     _open: Callable[[], Any] | None = None  # opens the run, on the first use of `run`
@@ -103,7 +105,8 @@ class Stage:
         return self.final
 
     def report(self, metrics: dict, *, log_metrics: bool = True) -> dict:
-        """The stage's metrics: logged to its run now, written to reports/ at the end."""
+        """The stage's metrics: logged to its run now, written to reports/<stage>.json at the
+        end, the SPEC's headline keys of them to reports/metrics/<stage>.json."""
         self.metrics = metrics
         if log_metrics:
             self.run.log_metrics(metrics)
@@ -111,8 +114,9 @@ class Stage:
 
     def skip(self, metrics: dict) -> dict:
         """The stage did nothing (promote: no registry, or already decided): no run is
-        opened, the output stays as it was, and reports/<stage>.json is written at the end
-        only if it says something new (its `time` aside), so a no-op repro leaves it."""
+        opened, the output stays as it was, and reports/<stage>.json (and its headline) is
+        written at the end only if it says something new (its `time` aside), so a no-op
+        repro leaves it."""
         if self._run is not None:
             raise RuntimeError(f"{self.name}: skip after its run was opened")
         self.metrics, self.skipped = metrics, True
@@ -223,6 +227,9 @@ def stage(cfg, spec, *, params: dict | None = None) -> Iterator[Stage]:
             if current.metrics is not None:  # the run has ended; still under the lock
                 _write_report(report_path(cfg.paths.reports, name), current.metrics,
                               only_if_new=current.skipped)
+                if spec.headline:
+                    _write_report(headline_path(cfg.paths.reports, name),
+                                  spec.headline_of(current.metrics), only_if_new=current.skipped)
             faults.stage_point(name, "reported")
 
 

@@ -25,7 +25,11 @@ class StageSpec:
     output: str | None
     upstream: tuple[str, ...] = ()  # the stages whose runs this one's lineage names
     params: tuple[str, ...] = ()  # dvc.yaml's `params:` of the stage, exactly
-    reports: tuple[str, ...] = ()  # reports/ files dvc.yaml lists as its metrics or plots
+    reports: tuple[str, ...] = ()  # reports/ files dvc.yaml lists as its outs, metrics or plots
+    # The keys of its report (reports/<name>.json; "a.b" reaches into a nested one) a person
+    # compares between experiments: reports/metrics/<name>.json, its DVC metrics file. Few:
+    # `dvc exp show` has a column per key of every stage (tests/unit/test_specs.py: <= 60).
+    headline: tuple[str, ...] = ()
     keras: str = "keras"  # "tf_keras": runs with Keras 2 in its own process (tfmot)
     tracked: bool = True  # an MLflow run (materialize: none)
     sidecar: bool = False  # the run kept by a separate process (tracking/sidecar.py)
@@ -40,11 +44,32 @@ class StageSpec:
     def output_dir(self, cfg):
         return None if self.output is None else getattr(cfg.paths, self.output)
 
+    def headline_of(self, report: dict) -> dict:
+        """The headline keys `report` has, with their values, in the order declared."""
+        found = ((key, _lookup(report, key)) for key in self.headline)
+        return {key: value for key, value in found if value is not _MISSING}
+
     def run_dir(self, cfg) -> Path:
         """The folder of its `mlflow_run.json`: its output, or reports/<name>/."""
         if self.run_in_reports or self.output is None:
             return Path(cfg.paths.reports) / self.name
         return Path(self.output_dir(cfg))
+
+
+_MISSING = object()
+
+
+def _lookup(report: dict, key: str):
+    """report[key], or through nested dicts ("variants.int8.bytes": a flat "a.b" key, as
+    export's "serving.accuracy", or a nested one, as quantize's variants); else _MISSING."""
+    if key in report:
+        return report[key]
+    for i, char in enumerate(key):
+        if char == "." and isinstance(report.get(key[:i]), dict):
+            found = _lookup(report[key[:i]], key[i + 1:])
+            if found is not _MISSING:
+                return found
+    return _MISSING
 
 
 def package(name: str):

@@ -19,8 +19,10 @@ DVC_YAML = """stages:
     cmd: tfmlops promote --version {version}
     params:
       - promote
+    outs:                               # cached, as in the project's dvc.yaml
+      - reports/promote.json
     metrics:
-      - reports/promote.json            # cached, as in the project's dvc.yaml
+      - reports/metrics/promote.json
 """
 
 

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import dvc, repo_copy
-from tfmlops.artifacts import TAG_STAGE
+from conftest import MAX_METRIC_COLUMNS, dvc, repo_copy
+from tfmlops.artifacts import HEADLINES, TAG_STAGE
+from tfmlops.stage_spec import specs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -73,6 +74,38 @@ def test_metrics_and_plots_show(repro):
     assert train["test_accuracy"] > 0.3
     plots = dvc("plots", "show", "--json", cwd=repo)
     assert "train_history.csv" in plots.stdout
+
+
+# headline keys this pipeline's reports lack, and why
+ABSENT = {"promote": {"evaluation.production.accuracy",  # the first promotion: no production
+                      "evaluation.paired.difference"}}   # to compare with
+
+
+def leaves(data: dict, prefix: str = "") -> dict:
+    """{"a.b": value} of every value in nested dicts, as DVC makes its columns."""
+    out = {}
+    for key, value in data.items():
+        out.update(leaves(value, f"{prefix}{key}.") if isinstance(value, dict)
+                   else {f"{prefix}{key}": value})
+    return out
+
+
+def test_dvc_metrics_are_the_stages_headlines_few_enough_to_read(pipeline_repo, tmp_path):
+    """The metrics DVC shows are the headline files alone, each the declared keys of its
+    stage's report (a misspelt key never shows: only ABSENT may be missing). On the first
+    repro's reports (a copy: this module's own repo reruns promote, whose answer then
+    has no evaluation)."""
+    repo = repo_copy(pipeline_repo[0], tmp_path / "repo")
+    shown = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
+    files = {path: v["data"] for path, v in next(iter(shown.values()))["data"].items()}
+    columns = [f"{path}:{key}" for path, data in files.items() for key in leaves(data)]
+    assert len(columns) <= MAX_METRIC_COLUMNS, (len(columns), columns)
+    headlined = [s for s in specs() if s.headline]
+    assert set(files) == {f"reports/{HEADLINES}/{s.name}.json" for s in headlined}
+    for s in headlined:
+        report = json.loads((repo / "reports" / f"{s.name}.json").read_text())
+        assert files[f"reports/{HEADLINES}/{s.name}.json"] == s.headline_of(report), s.name
+        assert set(s.headline) - set(s.headline_of(report)) == ABSENT.get(s.name, set()), s.name
 
 
 def test_mlflow_holds_one_run_per_stage_with_lineage_to_prepare(repro):

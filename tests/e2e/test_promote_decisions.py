@@ -27,8 +27,10 @@ DVC_YAML = """stages:
     params:
       - promote
       - tracking.enabled
+    outs:                               # cached, as in the project's dvc.yaml
+      - reports/promote.json
     metrics:
-      - reports/promote.json            # cached, as in the project's dvc.yaml
+      - reports/metrics/promote.json
 """
 
 

@@ -94,17 +94,18 @@ def test_two_runs_of_one_stage_take_turns_and_the_output_is_one_runs(tmp_path, m
 def test_a_stage_that_skips_opens_no_run_keeps_its_output_and_rewrites_only_a_new_report(
         tmp_path, make_cfg):
     """`Stage.skip` (promote's already-decided answers): no run, the output as it was, no
-    staging left, and reports/<stage>.json rewritten only when it says something new."""
+    staging left, and reports/<stage>.json and its headline, reports/metrics/<stage>.json,
+    rewritten only when they say something new."""
     from tfmlops import harness
-    from tfmlops.artifacts import report_path
+    from tfmlops.artifacts import headline_path, report_path
     from tfmlops.stage_spec import StageSpec
 
     cfg = _untuned(make_cfg)
-    spec = StageSpec(name="tune", help="", output="tuned")
+    spec = StageSpec(name="tune", help="", output="tuned", headline=("outcome",))
     old = Path(cfg.paths.tuned)
     old.mkdir(parents=True)
     (old / "kept.txt").write_text("the last run's")
-    report = report_path(cfg.paths.reports, "tune")
+    report, headline = report_path(cfg.paths.reports, "tune"), headline_path(cfg.paths.reports, "tune")
 
     def skip(metrics):
         with harness.stage(cfg, spec) as st:
@@ -112,15 +113,18 @@ def test_a_stage_that_skips_opens_no_run_keeps_its_output_and_rewrites_only_a_ne
 
     skip({"outcome": "skipped", "time": "t1"})
     assert json.loads(report.read_text()) == {"outcome": "skipped", "time": "t1"}
+    assert json.loads(headline.read_text()) == {"outcome": "skipped"}
     assert stage_runs(cfg, "tune") == []
     assert sorted(p.name for p in old.iterdir()) == ["kept.txt"]
     assert _leftovers(tmp_path / "models") == []
-    written = report.stat().st_mtime_ns
+    written = report.stat().st_mtime_ns, headline.stat().st_mtime_ns
     time.sleep(0.01)
     skip({"outcome": "skipped", "time": "t2"})  # the same answer at another time
-    assert report.stat().st_mtime_ns == written and "t1" in report.read_text()
+    assert (report.stat().st_mtime_ns, headline.stat().st_mtime_ns) == written
+    assert "t1" in report.read_text()
     skip({"outcome": "other", "time": "t3"})
     assert json.loads(report.read_text()) == {"outcome": "other", "time": "t3"}
+    assert json.loads(headline.read_text()) == {"outcome": "other"}
 
     with pytest.raises(RuntimeError, match="skip after its run was opened"):
         with harness.stage(cfg, spec) as st:

@@ -10,8 +10,9 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT
-from tfmlops.stage_spec import PIPELINE, spec, specs
+from conftest import MAX_METRIC_COLUMNS, ROOT
+from tfmlops.artifacts import HEADLINES
+from tfmlops.stage_spec import PIPELINE, StageSpec, spec, specs
 
 
 def dvc_stages() -> dict:
@@ -38,10 +39,32 @@ def test_dvc_yaml_runs_the_stage_as_its_spec_declares(name):
         assert f"${{paths.{s.output}}}" in outs
     assert [p if isinstance(p, str) else next(iter(p)) for p in stage.get("params", [])] == \
         list(s.params)
-    declared = declared_files(stage.get("metrics")) | declared_files(stage.get("plots"))
+    declared = (declared_files(stage.get("outs")) | declared_files(stage.get("metrics"))
+                | declared_files(stage.get("plots")))
     assert set(s.reports) <= declared, set(s.reports) - declared
+    # its report is a plain output; its metrics file is its headline's, and only that
+    metrics = [e if isinstance(e, str) else next(iter(e)) for e in stage.get("metrics", [])]
+    assert metrics == ([f"${{paths.reports}}/{HEADLINES}/{name}.json"] if s.headline else [])
+    if f"{name}.json" in s.reports:
+        assert f"${{paths.reports}}/{name}.json" in outs
     code = [d for d in stage.get("deps", []) if isinstance(d, str) and d.startswith("src/")]
     assert f"src/tfmlops/stages/{name}" in code  # its own code, the folder whole
+
+
+def test_the_headlines_are_few_enough_to_read_side_by_side():
+    keys = [key for s in specs() for key in s.headline]
+    assert len(keys) <= MAX_METRIC_COLUMNS, len(keys)
+    for s in specs():
+        assert len(set(s.headline)) == len(s.headline), s.name
+        assert s.headline or f"{s.name}.json" not in s.reports, s.name  # a report, no headline
+
+
+def test_a_headline_takes_the_declared_keys_a_report_has_flat_or_nested():
+    s = StageSpec(name="x", help="", output=None,
+                  headline=("serving.accuracy", "variants.int8.bytes", "absent", "a.absent"))
+    report = {"serving.accuracy": 0.9, "variants": {"int8": {"bytes": 10, "p50_ms": 1.0}},
+              "a": {"b": 1}, "time": "t"}
+    assert s.headline_of(report) == {"serving.accuracy": 0.9, "variants.int8.bytes": 10}
 
 
 @pytest.mark.parametrize("name", PIPELINE)

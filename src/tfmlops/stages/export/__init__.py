@@ -48,6 +48,9 @@ SPEC = StageSpec(
     upstream=("prepare", "train", "quantize"),
     params=("export", "promote.registered_model", "tracking.enabled"),
     reports=("export.json", "export_formats.csv"),
+    headline=("serving.accuracy", "serving.bytes", "serving.latency_p50_ms", "parity.passed",
+              "registered_version", "tflite.accuracy", "tflite.bytes", "tflite.p50_ms",
+              "onnx.p50_ms", "keras.p50_ms"),
     sidecar=True,
 )
 COLUMNS = ["format", "file", "bytes", "accuracy", "p50_ms", "p95_ms", "max_abs_diff",

@@ -56,6 +56,8 @@ SPEC = StageSpec(
     output="prepared",
     params=("seed", "data", "pipeline"),
     reports=("prepare.json", "data_profile_classes.csv"),
+    headline=("images_good", "images_bad", "classes", "train_images", "val_images",
+              "test_images", "leakage_pairs", "anomalies"),
     sidecar=True,
     run_in_reports=True,
     detach=True,

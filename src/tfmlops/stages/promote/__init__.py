@@ -43,6 +43,11 @@ SPEC = StageSpec(
     upstream=("export",),
     params=("promote", "tracking.enabled"),
     reports=("promote.json",),
+    # the evaluation's figures: production's and the paired difference only when there is
+    # a production to compare with
+    headline=("outcome", "promoted", "candidate", "production_after",
+              "evaluation.candidate.accuracy", "evaluation.production.accuracy",
+              "evaluation.paired.difference"),
     run_in_reports=True,
 )
 

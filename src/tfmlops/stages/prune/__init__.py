@@ -36,6 +36,7 @@ SPEC = StageSpec(
     upstream=("prepare", "train"),
     params=("prune",),
     reports=("prune.json", "prune_sparsity.csv"),
+    headline=("test_accuracy", "accuracy_delta", "sparsity", "gzip_bytes_pruned", "gzip_ratio"),
     keras="tf_keras",
     sidecar=True,
 )

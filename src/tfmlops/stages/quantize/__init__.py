@@ -41,6 +41,11 @@ SPEC = StageSpec(
     upstream=("prepare", "train", "prune"),
     params=("quantize",),
     reports=("quantize.json", "frontier.csv"),
+    # the edge file's own figures are export's tflite.*; here, the INT8 variants beside it
+    headline=("edge_variant", "edge_within_budget", "reference_accuracy",
+              "variants.trained_int8.accuracy", "variants.trained_int8.bytes",
+              "variants.trained_int8.p50_ms", "variants.pruned_int8_sparse.accuracy",
+              "variants.pruned_int8_sparse.bytes", "keras_gzip_vs_pruned_int8_gzip"),
     keras="tf_keras",
     sidecar=True,
 )

@@ -49,6 +49,8 @@ SPEC = StageSpec(
     upstream=("prepare", "tune"),
     params=("seed", "model", "train", "pipeline"),
     reports=("train.json", "train_history.csv", "label_issues.csv"),
+    headline=("test_accuracy", "test_loss", "test_macro_f1", "best_val_accuracy", "best_epoch",
+              "epochs_run", "images_per_s"),
     sidecar=True,
     worker_scratch=True,
 )

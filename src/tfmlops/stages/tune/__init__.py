@@ -36,6 +36,7 @@ SPEC = StageSpec(
     upstream=("prepare",),
     params=("seed", "model", "tune", "pipeline", "train"),
     reports=("tune.json", "tune_trials.csv"),
+    headline=("trials_run", "trials_failed", "best_score", "final_winner_score"),
     sidecar=True,
 )
 WORKER_WAIT_S = 120.0  # how long a worker waits for the chief's parent run
