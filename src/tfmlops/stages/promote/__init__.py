@@ -17,14 +17,13 @@ Every decision goes to the promotion ledger (the registry's record, ledger.py),
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfmlops import harness
-from tfmlops.artifacts import REGISTERED, TAG_PROMOTE, data_version
+from tfmlops.artifacts import TAG_PROMOTE, data_version
 from tfmlops.errors import DataError
 from tfmlops.stage_spec import StageSpec
 from tfmlops.stages.promote.compare import show_comparison  # noqa: F401  (`tfmlops compare`)
@@ -73,7 +72,7 @@ def _decide(cfg: Config, st: harness.Stage, request: Request):
     from tfmlops import tracking
     from tfmlops.project import repo_root
     from tfmlops.stages.promote import decided
-    from tfmlops.stages.promote.decide import user, verdict
+    from tfmlops.stages.promote.decide import exported, user, verdict
     from tfmlops.stages.promote.workspace import Checkout
 
     if not cfg.tracking.enabled:
@@ -122,19 +121,6 @@ def _decide(cfg: Config, st: harness.Stage, request: Request):
         return decision, None
     return decision, lambda: decided.remember(cfg, decided.verified(registry, inputs, decision),
                                               decision)
-
-
-def exported(cfg: Config) -> tuple[str | None, Path]:
-    """(the version `export` registered, its registered.json)."""
-    from tfmlops.artifacts import require
-
-    path = require(Path(cfg.paths.export) / REGISTERED, "export", hint=" (or pass --version N)")
-    registered = json.loads(path.read_text())
-    if registered.get("version") and registered.get("name") != cfg.promote.registered_model:
-        raise DataError(f"{path} registered '{registered.get('name')}', params name "
-                        f"'{cfg.promote.registered_model}' (promote.registered_model); run "
-                        "`dvc repro export` again")
-    return (str(registered["version"]) if registered.get("version") else None), path
 
 
 def finished(decision: dict) -> dict:

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfmlops.artifacts import TAG_LINEAGE_COMMIT
+from tfmlops.artifacts import REGISTERED, TAG_LINEAGE_COMMIT
 from tfmlops.errors import ConfigError, DataError
 from tfmlops.registry import PRODUCTION
 from tfmlops.stages.promote import decisions, moves
@@ -179,3 +179,16 @@ def act(cfg, registry, request: Request, candidate: str | None, actor: moves.Act
     if request.action == "reject":
         return decisions.reject(registry, ledger, request.version, actor, still_held, why)
     return getattr(decisions, request.action)(registry, ledger, actor, still_held, why)
+
+
+def exported(cfg) -> tuple[str | None, Path]:
+    """(the version `export` registered, its registered.json)."""
+    from tfmlops.artifacts import require
+
+    path = require(Path(cfg.paths.export) / REGISTERED, "export", hint=" (or pass --version N)")
+    registered = json.loads(path.read_text())
+    if registered.get("version") and registered.get("name") != cfg.promote.registered_model:
+        raise DataError(f"{path} registered '{registered.get('name')}', params name "
+                        f"'{cfg.promote.registered_model}' (promote.registered_model); run "
+                        "`dvc repro export` again")
+    return (str(registered["version"]) if registered.get("version") else None), path
