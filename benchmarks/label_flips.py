@@ -5,8 +5,9 @@ Per seed, in a scratch folder: materialize the digits, move a seeded share of th
 drawn at random, then `prepare` and `train` (tune off: params.yaml's model, epochs and
 `train.label_issues`; tracking off). From prepare's manifest and train's
 reports/label_issues.csv and train.json: the planted flips that landed in val or test,
-how many images were flagged and listed, recall (the share of those flips listed) and
-precision (the share of the listed images that were planted).
+how many images were flagged and listed, recall (the share of those flips listed),
+precision (the share of the listed images that were planted) and how many listed images
+the model predicts as their given label.
 
 Side by side, on the held-out probabilities of the same trained model (reloaded): the
 list this replaced (the `train.label_issues` lowest p(given label), flagged or not) and,
@@ -86,16 +87,18 @@ def score(held: set[tuple[str, str]], listed: list[tuple[str, str]]) -> dict:
             "precision": round(hits / len(listed), 4) if listed else None}
 
 
-def listed_in_csv(reports: Path) -> list[tuple[str, str]]:
+def listed_in_csv(reports: Path) -> tuple[list[tuple[str, str]], int]:
+    """((sha256, given class) of train's listed images, how many are predicted as given)."""
     from tfmlops.artifacts import LABEL_ISSUES_CSV
 
     with open(reports / LABEL_ISSUES_CSV, newline="") as fh:
-        return [(r["sha256"], r["given"]) for r in csv.DictReader(fh)]
+        rows = list(csv.DictReader(fh))
+    return [(r["sha256"], r["given"]) for r in rows], sum(r["predicted"] == r["given"] for r in rows)
 
 
-def other_rules(cfg, cap: int) -> dict[str, list[tuple[str, str]]]:
+def other_rules(cfg, cap: int) -> dict[str, tuple[list[tuple[str, str]], int]]:
     """(sha256, given class) listed by each rule on the trained model's held-out
-    probabilities, lowest p(given) first, at most `cap`."""
+    probabilities, lowest p(given) first, at most `cap`; how many are predicted as given."""
     from tfmlops.data.pipeline import load_prepared
     from tfmlops.data.stored_split import stored_records
     from tfmlops.model.trained import MODEL_FILE, load_keras3
@@ -117,7 +120,8 @@ def other_rules(cfg, cap: int) -> dict[str, list[tuple[str, str]]]:
     else:
         rows["cleanlab default (prune_by_noise_rate)"] = find_label_issues(
             held.labels, held.probs, return_indices_ranked_by="self_confidence", n_jobs=1)[:cap]
-    return {name: [keys[i] for i in r] for name, r in rows.items()}
+    as_given = held.probs.argmax(axis=1) == held.labels
+    return {name: ([keys[i] for i in r], int(as_given[r].sum())) for name, r in rows.items()}
 
 
 def one_seed(seed: int, share: float, quick: bool) -> dict:
@@ -137,7 +141,8 @@ def one_seed(seed: int, share: float, quick: bool) -> dict:
     return {"seed": seed, "workdir": str(workdir), "planted": len(planted),
             "planted_held_out": len(held), "test_accuracy": round(metrics["test_accuracy"], 4),
             "flagged": metrics["label_issues_flagged"], "cap": cfg.train.label_issues,
-            "rules": {name: score(held, listed) for name, listed in rules.items()}}
+            "rules": {name: {**score(held, listed), "predicted_as_given": as_given}
+                      for name, (listed, as_given) in rules.items()}}
 
 
 def main() -> None:
@@ -154,7 +159,8 @@ def main() -> None:
               f" test accuracy {run['test_accuracy']}; {run['flagged']} flagged", flush=True)
         for name, s in run["rules"].items():
             print(f"  {name}: {s['listed']} listed, {s['listed_planted']} planted, recall "
-                  f"{s['recall']}, precision {s['precision']}", flush=True)
+                  f"{s['recall']}, precision {s['precision']}; {s['predicted_as_given']} "
+                  "predicted as given", flush=True)
     path = save("label_flips", {"benchmark": "label_flips", "share": args.share,
                                 "quick": args.quick, "runs": runs})
     print(f"-> {path}")
