@@ -329,3 +329,30 @@ def test_shared_public_names_finds_a_repeated_one(tmp_path):
     (tmp_path / "a.py").write_text("def first_line(exc):\n    pass\n\ndef run(cfg):\n    pass\n")
     (tmp_path / "b.py").write_text("def first_line(text):\n    pass\n\ndef run(cfg):\n    pass\n")
     assert shared_public_names(tmp_path) == {"first_line": ["a.py", "b.py"]}
+
+
+# Libraries only the tests use: train implements confident learning in numpy, and cleanlab
+# (the `test` extra) is the reference its tests compare with, never a dependency of the package.
+TEST_ONLY = ("cleanlab",)
+
+
+def imports_of_test_only(root: Path) -> list[str]:
+    """`module: name` for each import of a TEST_ONLY library below `root`, at any level."""
+    found = []
+    for module, path in module_names(root).items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            found += [f"{module}: {n}" for n in names if n.split(".")[0] in TEST_ONLY]
+    return found
+
+
+def test_the_package_imports_no_test_only_library():
+    assert imports_of_test_only(SRC) == []
+
+
+def test_a_test_only_import_inside_a_function_is_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("def f():\n    from cleanlab.filter import x\n")
+    assert imports_of_test_only(tmp_path / "pkg") == ["pkg.a: cleanlab.filter"]

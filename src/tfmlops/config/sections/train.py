@@ -86,8 +86,9 @@ class TrainConfig(Section):
     replicas: Annotated[int, Meta(ge=1, le=64)] = 1
     jit_compile: Literal["auto", "true", "false"] = "false"
     use_tuned: bool = True
-    # val and test images the model finds least likely to carry their label, kept in
-    # reports/label_issues.csv and a contact sheet; 0 turns it off
+    # the most val and test images listed in reports/label_issues.csv and a contact sheet:
+    # only those confident learning flags as mislabelled (often fewer, possibly none);
+    # 0 turns it off
     label_issues: Annotated[int, Meta(ge=0, le=10_000)] = 50
     fine_tune: FineTuneConfig = field(default_factory=FineTuneConfig)
     # Dotted keys ("optimizer.learning_rate", "model.dropout", "batch_size") that

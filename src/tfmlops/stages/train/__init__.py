@@ -4,8 +4,8 @@ Reads the prepared TFRecords and (with `train.use_tuned`) tune's
 `best_hparams.yaml`, merged as params <- tuned <- train.overrides. Writes
 `paths.train/` (model.keras, resolved_params.yaml, tune_merge.json, precision.json,
 classification_report.json, confusion_matrix.png, training_curves.png,
-mlflow_run.json), `reports/train.json`, `reports/train_history.csv` and the suspected
-label errors of val and test (`reports/label_issues.csv` and `.png`).
+mlflow_run.json), `reports/train.json`, `reports/train_history.csv` and the val and
+test images confident learning flags as mislabelled (`reports/label_issues.csv` and `.png`).
 
 Order of work, and why:
 1. bad input fails before TensorFlow does anything (missing or stale tune output,

@@ -1,7 +1,7 @@
 """What `train` records and writes once the model is fitted, the same on one machine
 and across workers: the run's setup, the saved outputs, the test-split evaluation,
-the classification report, plots, the history CSV, the suspected label errors
-(label_issues.py) and the stage's metrics."""
+the classification report, plots, the history CSV, the label issues confident learning
+flags (label_issues.py) and the stage's metrics."""
 
 from __future__ import annotations
 
@@ -74,19 +74,16 @@ def save(out: Path, model, merged: Config, changes: list, chosen, run, prepared)
 
 
 def evaluate_test(model, merged: Config, prepared, global_batch: int):
-    """(Keras metrics on the test split, its labels, predicted classes, the suspected label
-    errors of val and test), read batch by batch from the TFRecords: memory does not grow
-    with the splits. The test predictions serve both the report and the label issues."""
-    from tfmlops.data.stored_split import StoredSplit
-
+    """(Keras metrics on the test split, the held-out probabilities: test's, and val's too
+    unless `train.label_issues` is 0), read batch by batch from the TFRecords: memory for
+    the probabilities, not the images. The test predictions serve both the report and the
+    label issues."""
     test = model.evaluate(sized(merged, prepared, "test", global_batch), verbose=0,
                           return_dict=True)
-    worst = label_issues.Worst(merged.train.label_issues)
-    y_test, predicted = label_issues.scan(model, StoredSplit.of(prepared, "test"), "test",
-                                          global_batch, worst)
-    if worst.n and prepared.counts["val"]:
-        label_issues.scan(model, StoredSplit.of(prepared, "val"), "val", global_batch, worst)
-    return test, y_test, predicted, worst
+    splits = {"test": label_issues.predict(model, prepared, "test", global_batch)}
+    if merged.train.label_issues and prepared.counts["val"]:
+        splits["val"] = label_issues.predict(model, prepared, "val", global_batch)
+    return test, label_issues.HeldOut.of(splits)
 
 
 def finish(t: Training, final: Path, evaluation, fitted, model_logging,
@@ -95,12 +92,17 @@ def finish(t: Training, final: Path, evaluation, fitted, model_logging,
     history, plots and metrics, the backup emptied. Returns the metrics and the files it
     made, each with its artifact folder, for the harness to log (`Stage.keep`)."""
     merged, prepared, reports = t.merged, t.prepared, Path(t.merged.paths.reports)
-    test, y_test, predicted, worst = evaluation
-    report = classification_report(y_test, predicted, prepared.classes)
+    test, held = evaluation
+    y_test, p_test = held.split("test")
+    report = classification_report(y_test, p_test.argmax(axis=1), prepared.classes)
     write_json(final / "classification_report.json", report)
+    issues = (label_issues.find(held, merged.train.label_issues, prepared.folder)
+              if merged.train.label_issues else None)
     metrics = summary(fitted.rows, test, report, t.resumed.done, t.setup,
                       fit_seconds=fitted.seconds, wall_seconds=time.perf_counter() - started,
                       profile=profiling.trace_summary(t.folders.profile))
+    if issues is not None:  # how many were flagged (0: none), whatever train.label_issues lists
+        metrics["label_issues_flagged"] = issues.flagged
     history = write_csv(reports / "train_history.csv", fitted.rows, HISTORY_COLUMNS)
     clear(merged.paths.backup)
     plot(final, fitted.rows, report, prepared.classes)
@@ -108,7 +110,7 @@ def finish(t: Training, final: Path, evaluation, fitted, model_logging,
     t.run.log_metrics({("steady_images_per_s" if k == "images_per_s" else k): v
                        for k, v in metrics.items()})
     files = [(final / name, "train") for name in OUTPUTS] + [(history, "reports")]
-    files += [(f, "reports") for f in label_issues.write(worst, prepared.classes,
+    files += [(f, "reports") for f in label_issues.write(issues, prepared.classes,
                                                          prepared.folder, reports)]
     t.run.log_dict(metrics, "reports/train.json")  # the harness writes the file at the end
     # The model logged in a thread since `save`: a failure other than the store being
