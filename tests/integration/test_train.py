@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -152,36 +150,29 @@ def test_train_writes_outputs_and_a_complete_mlflow_run(digits_workdir):
     np.testing.assert_allclose(logged.predict(x_test[:8], verbose=0), local[:8], atol=1e-6)
 
 
-def _stopped_after_its_last_backup(cfg) -> None:
-    """`train` stopped by SIGTERM once its last epoch is backed up, before it ends (a kill
-    there leaves a backup with nothing left to train)."""
-    from tfmlops import harness
+def _stopped_after_its_last_backup(cfg, monkeypatch) -> None:
+    """`train` stopped by SIGTERM once every epoch is backed up, before it saves its model
+    (the fault point `train.fitted`; a kill there leaves a backup with nothing left to
+    train). A thread polling the backup raced train's end: under load train finished first."""
+    from tfmlops import faults, harness
     from tfmlops.stages import train
     from tfmlops.stages.train.backup import finished_epochs
 
-    backup, done = Path(cfg.paths.backup), threading.Event()
-
-    def stop():
-        while not done.is_set() and finished_epochs(backup) < cfg.train.epochs:
-            time.sleep(0.01)
-        if not done.is_set():
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    # Terminated, not this process's end, however late the signal comes.
-    with harness.terminated_on_sigterm():
-        stopper = threading.Thread(target=stop, daemon=True)
-        stopper.start()
-        with pytest.raises(harness.Terminated):
+    faults._visits.pop("train.fitted", None)
+    with monkeypatch.context() as m:
+        m.setenv("TFMLOPS_FAULT", "train.fitted")
+        m.setenv("TFMLOPS_FAULT_SIGNAL", "SIGTERM")
+        # Terminated, not this process's end
+        with harness.terminated_on_sigterm(), pytest.raises(harness.Terminated):
             train.run(cfg)
-        done.set()
-        stopper.join()
+    backup = Path(cfg.paths.backup)
     assert finished_epochs(backup) == cfg.train.epochs and (backup / BEST_WEIGHTS).is_file()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_runs_with_the_same_params_give_bit_identical_weights(
-        digits_workdir, make_cfg, prepared_digits, tmp_path, caplog):
+        digits_workdir, make_cfg, prepared_digits, tmp_path, caplog, monkeypatch):
     from tfmlops.model.trained import load_keras3, trained_model_path
     from tfmlops.stages import train
 
@@ -199,7 +190,7 @@ def test_two_runs_with_the_same_params_give_bit_identical_weights(
     (stale / "fingerprint.json").write_text('{"params": "other", "data": "other"}')
 
     caplog.set_level("INFO", logger="tfmlops")
-    _stopped_after_its_last_backup(first)
+    _stopped_after_its_last_backup(first, monkeypatch)
     assert "discarded the backup" in caplog.text
     # Keras' ModelCheckpoint rewrites best.weights.h5 in place, without fsync: torn by a
     # kill or a power cut, it was resumed with nothing left to train and failed the run at

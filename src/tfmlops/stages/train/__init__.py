@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfmlops import harness
+from tfmlops import faults, harness
 from tfmlops.artifacts import PRECISION, data_version
 from tfmlops.stage_spec import StageSpec
 
@@ -102,9 +102,9 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     # reused (read only), so train reproduces the round's curve. Across workers it is not
     # timed: each worker would time on its own and could pick another policy.
     chosen = (fitting.choose_precision(merged, prepared, merged.train.batch_size, timed=False)
-                if setup.across_workers else
-                fitting.choose_precision(merged, prepared, merged.train.batch_size, write=False,
-                                     cache_file=Path(cfg.paths.tuned) / PRECISION))
+              if setup.across_workers else
+              fitting.choose_precision(merged, prepared, merged.train.batch_size, write=False,
+                                       cache_file=Path(cfg.paths.tuned) / PRECISION))
     setup.keras.utils.set_random_seed(merged.seed)
     # A non-chief worker's checkpoints, history and traces go to its scratch folder.
     scratch = st.out if st.scratch else None
@@ -113,6 +113,7 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     t = fit.Training(merged, prepared, setup, where, fit.resume(cfg, merged, setup, where), st.run)
     results.log_setup(st.run, merged, prepared, setup, chosen, changes, t.resumed)
     fitted = fit.fit(t, chosen.policy)
+    faults.point("train.fitted")  # a test stops train here: every epoch backed up, none saved
     with precision.global_policy(chosen.policy, keras):
         model = fit.model_to_save(t, fitted)
         if model is None:  # a non-chief worker across workers: the chief finishes alone
