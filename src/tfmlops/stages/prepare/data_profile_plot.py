@@ -4,8 +4,8 @@ different sizes overlay), one small panel each.
 
 Drawn with Pillow, which prepare has loaded already, not matplotlib: importing and
 drawing a matplotlib figure of these panels cost prepare more than the 10% the whole
-contract may (BENCHMARKS.md, "The data contract"); these lines and labels take
-milliseconds. `dvc plots show` draws the same numbers from the CSVs.
+contract may (BENCHMARKS.md, "Prepare": the data contract rows); these lines and labels
+take milliseconds. `dvc plots show` draws the same numbers from the CSVs.
 """
 
 from __future__ import annotations
