@@ -107,7 +107,7 @@ def tiny_params(workdir: Path, **sections) -> dict:
     params["paths"] = {k: str(workdir / v) for k, v in params["paths"].items()}
     params["data"]["image_dir"] = params["paths"]["builtin"]
     params["tracking"]["uri"] = f"sqlite:///{workdir / 'mlflow.db'}"
-    # Not the checkout's accepted reference (README: `tfmlops accept-reference`, then commit
+    # Not the checkout's accepted reference (docs/data-contract.md: `tfmlops accept-reference`, then commit
     # it): the test data's classes are not the user's, and the contract would refuse them.
     params["data"]["contract"]["reference"] = str(no_reference(workdir / "reference_profile.json"))
     return deep_merge(params, sections)
@@ -127,7 +127,7 @@ def no_reference(path: Path) -> Path:
 
 
 def project_dvc_config() -> str:
-    """The project's .dvc/config without the user's remotes (README's team block adds one
+    """The project's .dvc/config without the user's remotes (docs/scaling.md's team block adds one
     and commits it): a scratch repo gets the project's settings, not the user's storage."""
     kept, section = [], ""
     for line in (ROOT / ".dvc" / "config").read_text().splitlines():

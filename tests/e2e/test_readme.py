@@ -1,6 +1,8 @@
-"""Every shell block of the README runs as written, after the two set-up commands.
+"""Every shell block of the README and of the docs/ pages runs as written, after the two
+set-up commands.
 
-Each ```bash block in README.md is preceded by a marker that says how it is checked:
+Each ```bash block in README.md and in docs/*.md is preceded by a marker that says how it
+is checked:
 
     <!-- test: run -->            run it in the scratch repo after the pipeline
     <!-- test: server PORT -->    its first command is a server on PORT (a free port
@@ -10,8 +12,11 @@ Each ```bash block in README.md is preceded by a marker that says how it is chec
     <!-- test: skip REASON -->    not run here (the set-up commands themselves, a host
                                   that only a team has), with the reason
 
-A block without a marker fails the test, so a new command cannot escape it. The
-blocks run with the PATH a user has after `./dev pipeline` (the venv not
+A block without a marker fails the test, so a new command cannot escape it; nor can a new
+page: every docs/*.md must be in PAGES. The blocks run in one scratch repo, in PAGES'
+order (the README's first, then each page's), so a state a block leaves is there for the
+blocks after it: the README's experiment registers version 2, which its promote and
+compare blocks use. They run with the PATH a user has after `./dev pipeline` (the venv not
 activated: a block that needs it says `source .venv/bin/activate`).
 """
 
@@ -37,13 +42,27 @@ MARKER = re.compile(r"<!--\s*test:\s*(run|server\s+\d+|skip\b[^>]*?)\s*-->\s*\n`
 FENCE = re.compile(r"```bash\n")
 
 
-def readme_blocks() -> list[tuple[str, str]]:
-    """(marker, block text) of every bash block in README.md, in order."""
-    text = (ROOT / "README.md").read_text()
+# The pages whose blocks run, in the order they run. Only the README's blocks change what
+# later blocks see; of the pages, only scaling.md has a block that runs (`tfmlops doctor`,
+# in a temporary folder of its own).
+PAGES = ("README.md", "docs/stages.md", "docs/own-images.md", "docs/data-contract.md",
+         "docs/promotion.md", "docs/serving.md", "docs/scaling.md", "docs/development.md",
+         "docs/layout.md")
+
+
+def page_blocks(page: str) -> list[tuple[str, str]]:
+    """(marker, block text) of every bash block of one page, in order."""
+    text = (ROOT / page).read_text()
     found = [(m.group(1).strip(), m.group(2)) for m in MARKER.finditer(text)]
     assert len(found) == len(FENCE.findall(text)), (
-        "every ```bash block in README.md needs a <!-- test: ... --> marker before it")
+        f"every ```bash block in {page} needs a <!-- test: ... --> marker before it")
     return found
+
+
+def doc_blocks() -> list[tuple[str, str, str]]:
+    """(page, marker, block text) of every bash block of README.md, then of each page of
+    docs/, in PAGES' order."""
+    return [(page, marker, block) for page in PAGES for marker, block in page_blocks(page)]
 
 
 def user_env() -> dict[str, str]:
@@ -67,10 +86,11 @@ def repo(pipeline_repo, tmp_path_factory):
     return repo
 
 
-def run_block(block: str, repo: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_block(block: str, repo: Path, timeout: float = 900,
+              page: str = "README.md") -> subprocess.CompletedProcess:
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=repo, env=user_env(),
                           capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (f"README block exited {proc.returncode}:\n{block}\n"
+    assert proc.returncode == 0, (f"{page} block exited {proc.returncode}:\n{block}\n"
                                   f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}")
     return proc
 
@@ -87,7 +107,7 @@ def split_server(block: str) -> tuple[str, str, str]:
     return "".join(lines[:start]), "".join(lines[start:end + 1]), "".join(lines[end + 1:])
 
 
-def run_with_server(block: str, port: int, repo: Path, tmp_path: Path) -> str:
+def run_with_server(block: str, port: int, repo: Path, tmp_path: Path, page: str) -> str:
     new_port = free_port()
     prelude, server, rest = split_server(block.replace(str(port), str(new_port)))
     log = tmp_path / f"server-{new_port}.log"
@@ -96,32 +116,40 @@ def run_with_server(block: str, port: int, repo: Path, tmp_path: Path) -> str:
                                 env=user_env(), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        wait_for_port(proc, new_port, log)
-        return run_block(prelude + rest, repo).stdout
+        wait_for_port(proc, new_port, log, page)
+        return run_block(prelude + rest, repo, page=page).stdout
     finally:
         local_server.stop(proc)  # the whole process group, as the serving tests stop theirs
 
 
-def wait_for_port(proc: subprocess.Popen, port: int, log: Path, timeout_s: float = 300) -> None:
+def wait_for_port(proc: subprocess.Popen, port: int, log: Path, page: str,
+                  timeout_s: float = 300) -> None:
     import socket
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"README server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise AssertionError(f"{page} server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.5)
-    raise AssertionError(f"README server did not answer on {port}:\n{log.read_text()[-3000:]}")
+    raise AssertionError(f"{page} server did not answer on {port}:\n{log.read_text()[-3000:]}")
+
+
+def test_every_page_is_listed():
+    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")}
+    assert pages == set(PAGES[1:]), "PAGES lists every docs/*.md page, and only those"
+    assert PAGES[0] == "README.md"
 
 
 def test_every_block_is_marked():
-    markers = [m for m, _ in readme_blocks()]
-    assert any(m == "run" for m in markers) and any(m.startswith("server") for m in markers)
-    for marker in markers:
+    blocks = doc_blocks()  # fails on a page with a block that has no marker
+    readme = [m for page, m, _ in blocks if page == "README.md"]
+    assert any(m == "run" for m in readme) and any(m.startswith("server") for m in readme)
+    for page, marker, _ in blocks:
         if marker.startswith("skip"):
-            assert len(marker.split(maxsplit=1)) == 2, "a skipped block says why"
+            assert len(marker.split(maxsplit=1)) == 2, f"a skipped block says why ({page})"
 
 
 def test_dev_pipeline_after_a_run_reruns_nothing(repo):
@@ -160,22 +188,23 @@ def prediction_answer(out: str, repo: Path) -> None:
     assert max(abs(a - b) for a, b in pairs) < 1e-5
 
 
-# What each server block's requests must answer (a block's curl fails on an HTTP error).
-SERVER_ANSWERS = {5000: health_answer, 5001: prediction_answer}
+# What each server block's requests must answer (a block's curl fails on an HTTP error):
+# `mlflow ui`; `tfmlops serve`; `mlflow models serve` with the request the block before made.
+SERVER_ANSWERS = {5000: health_answer, 5001: prediction_answer, 5002: prediction_answer}
 
 
 def test_server_blocks_fail_on_an_http_error():
-    for marker, block in readme_blocks():
+    for page, marker, block in doc_blocks():
         if marker.startswith("server"):
-            assert int(marker.split()[1]) in SERVER_ANSWERS, marker
+            assert int(marker.split()[1]) in SERVER_ANSWERS, (page, marker)
             assert all("curl -sSf " in line for line in block.splitlines() if "curl" in line)
 
 
-def test_readme_blocks_run_as_written(repo, tmp_path):
+def test_readme_and_docs_blocks_run_as_written(repo, tmp_path):
     dvc("status", cwd=repo)  # the repo is a real DVC project before the blocks run
-    for marker, block in readme_blocks():
+    for page, marker, block in doc_blocks():
         if marker == "run":
-            run_block(block, repo)
+            run_block(block, repo, page=page)
         elif marker.startswith("server"):
             port = int(marker.split()[1])
-            SERVER_ANSWERS[port](run_with_server(block, port, repo, tmp_path), repo)
+            SERVER_ANSWERS[port](run_with_server(block, port, repo, tmp_path, page), repo)

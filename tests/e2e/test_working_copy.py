@@ -1,10 +1,10 @@
-"""The suite does not depend on the user's working copy: after the README's
-state-changing blocks (an accepted reference profile, committed; the team block's DVC
+"""The suite does not depend on the user's working copy: after the state-changing blocks of
+the README and docs/ (an accepted reference profile, committed; the team block's DVC
 remote, committed; an experiment's params left in the workspace with DVC_EXP_NAME set,
 as `dvc exp run` leaves them for its stages), the fast tier passes in that copy.
 
 The copy is this checkout (its code as it is now, git history included); the blocks are
-read from README.md, so a change to them is what runs here. `dvc exp run`'s pipeline is
+read from README.md and docs/*.md, so a change to them is what runs here. `dvc exp run`'s pipeline is
 not run (minutes on digits): what it leaves for the tests to trip on, a params.yaml
 changed in the workspace and DVC_EXP_NAME in its stages' environment, is set directly."""
 
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import yaml
-from test_readme import readme_blocks
+from test_readme import doc_blocks
 
 from conftest import ROOT, VENV_BIN, git
 
@@ -28,9 +28,10 @@ HEAVY = {".venv", "data", "models", "reports", "mlruns", "mlartifacts", "mlflow.
          ".tfmlops", ".pytest_cache", ".hypothesis", ".ruff_cache", "request.json"}
 
 
-def readme_lines(containing: str) -> list[str]:
-    """The README's command lines that contain `containing` (comments dropped)."""
-    return [line.split("  #")[0].strip() for _, block in readme_blocks()
+def doc_lines(containing: str) -> list[str]:
+    """The command lines of the README and docs/ that contain `containing` (comments
+    dropped)."""
+    return [line.split("  #")[0].strip() for _, _, block in doc_blocks()
             for line in block.splitlines()
             if containing in line and not line.lstrip().startswith("#")]
 
@@ -61,16 +62,17 @@ def test_the_fast_tier_passes_after_the_readmes_state_changing_blocks(tmp_path):
     git("add", "-A", cwd=copy)  # the checkout's own uncommitted work, as the user has it
     git("commit", "-q", "--allow-empty", "-m", "the checkout as it is", cwd=copy)
 
-    # An accepted reference profile, committed (README: data contract).
+    # An accepted reference profile, committed (docs/data-contract.md).
     sh("tfmlops materialize && tfmlops prepare", copy, env)
-    (accept,) = readme_lines("tfmlops accept-reference")
-    (commit,) = readme_lines("git add data/reference_profile.json")
+    (accept,) = doc_lines("tfmlops accept-reference")
+    (commit,) = doc_lines("git add data/reference_profile.json")
     sh(f"{accept} && {commit}", copy, env)
     accepted = yaml.safe_load((copy / "data" / "reference_profile.json").read_text())
     assert "by_split_class" in accepted
 
-    # The team block's remote, committed.
-    (remote,) = readme_lines("dvc remote add")
+    # The team block's remote, committed (docs/scaling.md, "A team": the one line that adds
+    # the remote and commits it; "A DVC remote" adds it alike and commits on the next line).
+    (remote,) = doc_lines('dvc remote add -d storage /mnt/team/dvc-store && git commit')
     sh(remote.replace("/mnt/team/dvc-store", str(tmp_path / "team-store")), copy, env)
     assert "storage" in sh("dvc remote list", copy, env)
 

@@ -61,7 +61,7 @@ def test_push_clone_pull_and_nothing_reruns(tmp_path):
 
 def test_a_teammates_clone_pulls_the_whole_pipeline_and_reruns_only_promote(pipeline_repo,
                                                                              tmp_path):
-    """The README's team flow on the whole pipeline: `dvc push --run-cache` after a run,
+    """The team flow (docs/scaling.md) on the whole pipeline: `dvc push --run-cache` after a run,
     a teammate's `git clone` + `dvc pull --run-cache`, then `dvc repro` runs nothing but
     promote (always_changed), which finds production already holding the version. The
     teammate's MLflow store is the shared one (here: the first repo's database)."""

@@ -27,7 +27,7 @@ def test_a_key_naming_an_absolute_path_fails_in_one_line_and_writes_nothing(tmp_
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    # credentials from the environment, as the README has them (not in data.beam.options)
+    # credentials from the environment, as docs/scaling.md has them (not in data.beam.options)
     creds = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
     try:
         s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}",

@@ -158,7 +158,7 @@ def test_a_run_whose_sidecar_is_killed_is_delivered_by_the_next_stage(tmp_path, 
 
 
 def test_with_tracking_wait_the_run_is_stored_when_prepare_exits(tmp_path, make_cfg):
-    """README: `tracking.wait: true` makes prepare wait. When it exits its run is in the
+    """docs/stages.md: `tracking.wait: true` makes prepare wait. When it exits its run is in the
     store, whole; no background process was started and nothing is left queued."""
     photos = tmp_path / "photos"
     photo_folder(photos, per_class=4, classes=2)

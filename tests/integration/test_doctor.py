@@ -17,7 +17,7 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-# README's table for `train.precision: auto` with dense convolutions (the doctor's model):
+# docs/stages.md's rule for `train.precision: auto` with dense convolutions (the doctor's model):
 # a GPU of compute capability 7.0 or newer -> mixed_float16; a CPU with AMX tiles ->
 # mixed_bfloat16; any other CPU, avx512_bf16 included (its bf16 ran slower here) -> float32.
 def expected_policy(gpus: int, flags: set[str]) -> str:

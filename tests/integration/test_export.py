@@ -198,7 +198,7 @@ def test_mlflow_run_entry_point(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_mlflow_run_runs_a_stage_under_its_launcher_run(tmp_path):
-    """README: `mlflow run . -e train --env-manager local` runs one stage as an MLflow
+    """docs/stages.md: `mlflow run . -e train --env-manager local` runs one stage as an MLflow
     Project; the stage's own run is nested under the run `mlflow run` opens (MLproject)."""
     import mlflow
 

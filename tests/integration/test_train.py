@@ -245,7 +245,7 @@ def test_bad_input_fails_before_any_work(case, sections, error, message, digits_
 
 
 def test_a_stale_search_is_refused_naming_what_changed(make_cfg, tmp_path):
-    """The README's case: model.backbone set after the search; `tfmlops train` alone must
+    """docs/stages.md's case: model.backbone set after the search; `tfmlops train` alone must
     not train the searched plain CNN (best_hparams.yaml holds backbone: none)."""
     from tfmlops.stages import tune
 

@@ -291,7 +291,7 @@ def test_resume_runs_only_new_trials_and_a_new_space_starts_fresh(digits_workdir
 @pytest.mark.timeout(600)
 def test_a_search_killed_after_a_trial_resumes_to_the_cold_searchs_choice(
         digits_workdir, make_cfg, prepared_digits, tmp_path):
-    """README: the search state survives a kill, rerunning resumes it. `tfmlops tune`
+    """docs/stages.md: the search state survives a kill, rerunning resumes it. `tfmlops tune`
     SIGKILLed as its second trial ends (no finally block runs), then run again: it runs
     only the third trial and chooses what an uninterrupted search in another folder does."""
     import shutil

@@ -161,7 +161,7 @@ def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
 
 
 def test_a_changed_dataset_starts_a_fresh_search(tmp_path):
-    """README: a changed dataset starts a fresh search. The key follows the bytes of
+    """docs/stages.md: a changed dataset starts a fresh search. The key follows the bytes of
     prepare's manifest (which lists every image's sha256), not the folder's name."""
     from tfmlops.artifacts import MANIFEST
     from tfmlops.stages.tune.search import search_key

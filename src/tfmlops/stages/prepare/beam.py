@@ -15,7 +15,7 @@ builds, so the output is the local path's byte for byte (test_beam.py): every pi
 of it is defined without an order (a shard is a function of the content hash,
 records sorted within it, statistics exact sums).
 
-Always cold: no `prepare_cache`, no hash memo (README, "Millions of images").
+Always cold: no `prepare_cache`, no hash memo (docs/scaling.md, "Millions of images").
 Workers write the shard parts and quarantine copies into the staging folder, so
 they must share its filesystem (true of the in-process runner and of a worker
 pool on this machine).

@@ -4,7 +4,7 @@
 Corrupt, truncated, zero-byte, non-image and unsupported files never crash
 validation and are never dropped silently: each is listed with its reason.
 
-What counts as a class's file (README, "Your own images"):
+What counts as a class's file (docs/own-images.md, "What counts as an image of a class"):
 - every regular file under `root/<class>/`, nested sub-folders included: the
   top folder is the label (`cat/2024/a.jpg` is a `cat`);
 - names starting with "." (files and folders, at any depth: .DS_Store, .git,
