@@ -14,7 +14,10 @@ confidence, cleanlab's default ranking), at most `train.label_issues` of them; a
 the rule does not flag is never listed, so the list may be empty.
 
 Only held-out images are looked at: the model has fitted the train split's labels,
-mislabelled ones included, so its probabilities there say little. What is held is the
+mislabelled ones included, so its probabilities there say little. The val split chose the
+kept epoch and stopped the run, so its probabilities are only nearly out-of-sample (the
+test split's are fully); accepted, as no weight was fitted to val's labels and cross-
+validated probabilities would cost a training per fold. What is held is the
 probabilities (N x classes, as the classification report's predictions); the listed
 images' bytes (for the thumbnails) are read again from the TFRecords afterwards.
 """
