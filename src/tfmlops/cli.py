@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         if name == "promote":
             _promote_options(p)
+        if name == "train":
+            p.add_argument("--fresh", action="store_true",
+                           help="fit afresh even when tune's final round fitted this very model "
+                           "(by default train adopts that fit)")
     for verb, text in (("approve", "move a version awaiting approval (or inconclusive) to "
                         "@production"),
                        ("reject", "record that a version must not reach @production")):
@@ -174,6 +178,8 @@ def _command(args: argparse.Namespace):
         if args.command == "promote":
             return module.run(cfg, rollback=args.rollback, version=args.version, force=args.force,
                               adopt=args.adopt, release=args.release, reason=args.reason)
+        if args.command == "train":
+            return module.run(cfg, fresh=args.fresh)
         return module.run(cfg)
 
 

@@ -125,7 +125,7 @@ def test_two_workers_train_one_model_under_one_mlflow_run(digits_workdir, tmp_pa
 
 @pytest.mark.timeout(1200)
 def test_a_killed_worker_and_a_restart_resume_from_the_backup(digits_workdir, tmp_path):
-    from tfmlops.stages.train.backup import chief_finished_epochs
+    from tfmlops.model.backup import chief_finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, tracking={"enabled": False})

@@ -59,7 +59,7 @@ def wait_group_gone(pgid: int, timeout_s: float = 120) -> None:
 
 
 def test_kill_9_of_dvc_repro_during_train_resumes_and_locks_only_success(tmp_path):
-    from tfmlops.stages.train.backup import finished_epochs, history_rows
+    from tfmlops.model.backup import finished_epochs, history_rows
 
     params = relative_tiny_params(**PARAMS)
     repo = scratch_repo(tmp_path / "repo", params)

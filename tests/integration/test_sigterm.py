@@ -84,7 +84,7 @@ def test_sigterm_to_train_and_its_sidecar_ends_the_run_killed(tmp_path, digits_w
     """`tfmlops train` in its own process group, SIGTERM to the whole group after an
     epoch (as a CI cancel sends it): the sidecar outlives the signal long enough to end
     the run KILLED, then nothing of the group is left and no model is swapped in."""
-    from tfmlops.stages.train.backup import finished_epochs
+    from tfmlops.model.backup import finished_epochs
 
     cfg = digits_workdir(train={"use_tuned": False, "epochs": 40})
     log = tmp_path / "train.log"

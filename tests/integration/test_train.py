@@ -155,8 +155,8 @@ def _stopped_after_its_last_backup(cfg, monkeypatch) -> None:
     (the fault point `train.fitted`; a kill there leaves a backup with nothing left to
     train). A thread polling the backup raced train's end: under load train finished first."""
     from tfmlops import faults, harness
+    from tfmlops.model.backup import finished_epochs
     from tfmlops.stages import train
-    from tfmlops.stages.train.backup import finished_epochs
 
     faults._visits.pop("train.fitted", None)
     with monkeypatch.context() as m:
@@ -315,7 +315,7 @@ def test_mirrored_on_two_logical_cpus_with_bfloat16(digits_workdir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_run_killed_after_an_epoch_resumes_from_its_backup(digits_workdir, tmp_path):
-    from tfmlops.stages.train.backup import finished_epochs
+    from tfmlops.model.backup import finished_epochs
 
     epochs = 6
     cfg = digits_workdir(train={**NO_TUNE, "epochs": epochs}, **QUIET)

@@ -29,7 +29,7 @@ def test_train_sends_several_workers_to_tf_keras_which_refuses_lamb(digits_workd
 
 
 def test_no_backup_means_nothing_to_resume(tmp_path):
-    from tfmlops.stages.train.backup import chief_finished_epochs
+    from tfmlops.model.backup import chief_finished_epochs
 
     assert chief_finished_epochs(tmp_path / "missing") == 0
     (tmp_path / "chief").mkdir()

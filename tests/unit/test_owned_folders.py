@@ -68,7 +68,7 @@ def test_the_prepare_cache_compaction_keeps_a_neighbour(tmp_path):
 
 def test_the_train_backup_is_emptied_of_trains_files_only(tmp_path):
     from tfmlops.errors import DataError
-    from tfmlops.stages.train import backup as train_backup
+    from tfmlops.model import backup as train_backup
 
     foreign = tmp_path / "someone"
     foreign.mkdir()
@@ -225,8 +225,8 @@ def test_a_backup_is_kept_only_whole_and_of_the_same_run(tmp_path_factory, weigh
     import json
 
     from tfmlops.errors import DataError
+    from tfmlops.model import backup as train_backup
     from tfmlops.model import fitting
-    from tfmlops.stages.train import backup as train_backup
 
     backup = tmp_path_factory.mktemp("backup")
     written = {}
@@ -272,8 +272,8 @@ def test_a_best_file_torn_as_the_next_epoch_was_saved_is_mended_not_discarded(
     the torn file: discarded (the dvc repro kill test hit the first case 3 times in 3)."""
     import json
 
+    from tfmlops.model import backup as train_backup
     from tfmlops.model import fitting
-    from tfmlops.stages.train import backup as train_backup
 
     latest = _WEIGHTS["whole"]
     (tmp_path / train_backup.BACKUP_WEIGHTS).write_bytes(latest)

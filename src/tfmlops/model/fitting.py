@@ -238,6 +238,7 @@ def recorder_class(keras):
             self._started, self._epoch_start = False, 0.0
             self._train_seconds: float | None = None
             self.phase: int | None = None  # set by the fit of each fine-tuning phase
+            self.fault_point = "train.epoch_end"  # tune's final round names its own
 
         def on_epoch_begin(self, epoch, logs=None):
             if not self._started:
@@ -254,7 +255,7 @@ def recorder_class(keras):
 
         def on_epoch_end(self, epoch, logs=None):
             # A test holds train here (`train.epoch_end@2`: the first epoch's backup is written)
-            faults.point("train.epoch_end")
+            faults.point(self.fault_point)
             logs = logs or {}
             epoch_seconds = time.perf_counter() - self._epoch_start
             train_seconds = self._train_seconds or epoch_seconds

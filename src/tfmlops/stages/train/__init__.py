@@ -15,7 +15,7 @@ Order of work, and why:
    sidecar process (tracking/sidecar.py), which imports MLflow meanwhile; it runs no
    TensorFlow op, so devices and the strategy still come before any other one (logical
    CPUs and MultiWorkerMirroredStrategy cannot be set up later in a process);
-3. the backup of a killed run is resumed (stages/train/backup.py), and emptied after a
+3. the backup of a killed run is resumed (model/backup.py), and emptied after a
    successful one; the harness opens the run and swaps the outputs in;
 4. the model is saved and swapped in before anything that may fail after it
    (plots, MLflow).
@@ -56,7 +56,9 @@ SPEC = StageSpec(
 )
 
 
-def run(cfg: Config) -> dict:
+def run(cfg: Config, fresh: bool = False) -> dict:
+    """Train (or adopt tune's final-round fit of the same model, unless `fresh`:
+    stages/train/adopt.py); the metrics of reports/train.json."""
     from tfmlops.model import backbones, hparams
 
     started = time.perf_counter()
@@ -69,13 +71,14 @@ def run(cfg: Config) -> dict:
     # The harness starts the run's process now: it imports MLflow while this one imports
     # TensorFlow. It runs no TensorFlow op: the strategy is still the first one.
     with harness.stage(cfg, SPEC) as st:
-        metrics, where = _train(cfg, st, merged, changes, started)
+        metrics, where = _train(cfg, st, merged, changes, started, fresh)
     if where is not None:
         log.info(where)
     return metrics
 
 
-def _train(cfg: Config, st, merged: Config, changes: list, started: float) -> tuple[dict, str | None]:
+def _train(cfg: Config, st, merged: Config, changes: list, started: float,
+           fresh: bool) -> tuple[dict, str | None]:
     from tfmlops.data import pipeline  # imports TensorFlow (no op runs yet)
     from tfmlops.model import fitting
     from tfmlops.model.builder import check_buildable
@@ -86,16 +89,17 @@ def _train(cfg: Config, st, merged: Config, changes: list, started: float) -> tu
     check_buildable(merged.model, prepared.input_shape)
     setup = fit.set_up(cfg, merged, prepared)  # before any other TensorFlow op
     with fitting.op_determinism(merged.pipeline.deterministic):
-        return _fit_and_save(cfg, st, merged, changes, prepared, setup, started)
+        return _fit_and_save(cfg, st, merged, changes, prepared, setup, started, fresh)
 
 
 def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setup,
-                  started: float) -> tuple[dict, str | None]:
+                  started: float, fresh: bool) -> tuple[dict, str | None]:
     import keras
 
     from tfmlops.model import fitting, precision
+    from tfmlops.model.backup import Resume
     from tfmlops.model.trained import MODEL_FILE
-    from tfmlops.stages.train import fit, results
+    from tfmlops.stages.train import adopt, fit, results
 
     # Before the seed: timing the policies builds models (it draws random numbers). On one
     # machine, the timed choice tune's final round trained this architecture with is
@@ -110,9 +114,16 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     scratch = st.out if st.scratch else None
     profile = st.profile_dir() if scratch is None else scratch / "tb"
     where = fit.folders(cfg, merged, setup, profile, scratch)
-    t = fit.Training(merged, prepared, setup, where, fit.resume(cfg, merged, setup, where), st.run)
+    kept = (None if fresh or scratch is not None
+            else adopt.kept_fit_to_adopt(cfg, merged, setup, chosen.policy))
+    resumed = fit.resume(cfg, merged, setup, where) if kept is None else Resume(0, [], None)
+    t = fit.Training(merged, prepared, setup, where, resumed, st.run)
     results.log_setup(st.run, merged, prepared, setup, chosen, changes, t.resumed)
-    fitted = fit.fit(t, chosen.policy)
+    if kept is None:
+        fitted = fit.fit(t, chosen.policy)
+    else:  # tune's final round fitted this very model: its fit, not a second one
+        model, rows, seconds, source = adopt.adopt_kept_fit(kept, st.run, where.profile)
+        fitted = fit.Fitted(model, rows, seconds, adopted_from=source)
     faults.point("train.fitted")  # a test stops train here: every epoch backed up, none saved
     with precision.global_policy(chosen.policy, keras):
         model = fit.model_to_save(t, fitted)
@@ -125,6 +136,7 @@ def _fit_and_save(cfg: Config, st, merged: Config, changes: list, prepared, setu
     st.keep(files)
     st.report(metrics, log_metrics=False)  # logged by `finish` (steady_images_per_s)
     workers = f" on {setup.placement['workers']} workers" if setup.across_workers else ""
+    workers += " (adopted from tune's final round)" if kept is not None else ""
     return metrics, (f"train: test accuracy {metrics['test_accuracy']:.4f} after "
                      f"{metrics['epochs_run']} epochs{workers} ({metrics['wall_seconds']:.0f} s, "
                      f"{metrics['images_per_s']:.0f} images/s) -> {final / MODEL_FILE}")

@@ -18,7 +18,7 @@ multi-worker path differs, and why (`Setup.across_workers`):
 - after `fit` no collective op is left: other workers stop, the chief copies the
   weights into the Keras 3 twin (`model_to_save`) and saves what one machine saves.
 
-The backup folder a killed run resumes from: stages/train/backup.py.
+The backup folder a killed run resumes from: model/backup.py.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ from typing import Any
 from tfmlops import profiling, tracking
 from tfmlops.config import Config
 from tfmlops.errors import ConfigError, DataError
+from tfmlops.model.backup import (
+    Resume,
+    adopt_backup,
+    backup_fingerprint,
+    finished_epochs,
+    history_rows,
+)
 from tfmlops.model.fitting import (
     BEST_WEIGHTS,
     Folders,
@@ -46,13 +53,6 @@ from tfmlops.model.fitting import (
     recorder_class,
     steps,
     training_callbacks,
-)
-from tfmlops.stages.train.backup import (
-    Resume,
-    adopt_backup,
-    backup_fingerprint,
-    finished_epochs,
-    history_rows,
 )
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ class Fitted:
     model: Any
     rows: list  # every epoch's row, a resumed run's included
     seconds: float
+    adopted_from: str | None = None  # tune's final-round run whose fit this is (adopt.py)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,8 @@ def model_to_save(t: Training, fitted: Fitted):
     Reading the weights all-reduces (BatchNorm statistics): every worker calls this.
     """
     merged, prepared, setup = t.merged, t.prepared, t.setup
+    if fitted.adopted_from is not None:  # the kept model holds its best epoch's weights
+        return fitted.model
     best = t.folders.backup / BEST_WEIGHTS
     if not setup.across_workers:
         if best.is_file():

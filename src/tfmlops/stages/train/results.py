@@ -16,10 +16,10 @@ from tfmlops.artifacts import PRECISION, RESOLVED_PARAMS, TUNE_MERGE, data_versi
 from tfmlops.config import Config
 from tfmlops.data import pipeline
 from tfmlops.files import pyplot, write_csv, write_json, write_png
+from tfmlops.model.backup import Resume, clear
 from tfmlops.model.fitting import HISTORY_COLUMNS, log_precision, metrics_of, sized
 from tfmlops.model.trained import MODEL_FILE, write_resolved
 from tfmlops.stages.train import label_issues
-from tfmlops.stages.train.backup import Resume, clear
 from tfmlops.stages.train.fit import Setup, Training
 
 OUTPUTS = (RESOLVED_PARAMS, TUNE_MERGE, PRECISION,
@@ -101,6 +101,7 @@ def finish(t: Training, final: Path, evaluation, fitted, model_logging,
     metrics = summary(fitted.rows, test, report, t.resumed.done, t.setup,
                       fit_seconds=fitted.seconds, wall_seconds=time.perf_counter() - started,
                       profile=profiling.trace_summary(t.folders.profile))
+    metrics["adopted"] = int(fitted.adopted_from is not None)  # timings: tune's final round
     if issues is not None:  # how many were flagged (0: none), whatever train.label_issues lists
         metrics["label_issues_flagged"] = issues.flagged
     history = write_csv(reports / "train_history.csv", fitted.rows, HISTORY_COLUMNS)

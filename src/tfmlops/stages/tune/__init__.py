@@ -2,7 +2,8 @@
 
 Output: `paths.tuned/best_hparams.yaml` (the contract of model/hparams.py: a
 partial params tree that `train` merges), `searched_params.json` (what the search read:
-train refuses the result once those params change), `final_round.csv`, `mlflow_run.json` and, with
+train refuses the result once those params change), `final_round.csv`, `fit/` (the
+final round winner's fit, which train adopts), `mlflow_run.json` and, with
 `train.precision: timed` on a CPU with bf16 units, `precision.json` (the timed decisions
 train reuses), swapped in
 whole; `reports/tune.json` (metrics) and `reports/tune_trials.csv` (one row per
@@ -80,6 +81,7 @@ def run(cfg: Config) -> dict[str, Any]:
         if finalists:
             write_csv(out / FINAL_ROUND, final_round.final_round_rows(finalists),
                       final_round.COLUMNS)
+            final_round.final_fit.keep_winner(cfg, out, winner)  # train adopts it (kept_fit.py)
         report.pass_on_precision(cfg, out)
 
         parent.log_params({"best": {k: best.values[k] for k in search_space.HP_NAMES

@@ -6,7 +6,8 @@ ends best. So the params' own settings and the search's best
 `tune.final_candidates` trials are each trained exactly as `train` trains
 them, and a challenger wins only by beating the params' settings on
 `tune.objective`. The table is `paths.tuned/final_round.csv`; each fit is a
-nested MLflow run `final-<name>`.
+nested MLflow run `final-<name>`. Each finalist's fit is kept as train keeps its own
+(final_fit.py), and the winner's goes to `paths.tuned/fit/` for train to adopt.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tfmlops import tracking
-from tfmlops.artifacts import PRECISION
 from tfmlops.config import Config
 from tfmlops.model import hparams
-from tfmlops.stages.tune import search_space
+from tfmlops.stages.tune import final_fit, search_space
 from tfmlops.stages.tune.search import TrialRecord, last_line
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,7 @@ def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRe
                    t.trial_id, val_examples=n_val) for t in finalists(cfg, trials, best, n)]
     log.info(f"tune: final round: {', '.join(e.name for e in entries)} at train's "
              f"{cfg.train.epochs} epochs")
+    final_fit.forget_others(cfg, [e.name for e in entries])
     for entry in entries:
         child = parent.start_child(f"final-{entry.name}", tags={
             "tfmlops.tune.round": "final", "tfmlops.tune.candidate": entry.name})
@@ -72,11 +72,13 @@ def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRe
         started = time.perf_counter()
         try:
             merged, _ = hparams.merge(cfg, tree)  # what train builds: params <- it <- overrides
-            history = _fit_as_train(merged, prepared, child, cfg.tune.max_model_params)
-            kept = min(range(len(history["val_loss"])), key=lambda i: history["val_loss"][i])
-            entry.score = float(history[cfg.tune.objective][kept])
-            entry.val_loss = float(history["val_loss"][kept])
-            entry.epochs, entry.best_epoch = len(history["val_loss"]), kept + 1  # 1-based, as train's
+            rows = final_fit.fit_as_train(merged, prepared, child, cfg.tune.max_model_params,
+                                          final_fit.finalist_dir(cfg, entry.name))
+            # the epoch train keeps: the first lowest val_loss (ModelCheckpoint's strict `<`)
+            kept = min(range(len(rows)), key=lambda i: rows[i]["val_loss"])
+            entry.score = float(rows[kept][cfg.tune.objective])
+            entry.val_loss = float(rows[kept]["val_loss"])
+            entry.epochs, entry.best_epoch = len(rows), rows[kept]["epoch"]  # 1-based, as train's
         except Exception as exc:  # noqa: BLE001 - a finalist that fails is recorded, not fatal
             entry.error = last_line(f"{type(exc).__name__}: {exc}")
         entry.seconds = round(time.perf_counter() - started, 2)
@@ -88,38 +90,6 @@ def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRe
             child.set_tags({"tfmlops.tune.error": entry.error or "non-finite score"})
             child.end("FAILED")
     return entries
-
-
-def _fit_as_train(merged: Config, prepared, child: tracking.StageRun,
-                  max_params: int) -> dict[str, list]:
-    """The history of `train`'s own fit of `merged` (one device, no outputs)."""
-    import keras
-
-    from tfmlops.model import fitting, precision
-    from tfmlops.progress import keras_verbose
-
-    t = merged.train
-    with fitting.op_determinism(merged.pipeline.deterministic):
-        # Timed once per architecture (the search's trials share the file); before the seed.
-        decision = fitting.choose_precision(merged, prepared, t.batch_size,
-                                        cache_file=Path(merged.paths.tuner) / PRECISION)
-        fitting.log_precision(child, decision)
-        keras.utils.set_random_seed(merged.seed)
-        with precision.global_policy(decision.policy, keras):
-            data = fitting.datasets(merged, prepared, t.batch_size)
-            model = fitting.built_model(merged, prepared, keras)
-            if max_params and model.count_params() > max_params:  # as the search fails it
-                raise ValueError(f"Oversized model: {model.count_params()} parameters, more "
-                                 f"than tune.max_model_params {max_params}")
-            log_epochs = keras.callbacks.LambdaCallback(
-                on_epoch_end=lambda epoch, logs: child.log_metrics(dict(logs or {}), step=epoch))
-
-            def callbacks(phase):  # fresh each phase, as train's
-                return [log_epochs, *fitting.stopping_callbacks(t, keras)]
-
-            # train's phases (fine-tuning), one history across them
-            return fitting.fit_in_phases(model, merged, prepared, keras, data, fitting.phases(merged),
-                                     callbacks, keras_verbose()).history
 
 
 def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,

@@ -1,5 +1,5 @@
-"""The backup folder of a `train` run: what a killed run left, whether it is resumed
-(its fingerprint), and mending or clearing it.
+"""The backup folder of a fit (`train`'s, or a finalist's in tune's final round): what a
+killed run left, whether it is resumed (its fingerprint), and mending or clearing it.
 
 The backup folder holds everything a killed run needs to resume: `latest.weights.h5`
 + `training_metadata.json` (Keras 3 BackupAndRestore; tf_keras: `chief/`),
@@ -93,7 +93,7 @@ def history_rows(backup_dir: str | Path) -> list[dict]:
     return sorted(read_json(Path(backup_dir) / HISTORY_FILE, []), key=lambda r: r["epoch"])
 
 
-def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
+def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None, stage: str = "train") -> bool:
     """Keep a backup made with the same params and data, whole; wipe any other. True if kept."""
     folder = Path(backup_dir)
     done = finished_epochs(folder, keras)
@@ -103,10 +103,10 @@ def adopt_backup(backup_dir: str | Path, fingerprint: dict, keras=None) -> bool:
     damage = mend_torn_weights(folder, done) if done and same else None
     keep = bool(done) and same and damage is None
     if damage is not None:
-        log.warning("train: the backup in %s is damaged (%s; killed while Keras wrote it?); "
-                    "discarded, training starts afresh", folder, damage)
+        log.warning("%s: the backup in %s is damaged (%s; killed while Keras wrote it?); "
+                    "discarded, training starts afresh", stage, folder, damage)
     elif done and not same:
-        log.info(f"train: discarded the backup in {folder}: made with other params or data")
+        log.info(f"{stage}: discarded the backup in {folder}: made with other params or data")
     if not keep:
         clear(folder)
         write_json(folder / FINGERPRINT_FILE, fingerprint)
