@@ -2,7 +2,7 @@
 machine (issue 26: the code after a change should not be slower than before it).
 
     .venv/bin/python benchmarks/cold_repro.py --before af40521 [--after HEAD] [--rounds 2]
-        [--first after] [--set tune.enabled=false ...]
+        [--first after] [--set tune.enabled=false ...] [--target train]
 
 Each run clones the project at one revision into a fresh temp folder and runs
 `dvc repro` there: no DVC cache, prepare cache, tuner state, mlflow.db or mlruns
@@ -122,7 +122,8 @@ def set_params(copy: Path, overrides: list[str]) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def cold_repro(sha: str, log_path: Path, show_import: bool, overrides: list[str]) -> dict:
+def cold_repro(sha: str, log_path: Path, show_import: bool, overrides: list[str],
+               target: str | None = None) -> dict:
     """One cold `dvc repro` at `sha` in a fresh clone: stage and total wall times."""
     parent = Path(tempfile.mkdtemp(prefix="tfmlops-cold-"))
     try:
@@ -140,7 +141,8 @@ def cold_repro(sha: str, log_path: Path, show_import: bool, overrides: list[str]
         start = time.perf_counter()
         # Line-buffered: the log can be followed while the run goes on.
         with log_path.open("w", buffering=1) as log:
-            proc = subprocess.Popen([str(BIN / "dvc"), "repro"], cwd=copy, env=env, text=True,
+            proc = subprocess.Popen([str(BIN / "dvc"), "repro", *([target] if target else [])],
+                                    cwd=copy, env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
             for line in proc.stdout:
                 now = time.perf_counter()
@@ -209,6 +211,8 @@ def main() -> None:
                              "other order than an earlier one's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a params.yaml value for both revisions (dotted key, YAML value)")
+    parser.add_argument("--target", help="`dvc repro TARGET`: that stage and the ones it "
+                        "depends on (default: the whole pipeline)")
     args = parser.parse_args()
     revs = {"before": git("rev-parse", "--verify", f"{args.before}^{{commit}}", cwd=ROOT),
             "after": git("rev-parse", "--verify", f"{args.after}^{{commit}}", cwd=ROOT)}
@@ -225,7 +229,7 @@ def main() -> None:
             sha = revs[label]
             print(f"round {round_no}/{args.rounds}: {label} {sha[:7]} ...", flush=True)
             run = cold_repro(sha, LOGS / f"r{round_no}-{label}-{sha[:7]}.log", not runs,
-                             args.set)
+                             args.set, args.target)
             runs.append(run)
             print(f"  {run['total_s']:.1f} s, load at start {run['load_avg'][0]:.2f}", flush=True)
             OUT.write_text(json.dumps({"benchmark": "cold_repro", "command": command,
