@@ -195,10 +195,11 @@ def test_final_round_trains_the_finalists_as_train_does_and_keeps_the_winner(dig
     assert "tune/final_round.csv" in {a.path for a in client.list_artifacts(parent.info.run_id,
                                                                             "tune")}
 
-    # The round trained the winner exactly as train then does: the same curve.
+    # The round trained the winner exactly as train then does: the same curve (train
+    # fits afresh: by default it would adopt the round's fit).
     from tfmlops.stages import train
 
-    trained = train.run(cfg)
+    trained = train.run(cfg, fresh=True)
     won = challenger if beats else params
     assert trained["best_val_loss"] == pytest.approx(float(won["val_loss"]), rel=1e-6)
     assert trained["best_val_accuracy"] == pytest.approx(float(won["score"]), rel=1e-6)

@@ -43,6 +43,13 @@ def forget_others(cfg: Config, names: list[str]) -> None:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def fresh_keras_state(keras) -> None:
+    """A fresh process's Keras state (layer names, graphs), as train starts with: the
+    round runs in a process that has just built every trial's model (keras-tuner clears
+    before each trial, not after the last). Called before the seed: the same numbers."""
+    keras.backend.clear_session()
+
+
 def fit_as_train(merged: Config, prepared, child: tracking.StageRun, max_params: int,
                  folder: Path) -> list[dict]:
     """train's fit of `merged` on one device, kept in `folder`; its history rows."""
@@ -50,9 +57,7 @@ def fit_as_train(merged: Config, prepared, child: tracking.StageRun, max_params:
 
     from tfmlops.model import precision
 
-    # A fresh process's Keras state (names, graphs): the process has just built every
-    # trial's model. Before the seed, so the numbers are those of a fresh process.
-    keras.backend.clear_session()
+    fresh_keras_state(keras)
     t = merged.train
     with fitting.op_determinism(merged.pipeline.deterministic):
         # Timed once per architecture (the search's trials share the file); before the seed.
