@@ -438,6 +438,22 @@ def test_the_lean_path_answers_byte_for_byte_as_mlflows_path(server, exported_of
         assert lean.content == mlflows.content, name
 
 
+@pytest.mark.parametrize("content_type, status", [
+    ("application/json; charset=UTF-8", 200), ("application/json;charset=utf-8", 200),
+    ("application/json; charset=latin-1", 415), ("Application/JSON", 415),
+    ("application/json; v=2", 415), ("application/json;", 415),
+    ("application/json ; charset = utf-8", 415)])
+def test_a_good_body_under_any_json_content_type_gets_mlflows_answer(server, exported_offline,
+                                                                    content_type, status):
+    """MLflow's parser reads `application/json` with no parameter but charset=utf-8 (and
+    answers 415 to the rest): the lean path takes a body only when MLflow would read it."""
+    payload = good_bodies(exported_offline)["records_image"]
+    lean = post(server, json.dumps(payload), content_type)
+    mlflows = post(server, json.dumps(via_mlflows_path(payload)), content_type)
+    assert (lean.status_code, lean.content) == (mlflows.status_code, mlflows.content)
+    assert lean.status_code == status, lean.text
+
+
 @pytest.mark.parametrize("payload, words", BAD_ROWS)
 def test_a_bad_row_gets_the_same_answer_from_both_paths(server, payload, words):
     lean, mlflows = invoke(server, payload), invoke(server, via_mlflows_path(payload))

@@ -29,9 +29,12 @@ REFUSED_CODE = "INVALID_PARAMETER_VALUE"  # pyfunc_model's Refused for a Request
 TIMED_OUT = b"Request processing time exceeded limit"  # its timeout middleware's 504
 
 
-def request_rows(body: bytes) -> list[dict] | None:
+def request_rows(body: bytes, content_type: str = "application/json") -> list[dict] | None:
     """The rows of a request body in a shape this path answers as MLflow's would; None for
-    any other body (MLflow's path answers it)."""
+    any other body, or a content type MLflow's parser does not read as UTF-8 JSON (MLflow's
+    path answers it)."""
+    if not _utf8_json(content_type):
+        return None
     try:
         data = json.loads(body)  # what MLflow's parser calls on the same bytes
     except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
@@ -50,6 +53,16 @@ def request_rows(body: bytes) -> list[dict] | None:
     if "pixels" in rows[0]:  # as MLflow's schema check hands them over: float64 arrays
         rows = [{"pixels": np.asarray(row["pixels"], dtype=np.float64)} for row in rows]
     return rows
+
+
+def _utf8_json(content_type: str) -> bool:
+    """Whether MLflow's `invocations` parses a body of this Content-Type as JSON: its type
+    exactly `application/json`, no parameter but `charset`, and that one UTF-8 (MLflow
+    answers 415 otherwise), split as MLflow splits it."""
+    mime, *parameters = (part.strip() for part in content_type.split(";"))
+    pairs = dict(p.partition("=")[::2] for p in parameters)
+    return (mime == "application/json" and set(pairs) <= {"charset"}
+            and pairs.get("charset", "utf-8").lower() == "utf-8")
 
 
 def _split_rows(split) -> list[dict] | None:
@@ -100,10 +113,10 @@ class LeanPath:
     def __init__(self, predictor: Predictor, timeout_s: float):
         self.predictor, self.timeout_s = predictor, timeout_s
 
-    async def respond(self, body: bytes) -> tuple[int, bytes] | None:
+    async def respond(self, body: bytes, content_type: str) -> tuple[int, bytes] | None:
         """(status, body as MLflow's app sends it), or None: MLflow's path answers this one
         (a body of another shape, or an unexpected failure, which it logs and answers)."""
-        rows = request_rows(body)
+        rows = request_rows(body, content_type)
         if rows is None:
             return None
         try:

@@ -149,7 +149,8 @@ class Guard:
             body = await self._body(receive)
             if body is None:  # the client left
                 return None
-            if self.lean is not None and (answered := await self.lean.respond(body)):
+            if self.lean is not None and (answered := await self.lean.respond(
+                    body, _content_type(scope["headers"]))):
                 return await _send_as_mlflow(send, *answered)
             return await self.app(scope, _replay(body, receive), _one_line_errors(send))
         except Refusal as refusal:
@@ -158,7 +159,7 @@ class Guard:
             self.active -= 1
 
     def _check_headers(self, raw) -> None:
-        types = [v.decode("latin-1") for k, v in raw if k.lower() == b"content-type"]
+        types = _content_types(raw)
         if len(types) > 1:
             raise Refusal(400, "BAD_REQUEST", f"the request has {len(types)} Content-Type "
                           "headers; send one: application/json")
@@ -204,6 +205,15 @@ class Guard:
                           f"{self.limits.max_json_values:,} (export.serving.max_json_values): send "
                           "fewer rows per request, or images instead of pixels")
         return bytes(body)
+
+
+def _content_types(raw) -> list[str]:
+    return [v.decode("latin-1") for k, v in raw if k.lower() == b"content-type"]
+
+
+def _content_type(raw) -> str:
+    """The one Content-Type header `_check_headers` let through, as MLflow reads it."""
+    return _content_types(raw)[0]
 
 
 def _replay(body: bytes, receive):
