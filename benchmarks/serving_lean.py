@@ -11,9 +11,10 @@ their 200 answers must be byte-identical. Then, in `--rounds` rounds, for each b
 (`--bodies`), the servers in turn in short windows (the order rotates each round, so
 load from outside hits all alike): `--requests` sequential requests on one keep-alive
 connection, then 1 and 8 concurrent keep-alive clients for `--seconds` each
-(http.client, one connection per client thread, in this process). p50 over all the
-sequential requests, requests/s over all the windows; prints new / base and new /
-mlflow ratios, writes reports/benchmarks/serving_lean.json.
+(a raw-socket client, one connection per client thread, in this process). p50 over all the
+sequential requests, requests/s over all the windows, and the server process tree's
+CPU time per request under 8 clients (psutil; what load from outside changes least);
+prints new / base and new / mlflow ratios, writes reports/benchmarks/serving_lean.json.
 
 The model: `--params` names a project whose store has @production, or (default) one is
 built once in `--workdir` as the serving tests build theirs (real digits at 16 px, the
@@ -27,9 +28,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import http.client
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -45,7 +47,6 @@ from common import ROOT, save  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))  # the serving tests' server helper and tiny recipe
 VENV_BIN = Path(sys.executable).parent
-HEADERS = {"Content-Type": "application/json"}
 
 
 def built_model(workdir: Path):
@@ -101,28 +102,53 @@ def request_bodies(cfg) -> dict[str, bytes]:
     return {k: json.dumps(v).encode() for k, v in bodies.items()}
 
 
-def post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
-    conn.request("POST", "/invocations", body, HEADERS)
-    answer = conn.getresponse()
-    return answer.status, answer.read()
+class Client:
+    """One keep-alive HTTP/1.1 connection sending one prepared POST /invocations: raw
+    socket, so the client's own CPU per request (shared with the servers on this machine)
+    stays a small part of what is measured; http.client parses each answer's headers with
+    the email package."""
 
+    def __init__(self, url: str, body: bytes):
+        host, port = url.rsplit("/", 1)[1].split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        self.request = (f"POST /invocations HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: "
+                        f"application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        self.pending = b""
 
-def connect(url: str) -> http.client.HTTPConnection:
-    host, port = url.rsplit("/", 1)[1].split(":")
-    return http.client.HTTPConnection(host, int(port), timeout=60)
+    def post(self) -> tuple[int, bytes]:
+        """(status, body) of one request (every answer here carries a Content-Length)."""
+        self.sock.sendall(self.request)
+        data = self.pending
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            data += self._recv()
+        head, rest = data[:end], data[end + 4:]
+        length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+        while len(rest) < length:
+            rest += self._recv()
+        self.pending = rest[length:]
+        return int(head.split(b" ", 2)[1]), rest[:length]
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def sequential_times(url: str, body: bytes, requests: int) -> list[float]:
     """Milliseconds of `requests` sequential requests on one keep-alive connection."""
-    conn, times = connect(url), []
+    client, times = Client(url, body), []
     for i in range(requests + 3):  # 3 warm-up requests on the new connection
         start = time.perf_counter()
-        status, text = post(conn, body)
+        status, text = client.post()
         if status != 200:
             raise SystemExit(f"{url}: HTTP {status}: {text[:300]!r}")
         if i >= 3:
             times.append((time.perf_counter() - start) * 1e3)
-    conn.close()
+    client.close()
     return times
 
 
@@ -133,11 +159,11 @@ def requests_in(url: str, body: bytes, clients: int, seconds: float) -> tuple[in
     ready = threading.Barrier(clients + 1)
 
     def client(i: int) -> None:
-        conn = connect(url)
-        post(conn, body)  # connected before the clock starts
+        conn = Client(url, body)
+        conn.post()  # connected before the clock starts
         ready.wait()
         while time.perf_counter() < stop_at:
-            status, _ = post(conn, body)
+            status, _ = conn.post()
             if status != 200:
                 failures.append(status)
                 return
@@ -209,22 +235,39 @@ def same_answers(urls: dict[str, str], bodies: dict[str, bytes]) -> dict[str, st
     for name, body in bodies.items():
         answers = {}
         for server, url in urls.items():
-            conn = connect(url)
-            answers[server] = post(conn, body)
-            conn.close()
+            client = Client(url, body)
+            answers[server] = client.post()
+            client.close()
         distinct = set(answers.values())
         found[name] = "identical" if len(distinct) == 1 else "DIFFERENT: " + "; ".join(
             f"{s} {a[0]} {a[1][:120]!r}" for s, a in answers.items())
     return found
 
 
-def measure(urls: dict[str, str], bodies: dict[str, bytes], args) -> dict:
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children so far."""
+    import psutil
+
+    total = 0.0
+    proc = psutil.Process(pid)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(urls: dict[str, str], pids: dict[str, int], bodies: dict[str, bytes], args) -> dict:
     """Short windows, the servers in turn (the order rotating each round), so that load
     from outside hits every server alike: p50 over all sequential requests; requests/s as
-    all requests answered over all seconds of the windows."""
+    all requests answered over all seconds of the windows; the server tree's CPU time per
+    request under 8 clients (what load from outside changes least)."""
     names = list(urls)
     times = {(s, b): [] for s in names for b in args.bodies}
     done = {(s, b, n): [0, 0.0] for s in names for b in args.bodies for n in (1, 8)}
+    cpu = {(s, b): 0.0 for s in names for b in args.bodies}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for kind in args.bodies:
@@ -232,12 +275,16 @@ def measure(urls: dict[str, str], bodies: dict[str, bytes], args) -> dict:
                 times[server, kind] += sequential_times(urls[server], bodies[kind], args.requests)
             for clients in (1, 8):
                 for server in order:
+                    before = tree_cpu_s(pids[server])
                     count, seconds = requests_in(urls[server], bodies[kind], clients, args.seconds)
+                    if clients == 8:
+                        cpu[server, kind] += tree_cpu_s(pids[server]) - before
                     done[server, kind, clients][0] += count
                     done[server, kind, clients][1] += seconds
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     return {s: {b: {"p50_ms": round(float(np.percentile(times[s, b], 50)), 3),
-                    **{f"rps_{n}": round(done[s, b, n][0] / done[s, b, n][1], 1) for n in (1, 8)}}
+                    **{f"rps_{n}": round(done[s, b, n][0] / done[s, b, n][1], 1) for n in (1, 8)},
+                    "cpu_us_per_request_8": round(cpu[s, b] / done[s, b, 8][0] * 1e6, 1)}
                 for b in args.bodies} for s in names}
 
 
@@ -277,7 +324,8 @@ def main() -> None:
             local_server.wait_ready(proc, url, logs / f"{name}.log", timeout_s=300)
         urls = {name: url for name, (_, url) in servers.items()}
         identity = same_answers(urls, bodies)
-        figures = measure(urls, bodies, args)
+        figures = measure(urls, {name: proc.pid for name, (proc, _) in servers.items()},
+                          bodies, args)
     finally:
         for proc, _ in servers.values():
             local_server.stop(proc)
@@ -290,7 +338,9 @@ def main() -> None:
         ratios[kind] = {"rps_8_new_over_base": round(new["rps_8"] / base["rps_8"], 2),
                         "rps_1_new_over_base": round(new["rps_1"] / base["rps_1"], 2),
                         "p50_base_over_new": round(base["p50_ms"] / new["p50_ms"], 2),
-                        "rps_8_new_over_mlflow": round(new["rps_8"] / ml["rps_8"], 2)}
+                        "rps_8_new_over_mlflow": round(new["rps_8"] / ml["rps_8"], 2),
+                        "cpu_per_request_base_over_new": round(
+                            base["cpu_us_per_request_8"] / new["cpu_us_per_request_8"], 2)}
     result["ratios"] = ratios
     path = save("serving_lean", result)
     for name, verdict in identity.items():
@@ -299,11 +349,13 @@ def main() -> None:
         for server in ("new", "base", "mlflow"):
             f = figures[server][kind]
             print(f"{kind:<7} {server:<7} p50 {f['p50_ms']:6.2f} ms   1 client {f['rps_1']:7.1f} "
-                  f"req/s   8 clients {f['rps_8']:7.1f} req/s")
+                  f"req/s   8 clients {f['rps_8']:7.1f} req/s, server CPU "
+                  f"{f['cpu_us_per_request_8']:7.1f} us/request")
         r = ratios[kind]
         print(f"{kind:<7} new/base: 8 clients {r['rps_8_new_over_base']}x, 1 client "
-              f"{r['rps_1_new_over_base']}x, p50 {r['p50_base_over_new']}x faster; "
-              f"new/mlflow 8 clients {r['rps_8_new_over_mlflow']}x")
+              f"{r['rps_1_new_over_base']}x, p50 {r['p50_base_over_new']}x faster, server CPU "
+              f"per request {r['cpu_per_request_base_over_new']}x less; new/mlflow 8 clients "
+              f"{r['rps_8_new_over_mlflow']}x")
     print(f"-> {path}")
     if any(v != "identical" for v in identity.values()):
         raise SystemExit("the servers' answers differ (above)")
