@@ -428,6 +428,7 @@ def test_the_lean_path_takes_the_documented_shapes_and_leaves_the_rest(exported_
                   {"dataframe_records": [{"pixels": [[v] for v in pixels]}]},
                   {"dataframe_records": [{"image": None}]}, {"dataframe_records": []}, [image]):
         assert request_rows(json.dumps(other).encode()) is None, other
+    assert request_rows(b"[" * 100_000 + b"]" * 100_000) is None  # deeper than Python recurses
 
 
 def test_the_lean_path_answers_byte_for_byte_as_mlflows_path(server, exported_offline):
@@ -452,6 +453,14 @@ def test_a_good_body_under_any_json_content_type_gets_mlflows_answer(server, exp
     mlflows = post(server, json.dumps(via_mlflows_path(payload)), content_type)
     assert (lean.status_code, lean.content) == (mlflows.status_code, mlflows.content)
     assert lean.status_code == status, lean.text
+
+
+def test_a_body_nested_deeper_than_python_recurses_gets_a_one_line_answer(server):
+    """Within max_json_values, yet json.loads raises RecursionError: MLflow's path answers
+    it, in one line, and the server keeps serving."""
+    nested = post(server, b"[" * 100_000 + b"]" * 100_000, "application/json")
+    assert nested.status_code >= 400 and one_line(nested, nested.status_code)
+    assert invoke(server, {"dataframe_records": [{"pixels": [0.5] * 256}]}).status_code == 200
 
 
 @pytest.mark.parametrize("payload, words", BAD_ROWS)

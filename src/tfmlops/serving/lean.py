@@ -37,7 +37,10 @@ def request_rows(body: bytes, content_type: str = "application/json") -> list[di
         return None
     try:
         data = json.loads(body)  # what MLflow's parser calls on the same bytes
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors; a body nested deeper than the
+    # interpreter recurses (within max_json_values) raises RecursionError: MLflow's path
+    # answers them all as it does today.
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or len(data) != 1:
         return None
