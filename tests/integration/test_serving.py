@@ -386,6 +386,89 @@ def test_serve_answers_8_keep_alive_clients_and_bounds_stalled_and_surplus_uploa
         local_server.stop(proc)
 
 
+# ------------------------------------------------ the lean path against MLflow's own
+
+def good_bodies(exported_offline) -> dict[str, dict]:
+    """One body of each shape the lean path takes, and of each it leaves to MLflow."""
+    off = exported_offline
+    images = [b64(off["encoded"][i]) for i in range(3)]
+    pixels = [off["x"][i].ravel().tolist() for i in range(2)]
+    return {
+        "records_image": {"dataframe_records": [{"image": images[0]}]},
+        "records_images": {"dataframe_records": [{"image": i} for i in images]},
+        "records_pixels": {"dataframe_records": [{"pixels": p} for p in pixels]},
+        "split_image": {"dataframe_split": {"columns": ["image"], "data": [[i] for i in images]}},
+        "split_pixels": {"dataframe_split": {"columns": ["pixels"], "data": [[pixels[0]]]}},
+        # MLflow's path: these shapes are not the lean path's
+        "split_with_index": {"dataframe_split": {"index": [4], "columns": ["image"],
+                                                 "data": [[images[1]]]}},
+        "instances": {"instances": {"image": images[2]}},
+        "inputs": {"inputs": {"image": images[0]}},
+    }
+
+
+LEAN_SHAPES = ["records_image", "records_images", "records_pixels", "split_image", "split_pixels"]
+
+
+def via_mlflows_path(payload: dict) -> dict:
+    """The same request, sent down MLflow's own path in `tfmlops serve`: a `params` key is a
+    shape the lean path leaves to MLflow, and this model ignores params."""
+    return {**payload, "params": {}}
+
+
+def test_the_lean_path_takes_the_documented_shapes_and_leaves_the_rest(exported_offline):
+    from tfmlops.serving.lean import request_rows
+
+    bodies = {k: json.dumps(v).encode() for k, v in good_bodies(exported_offline).items()}
+    assert [k for k, body in bodies.items() if request_rows(body) is not None] == LEAN_SHAPES
+    image, pixels = good_bodies(exported_offline)["records_image"], [0.5] * 256
+    for other in ({**image, "params": {}}, {"dataframe_records": [{"image": "x", "other": 1}]},
+                  {"dataframe_records": [{"image": "x"}, {"pixels": pixels}]},
+                  {"dataframe_records": [{"pixels": [1] + pixels[1:]}]},
+                  {"dataframe_records": [{"pixels": [[v] for v in pixels]}]},
+                  {"dataframe_records": [{"image": None}]}, {"dataframe_records": []}, [image]):
+        assert request_rows(json.dumps(other).encode()) is None, other
+    assert request_rows(b"[" * 100_000 + b"]" * 100_000) is None  # deeper than Python recurses
+
+
+def test_the_lean_path_answers_byte_for_byte_as_mlflows_path(server, exported_offline):
+    """200 answers: the same bytes whichever path `tfmlops serve` takes, for every shape."""
+    for name, payload in good_bodies(exported_offline).items():
+        lean, mlflows = invoke(server, payload), invoke(server, via_mlflows_path(payload))
+        assert lean.status_code == 200, (name, lean.text)
+        assert lean.content == mlflows.content, name
+
+
+@pytest.mark.parametrize("content_type, status", [
+    ("application/json; charset=UTF-8", 200), ("application/json;charset=utf-8", 200),
+    ("application/json; charset=latin-1", 415), ("Application/JSON", 415),
+    ("application/json; v=2", 415), ("application/json;", 415),
+    ("application/json ; charset = utf-8", 415)])
+def test_a_good_body_under_any_json_content_type_gets_mlflows_answer(server, exported_offline,
+                                                                    content_type, status):
+    """MLflow's parser reads `application/json` with no parameter but charset=utf-8 (and
+    answers 415 to the rest): the lean path takes a body only when MLflow would read it."""
+    payload = good_bodies(exported_offline)["records_image"]
+    lean = post(server, json.dumps(payload), content_type)
+    mlflows = post(server, json.dumps(via_mlflows_path(payload)), content_type)
+    assert (lean.status_code, lean.content) == (mlflows.status_code, mlflows.content)
+    assert lean.status_code == status, lean.text
+
+
+def test_a_body_nested_deeper_than_python_recurses_gets_a_one_line_answer(server):
+    """Within max_json_values, yet json.loads raises RecursionError: MLflow's path answers
+    it, in one line, and the server keeps serving."""
+    nested = post(server, b"[" * 100_000 + b"]" * 100_000, "application/json")
+    assert nested.status_code >= 400 and one_line(nested, nested.status_code)
+    assert invoke(server, {"dataframe_records": [{"pixels": [0.5] * 256}]}).status_code == 200
+
+
+@pytest.mark.parametrize("payload, words", BAD_ROWS)
+def test_a_bad_row_gets_the_same_answer_from_both_paths(server, payload, words):
+    lean, mlflows = invoke(server, payload), invoke(server, via_mlflows_path(payload))
+    assert (lean.status_code, lean.content) == (mlflows.status_code, mlflows.content)
+
+
 def test_serve_with_a_model_that_is_not_there_fails_in_one_line(tmp_path):
     import subprocess
 
@@ -427,5 +510,8 @@ def test_mlflow_models_serve_as_the_readme_writes_it_answers_as_the_offline_mode
         assert answer.status_code == 200, answer.text
         probs = np.array([p["probabilities"] for p in answer.json()["predictions"]])
         np.testing.assert_allclose(probs, off["probs"][:4], atol=cfg.export.atol)
+        # `tfmlops serve` (its lean path for most of these) answers with MLflow's very bytes
+        for name, payload in good_bodies(off).items():
+            assert invoke(server, payload).content == invoke(url, payload).content, name
     finally:
         local_server.stop(proc)

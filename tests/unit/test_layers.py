@@ -247,9 +247,10 @@ def cross_stage_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 # Modules no stage imports that are still shared: each package's docstring, and what a
-# registered model loads by path (MLflow imports serving/pyfunc_model.py; `tfmlops serve`).
+# registered model loads by path (MLflow imports serving/pyfunc_model.py; `tfmlops serve`,
+# with its lean path).
 ENTRY_MODULES = {"tfmlops", "tfmlops.cli", "tfmlops.__main__", "tfmlops.serving.server",
-                 "tfmlops.serving.pyfunc_model"}
+                 "tfmlops.serving.lean", "tfmlops.serving.pyfunc_model"}
 
 
 def single_stage_modules(graph: dict[str, set[str]], pipeline=None,

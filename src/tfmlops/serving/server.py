@@ -19,6 +19,9 @@ and makes every error answer one line: MLflow's own carry the Python stack
 trace (`stack_trace`) and multi-line parser messages; where MLflow's line names a type
 and not what to send (`ACTIONABLE`), the line says what to send instead. The limits come from the
 model's serving.json and apply per server process (`--workers` multiplies them).
+For the project's own pyfunc model, a body that passed these checks goes to its lean
+path (`lean.LeanPath`: no pandas, no schema pass, the same answer bytes) when its shape
+is one that path takes; every other body, and every other model, goes to MLflow's app.
 
 Pickle deserialization is off unless MLFLOW_ALLOW_PICKLE_DESERIALIZATION says
 otherwise: the served model is logged from code and needs none.
@@ -74,19 +77,42 @@ def serve_model(model_uri: str, host: str = "127.0.0.1", port: int = 5000, worke
 def create_app():
     """MLflow's scoring app for the model in $TFMLOPS_SERVE_MODEL, guarded by its
     export.serving limits (serving.json)."""
+    from mlflow.environment_variables import MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc import load_model, scoring_server
 
     from tfmlops.config import ServingLimits
+    from tfmlops.serving.lean import LeanPath
+    from tfmlops.serving.predictor import Predictor
 
+    _big_buffers_unmapped_when_freed()
     model = load_model(os.environ[MODEL_ENV])
     try:
-        limits = model.unwrap_python_model().predictor.limits
-    # A model that is not tfmlops' own gets the defaults: another PythonModel has no
-    # `predictor`, and another flavor (Keras) no python model at all (MlflowException).
+        predictor = model.unwrap_python_model().predictor
+    # A model that is not tfmlops' own gets the defaults and MLflow's path alone: another
+    # PythonModel has no `predictor`, another flavor (Keras) no python model at all.
     except (AttributeError, MlflowException):
-        limits = ServingLimits()
-    return Guard(scoring_server.init(model), limits)
+        predictor = None
+    if not isinstance(predictor, Predictor):
+        return Guard(scoring_server.init(model), ServingLimits())
+    timeout_s = MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT.get()
+    return Guard(scoring_server.init(model), predictor.limits, LeanPath(predictor, timeout_s))
+
+
+def _big_buffers_unmapped_when_freed() -> None:
+    """Every malloc of 1 MiB or more in this process gets its own mapping, returned to the
+    OS when freed. glibc's default threshold rises to the largest buffer freed, after which
+    a request image's decoding buffers (tens of MB) come from the arena of whichever worker
+    thread decodes it and stay in the RSS once freed: the more threads have decoded at
+    once, the higher the server's memory stays (benchmarks/serving_memory.py). A no-op
+    where the C library has no `mallopt` (not glibc)."""
+    import ctypes
+
+    m_mmap_threshold = -3  # glibc's malloc.h
+    try:
+        ctypes.CDLL(None).mallopt(m_mmap_threshold, 2**20)
+    except (OSError, AttributeError):
+        pass
 
 
 class Refusal(Exception):
@@ -102,8 +128,8 @@ class Guard:
     `max_concurrent_requests` at once, the body bounded in bytes, time and JSON values;
     error answers made one line. `limits` is an export.serving (`ServingLimits`)."""
 
-    def __init__(self, app, limits):
-        self.app, self.limits = app, limits
+    def __init__(self, app, limits, lean=None):
+        self.app, self.limits, self.lean = app, limits, lean
         self.active = 0  # requests this process reads or answers now (one event loop)
 
     async def __call__(self, scope, receive, send):
@@ -123,6 +149,9 @@ class Guard:
             body = await self._body(receive)
             if body is None:  # the client left
                 return None
+            if self.lean is not None and (answered := await self.lean.respond(
+                    body, _content_type(scope["headers"]))):
+                return await _send_as_mlflow(send, *answered)
             return await self.app(scope, _replay(body, receive), _one_line_errors(send))
         except Refusal as refusal:
             return await answer(send, refusal.status, refusal.code, str(refusal), refusal.close)
@@ -130,7 +159,7 @@ class Guard:
             self.active -= 1
 
     def _check_headers(self, raw) -> None:
-        types = [v.decode("latin-1") for k, v in raw if k.lower() == b"content-type"]
+        types = _content_types(raw)
         if len(types) > 1:
             raise Refusal(400, "BAD_REQUEST", f"the request has {len(types)} Content-Type "
                           "headers; send one: application/json")
@@ -178,6 +207,15 @@ class Guard:
         return bytes(body)
 
 
+def _content_types(raw) -> list[str]:
+    return [v.decode("latin-1") for k, v in raw if k.lower() == b"content-type"]
+
+
+def _content_type(raw) -> str:
+    """The one Content-Type header `_check_headers` let through, as MLflow reads it."""
+    return _content_types(raw)[0]
+
+
 def _replay(body: bytes, receive):
     pending = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -205,6 +243,17 @@ def _one_line_errors(send):
         return await answer(send, start["status"], code, text)
 
     return sending
+
+
+async def _send_as_mlflow(send, status: int, body: bytes) -> None:
+    """The lean path's answer, sent as MLflow's app sends it: an error made one line as
+    `_one_line_errors` makes MLflow's."""
+    if status >= 400:
+        return await answer(send, status, *_error_of(body, status))
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-length", str(len(body)).encode()),
+                            (b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _error_of(body: bytes, status: int) -> tuple[str, str]:
