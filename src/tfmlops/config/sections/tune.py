@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import msgspec
 from msgspec import Meta, field
 
 from tfmlops.config.messages import Rule, field_bounds
@@ -107,6 +108,23 @@ SEARCHED_PARAMS = {
 }
 
 
+class PruningConfig(Section):
+    """Early stopping of losing trials (stages/tune/pruning.py): a trial whose best
+    objective so far is worse than the median of the trials finished before it, at the
+    same epoch, stops there. off: every trial runs its epochs."""
+
+    # YAML reads a bare `off` as false: _rules turns it into "off"
+    rule: Literal["median", "off"] | bool = "median"
+    warmup_epochs: Annotated[int, Meta(ge=0, le=10_000)] = 1  # never judged in its first N epochs
+    min_trials: Annotated[int, Meta(ge=1, le=100_000)] = 3  # finished trials to compare with
+
+    def _rules(self):
+        if self.rule is True:
+            raise Rule("{p}rule: true is not a rule; give median or off")
+        if self.rule is False:
+            msgspec.structs.force_setattr(self, "rule", "off")
+
+
 class TuneConfig(Section):
     enabled: bool = True
     tuner: Literal["hyperband", "bayesian", "random"] = "hyperband"
@@ -122,6 +140,7 @@ class TuneConfig(Section):
     # A trial whose model has more parameters fails (recorded FAILED) and the
     # search goes on: keeps the search within an edge size budget. 0: no limit.
     max_model_params: Annotated[int, Meta(ge=0)] = 0
+    pruning: PruningConfig = field(default_factory=PruningConfig)
     space: SearchSpace = field(default_factory=SearchSpace)
 
     @property

@@ -32,6 +32,22 @@ class StopAtDeadline(keras.callbacks.Callback):
             self.on_stop()
 
 
+class _UntilPruned(list):
+    """A trial's phases, ending after the one in which the pruner stopped the trial:
+    fit_in_phases starts each next phase after an early stop (train's rule), but a
+    pruned trial is over."""
+
+    def __init__(self, phases, pruned):
+        super().__init__(phases)
+        self.pruned = pruned
+
+    def __iter__(self):
+        for phase in super().__iter__():
+            if self.pruned():
+                return
+            yield phase
+
+
 class TrialModel(kt.HyperModel):
     """Builds a trial's model from its values with the shared builder; trains it
     on the project's pipeline with the trial's batch size, optimizer and schedule."""
@@ -42,6 +58,7 @@ class TrialModel(kt.HyperModel):
         self._datasets: dict[int, tuple] = {}
         self.profiled_dir: Path | None = None
         self.cut_short = False  # the budget ended a trial before its epochs
+        self.pruned = lambda: False  # the running trial was stopped by the pruner (tuner.py)
 
     def declare_hyperparameters(self, hp):
         search_space.declare(hp, self.cfg.tune.space)
@@ -70,8 +87,8 @@ class TrialModel(kt.HyperModel):
         # train's fine-tuning phases over this fit's epochs (none without a backbone). Each
         # phase compiles a fresh optimizer whose schedule spans the epochs it runs (a
         # hyperband round that continues an earlier trial starts one too).
-        plan = [dataclasses.replace(p, first=max(p.first, initial_epoch))
-                for p in fitting.phases(trial_cfg, epochs)]
+        plan = _UntilPruned([dataclasses.replace(p, first=max(p.first, initial_epoch))
+                             for p in fitting.phases(trial_cfg, epochs)], self.pruned)
         # the tuner scores the trial on every epoch of both phases: the History holds them all
         return fitting.fit_in_phases(model, trial_cfg, self.prepared, keras, data, plan,
                                  lambda phase: [*callbacks, *extra], verbose, done=initial_epoch)

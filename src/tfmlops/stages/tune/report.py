@@ -22,7 +22,9 @@ from tfmlops.stages.tune.search import SearchResult, TrialRecord, last_line, pro
 
 log = logging.getLogger(__name__)
 
-FIXED_COLUMNS = ("trial", "baseline", "score", "status", "epochs", "best_epoch", "seconds")
+# stopped_at_epoch: the pruner stopped the trial after that epoch (empty: it ran its epochs)
+FIXED_COLUMNS = ("trial", "baseline", "score", "status", "epochs", "best_epoch",
+                 "stopped_at_epoch", "seconds")
 
 
 def best_trial(cfg: Config, trials: list[TrialRecord]) -> TrialRecord:
@@ -47,6 +49,7 @@ def search_metrics(result: SearchResult, best: TrialRecord) -> dict[str, Any]:
         "trials_completed": statuses.count("COMPLETED"),
         "trials_failed": statuses.count("FAILED") + statuses.count("INVALID"),
         "trials_run": len(result.ran_now),
+        "trials_pruned": sum(t.stopped_at_epoch is not None for t in result.trials),
         "search_seconds": round(result.seconds, 2),
         "budget_exhausted": int(result.stop_reason == "budget"),
         "stopped_after_failures": int(result.stop_reason == "failures"),
@@ -60,7 +63,8 @@ def columns() -> list[str]:
 def trial_rows(cfg: Config, trials: list[TrialRecord]) -> list[dict[str, Any]]:
     return [{"trial": int(t.trial_id), "baseline": t.baseline, "score": t.score,
              "status": t.status, "epochs": t.values.get("tuner/epochs", cfg.tune.max_epochs),
-             "best_epoch": t.best_epoch, "seconds": t.seconds,
+             "best_epoch": t.best_epoch, "stopped_at_epoch": t.stopped_at_epoch,
+             "seconds": t.seconds,
              **{k: t.values.get(k) for k in search_space.HP_NAMES}} for t in trials]
 
 

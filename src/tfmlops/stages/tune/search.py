@@ -127,6 +127,7 @@ class TrialRecord:
     run_id: str | None = None
     message: str | None = None
     baseline: bool = False  # the params' own settings (the search's first trial)
+    stopped_at_epoch: int | None = None  # the pruner stopped it after this epoch (pruning.py)
 
 
 @dataclass
@@ -138,8 +139,10 @@ class SearchResult:
     profile_dir: Path | None = None
 
 
-def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None) -> TrialRecord:
-    """keras-tuner's `trial` with the side file our tuner wrote in its folder."""
+def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None,
+           stopped_at_epoch: int | None = None) -> TrialRecord:
+    """keras-tuner's `trial` with the side file our tuner wrote in its folder (and the
+    pruner's epoch, from its state file: written before the oracle ended the trial)."""
     side_path = Path(project_dir) / f"trial_{trial.trial_id}" / TRIAL_FILE
     side = json.loads(side_path.read_text()) if side_path.is_file() else {}
     values = dict(trial.hyperparameters.values)
@@ -148,7 +151,8 @@ def record(project_dir: str | Path, trial, baseline: dict[str, Any] | None) -> T
         score=None if trial.score is None else float(trial.score),
         best_epoch=best_epoch(trial),
         values=values, seconds=side.get("seconds"), run_id=side.get("run_id"),
-        message=trial.message, baseline=search_space.is_baseline(trial.trial_id, values, baseline))
+        message=trial.message, baseline=search_space.is_baseline(trial.trial_id, values, baseline),
+        stopped_at_epoch=stopped_at_epoch)
 
 
 def best_epoch(trial) -> int | None:

@@ -2,7 +2,8 @@
 a nested MLflow run per trial. Imports keras-tuner: import this module lazily.
 
 `TrackedTuner` overrides keras-tuner 1.4.8's `run_trial`, the private
-`_build_hypermodel` and `_get_checkpoint_fname` use, and the trial hooks.
+`_build_hypermodel` and `_get_checkpoint_fname` use, and the trial hooks; its
+`on_epoch_end` (called by keras-tuner's own Keras callback) feeds the pruner (pruning.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import keras_tuner as kt
 from tfmlops import faults, tracking
 from tfmlops.config import Config
 from tfmlops.files import write_json
-from tfmlops.stages.tune import search_space
+from tfmlops.stages.tune import pruning, search_space
 from tfmlops.stages.tune.hypermodel import TrialModel
 from tfmlops.stages.tune.oracles import make_oracle
 from tfmlops.stages.tune.search import (
@@ -25,6 +26,7 @@ from tfmlops.stages.tune.search import (
     SearchResult,
     adopt_search,
     best_epoch,
+    distributed_role,
     last_line,
     project_name,
     record,
@@ -41,6 +43,8 @@ class TrackedTuner(kt.Tuner):
         self.parent = parent
         self.baseline = baseline  # the params' own values (None: not searched)
         self.ran_now: list[str] = []
+        self.pruner = pruning.Pruner("off", 0, 1, 1)  # build_tuner sets the search's
+        self._last_epoch = 0  # the running fit's epochs
         self._child: tracking.StageRun | None = None
         self._started = 0.0
         super().__init__(*args, **kwargs)
@@ -51,6 +55,7 @@ class TrackedTuner(kt.Tuner):
         if "tuner/epochs" in values:
             fit_kwargs["epochs"] = values["tuner/epochs"]
             fit_kwargs["initial_epoch"] = values["tuner/initial_epoch"]
+        self._last_epoch = fit_kwargs.get("epochs", 1)
         return super().run_trial(trial, *fit_args, **fit_kwargs)
 
     def _build_hypermodel(self, hp):
@@ -63,6 +68,11 @@ class TrackedTuner(kt.Tuner):
     def on_trial_begin(self, trial):
         super().on_trial_begin(trial)
         self._started = time.perf_counter()
+        # compared only with trials that completed before this one started (a rerun of a
+        # trial a kill interrupted is not among them); a worker's oracle client has no trials
+        self.pruner.begin([i for i in self.oracle.end_order if i != trial.trial_id
+                           and self.oracle.trials[i].status == "COMPLETED"]
+                          if self.pruner.enabled else [])
         values = trial.hyperparameters.values
         baseline = search_space.is_baseline(trial.trial_id, values, self.baseline)
         self._child = self.parent.start_child(
@@ -72,11 +82,16 @@ class TrackedTuner(kt.Tuner):
         self._child.log_params(dict(values))
 
     def on_epoch_end(self, trial, model, epoch, logs=None):
+        logs = dict(logs or {})
         if self._child is not None:
-            self._child.log_metrics(dict(logs or {}), step=epoch)
+            self._child.log_metrics(logs, step=epoch)
+        if self.pruner.observe(epoch, logs.get(self.oracle.objective.name), self._last_epoch):
+            model.stop_training = True
 
     def on_trial_end(self, trial):
         try:
+            # saved before the oracle ends the trial (pruning.py: what survives a kill)
+            self.pruner.end(trial.trial_id, trial.status == "COMPLETED")
             super().on_trial_end(trial)  # the oracle records the result and status
         finally:
             self._finish_child(trial)
@@ -95,9 +110,14 @@ class TrackedTuner(kt.Tuner):
         if ended.score is not None and status == "FINISHED":
             child.log_metrics({"score": ended.score, "best_epoch": best_epoch(ended)})
         child.log_metrics({"seconds": seconds})
+        stopped = self.pruner.stopped_at_epoch
+        if stopped is not None:
+            child.log_metrics({"stopped_at_epoch": stopped})
+            child.set_tags({"tfmlops.tune.stopped_at_epoch": str(stopped)})
         child.end(status)
         self.ran_now.append(trial.trial_id)
-        side = {"seconds": round(seconds, 2), "run_id": child.run_id, "tuner_id": self.tuner_id}
+        side = {"seconds": round(seconds, 2), "run_id": child.run_id, "tuner_id": self.tuner_id,
+                "stopped_at_epoch": stopped}
         write_json(Path(self.get_trial_dir(trial.trial_id)) / TRIAL_FILE, side)
 
     def close_open_trial(self):
@@ -120,7 +140,19 @@ def build_tuner(cfg: Config, parent: tracking.StageRun, key: str):
                          project_name=project_name(cfg, key), overwrite=False,
                          max_model_size=cfg.tune.max_model_params or None)
     oracle.deadline = deadline
+    tuner.pruner = _pruner(cfg, tuner.project_dir)
+    tuner.hypermodel.pruned = lambda: tuner.pruner.stopped_at_epoch is not None
     return tuner, oracle
+
+
+def _pruner(cfg: Config, project_dir: str) -> pruning.Pruner:
+    """The search's pruner: off in a distributed search, whose trials end in arrival
+    order (which trials a trial is compared with would depend on the workers' speed)."""
+    single = distributed_role() == "single"
+    if not single and cfg.tune.pruning.rule != "off":
+        log.info("tune: tune.pruning is off in a distributed search (trials end in arrival "
+                 "order: which ones a trial is compared with would not be reproducible)")
+    return pruning.load(cfg.tune.pruning, cfg.tune.sign, Path(project_dir), enabled=single)
 
 
 def _search(tuner: TrackedTuner, cfg: Config) -> None:
@@ -147,7 +179,9 @@ def search(cfg: Config, parent: tracking.StageRun, key: str) -> SearchResult:
     _search(tuner, cfg)
     seconds = time.perf_counter() - started
     in_trial_order = sorted(oracle.trials.values(), key=lambda t: (int(t.trial_id), t.trial_id))
-    trials = [record(tuner.project_dir, t, oracle.baseline) for t in in_trial_order]
+    stopped = pruning.stopped_at(tuner.project_dir)
+    trials = [record(tuner.project_dir, t, oracle.baseline, stopped.get(t.trial_id))
+              for t in in_trial_order]
     # ended now, by this process or (on a chief) by any worker
     ran_now = [t.trial_id for t in trials
                if t.status in ENDED and t.trial_id not in ended_before]
