@@ -20,11 +20,14 @@ first rule that matches the stack, the outermost call owning what it calls:
   data        tfmlops/data, PIL, iterating a tf.data dataset outside fit/evaluation
   other       the rest (the stage's own Python, TensorFlow's graph building, ...)
   dvc         the stage's wall time in DVC's log ("Running stage" to the next) minus its
-              process's: DVC hashing and caching outputs, Python's exit
+              process's: DVC hashing and caching outputs, and Python's teardown after
+              the atexit handlers (seconds for a TensorFlow process on a busy machine)
 
-The stage's tracking sidecar (a separate process) runs beside the stage; its wall time is
-shown apart ("sidecar"), not added. Rules match a stack, not a revision's code: the same
-rules measure b0a5723 and today. A sample costs microseconds (load it adds: < 1%).
+A stage's child processes (its tracking sidecar, export's reload check, pool workers) run
+beside it: their wall time is shown apart ("children"), not added. Rules match a stack,
+not a revision's code: the same rules measure b0a5723 and today. The sampler adds CPU:
+a pure-Python loop took 4-8% more CPU time with it (3 pairs); the figures are upper bounds
+by about that much.
 
 Prints one table per revision (median of the rounds per cell) and writes
 reports/benchmarks/stage_costs.json; the runs' logs go to reports/benchmarks/stage_costs/.

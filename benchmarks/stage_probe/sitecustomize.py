@@ -9,7 +9,7 @@ stack every 5 ms (sys._current_frames) and files the interval since the last sam
 under the first rule that matches the stack (module docstring of stage_costs.py has
 the rules); at exit the process writes one JSON file: its argv, pid and parent, its
 start (from /proc), when Python reached this file ("start" is the time before), when it
-exited, and the seconds per category. A sample costs a few microseconds.
+exited, and the seconds per category. (Its CPU cost: benchmarks/stage_costs.py.)
 """
 
 from __future__ import annotations
