@@ -83,12 +83,13 @@ def pil_loop(files: list[Path]) -> tuple[float, float]:
     return len(files) / (time.perf_counter() - start), (time.process_time() - cpu) / len(files)
 
 
-def timed_prepare(params: Path, env: dict | None = None) -> dict:
+def timed_prepare(params: Path, env: dict | None = None, wait_for_delivery: bool = True) -> dict:
     """Run `tfmlops prepare` in its own process (`env`: its environment, e.g. another
     checkout's PYTHONPATH): wall seconds until it exits (what `dvc repro` waits for
     before the next stage), until its run is delivered (the tracking sidecar it handed
     the run to, named in its hand-over line, has exited), peak RSS and CPU seconds of
-    the whole tree, that sidecar included, and its metrics."""
+    the whole tree, that sidecar included, and its metrics. `wait_for_delivery=False`:
+    it returns as prepare exits (delivered = exit; the sidecar's CPU not counted)."""
     import resource
 
     import psutil
@@ -136,7 +137,7 @@ def timed_prepare(params: Path, env: dict | None = None) -> dict:
     # The sidecar that delivers the run after prepare exited (tracking.wait: false): its
     # memory and CPU count, until it exits (a sample may miss its last 50 ms).
     handed = re.search(r"background process \(pid (\d+)", output["err"])
-    detached = {int(handed.group(1))} if handed else set()
+    detached = {int(handed.group(1))} if handed and wait_for_delivery else set()
     for pid in detached:
         with contextlib.suppress(psutil.Error):
             seen.setdefault(pid, psutil.Process(pid))

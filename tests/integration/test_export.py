@@ -111,7 +111,7 @@ def test_onnx_parity_fails_on_a_perturbed_model(exported_digits, exported_offlin
 
     cfg, offline = exported_digits, exported_offline
     source = Path(cfg.paths.export) / "model.onnx"
-    assert check_onnx(source, offline["split"], offline["probs"], cfg.export.atol).passed
+    assert check_onnx(source, offline["split"], offline["probs"], cfg.export.atol)[0].passed
     perturbed = tmp_path / "perturbed.onnx"
     shutil.copy2(source, perturbed)
     perturb_onnx_bias(perturbed)

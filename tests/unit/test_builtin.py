@@ -26,6 +26,27 @@ def test_digits_are_the_real_sklearn_digits(tmp_path):
     np.testing.assert_array_equal(img, expected)
 
 
+def test_digits_are_read_without_importing_sklearn():
+    """load_digits reads scikit-learn's own file as scikit-learn does (the same arrays) in a
+    process that never imports scikit-learn (its import was most of materialize's time)."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from tfmlops.stages.materialize.builtin import load_digits
+
+    images, labels = load_digits()
+    expected = sklearn_digits()
+    np.testing.assert_array_equal(images, expected.images)
+    np.testing.assert_array_equal(labels, expected.target)
+    assert images.dtype == expected.images.dtype and labels.dtype == expected.target.dtype
+    code = ("import sys; from tfmlops.stages.materialize.builtin import load_digits; "
+            "load_digits(); print(sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_shapes_are_rgb_deterministic_from_the_seed_and_scale(tmp_path):
     counts = write_shapes(tmp_path / "a", count=40, size=24, classes=4, seed=1)
     assert counts == {s: 10 for s in SHAPES[:4]}

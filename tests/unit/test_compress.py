@@ -158,3 +158,25 @@ def test_int8_and_float16_conversions_shrink_weights_4x_and_2x():
     sizes = {v: len(convert(model, v, calibration)) for v in ("float32", "float16", "int8")}
     assert sizes["float32"] / sizes["int8"] >= 3.8, sizes
     assert sizes["float32"] / sizes["float16"] >= 1.9, sizes
+
+
+@pytest.mark.timeout(300)
+def test_variants_converted_from_one_saved_model_are_the_keras_paths_bytes():
+    """quantize saves each source once (`converter_of`) instead of once per variant, as
+    `TFLiteConverter.from_keras_model` does: every variant's file must stay byte-identical
+    to the Keras path's (its conversion metadata included)."""
+    import tensorflow as tf
+
+    from tfmlops.compress.source import tf_keras_module
+    from tfmlops.stages.quantize.tflite import _convert, converter_of
+
+    keras = tf_keras_module()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3),
+                              keras.layers.Flatten(), keras.layers.Dense(10)])
+    calibration = np.random.default_rng(0).normal(size=(8, 8, 8, 1)).astype(np.float32)
+    with converter_of(model) as to_tflite:
+        for variant in ("float32", "int8"):
+            keras_path = _convert(tf.lite.TFLiteConverter.from_keras_model(model), variant,
+                                  calibration)
+            assert to_tflite(variant, calibration) == keras_path, variant

@@ -79,11 +79,10 @@ def run(cfg: Config) -> dict:
         split = StoredSplit.of(prepared)
         y = split.labels()
         keras_probs = split.predict(lambda x: model.predict(x, batch_size=256, verbose=0))
-        formats = fmt.build_formats(cfg, model, prepared, edge, out, split, keras_probs)
-        first_image = split.first[0]
-        _profile_serving(cfg, st, formats["saved_model"], first_image)
-        rows, parities = fmt.measure(cfg, model, out, formats, split, y, keras_probs)
-        parities.append(formats["reload_parity"])  # the bytes signature, in a fresh process
+        with fmt.formats_built(cfg, model, prepared, edge, out, split, keras_probs) as formats:
+            first_image = split.first[0]  # read after the SavedModel is traced: its names stay
+            _profile_serving(cfg, st, formats["saved_model"], first_image)
+            rows, parities = fmt.measure(cfg, model, out, formats, split, y, keras_probs)
         serving = fmt.choose_serving(rows, parities)
         fmt.write_serving_config(out, serving, prepared,
                                  cfg.to_dict()["export"]["serving"])

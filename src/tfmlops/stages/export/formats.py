@@ -7,12 +7,14 @@ what stays in memory is per image (labels, probabilities), never the images.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -46,8 +48,12 @@ def float32_model(path: Path, tcfg: Config, prepared):
     return rebuild(model, tcfg, keras, prepared.input_shape, prepared.num_classes)
 
 
-def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> dict:
-    """Write every format into `out`; fail on the first parity the stage requires."""
+@contextlib.contextmanager
+def formats_built(cfg, model, prepared, edge, out: Path, split, keras_probs) -> Iterator[dict]:
+    """Write every format into `out`; fail on the first parity the stage requires. The
+    SavedModel's reload check runs in a fresh process beside the rest of the block (its
+    TensorFlow import is most of its time): `formats["reload_parity"]()` waits for it. It is
+    stopped if the block ends first."""
     from tfmlops.stages.export.signatures import export_saved_model
 
     saved = out / "saved_model" / cfg.export.model_name / "1"  # the folder is rebuilt: one version
@@ -55,44 +61,70 @@ def build_formats(cfg, model, prepared, edge, out: Path, split, keras_probs) -> 
     export_saved_model(model, saved, prepared.classes, prepared.image_size, prepared.channels,
                        prepared.mean, prepared.std, prepared.stored_size,
                        max_pixels=cfg.export.serving.max_image_pixels)
-    reloaded = reload_check(saved, split, keras_probs, prepared.classes, cfg.export.atol)
-    onnx_path = out / "model.onnx"
-    log.info("export: [2/3] ONNX: converting (opset %d), checking parity", cfg.export.onnx_opset)
-    to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
-    check_onnx(onnx_path, split, keras_probs, cfg.export.atol)
-    log.info("export: [3/3] TFLite: the edge variant %s from quantize", edge["variant"])
-    shutil.copy2(Path(cfg.paths.tflite) / edge["file"], out / "model.tflite")
-    return {"saved_model": saved, "onnx": onnx_path, "tflite": out / "model.tflite",
-            "reload_parity": reloaded}
+    with ReloadCheck(saved, split) as reload:
+        onnx_path = out / "model.onnx"
+        log.info("export: [2/3] ONNX: converting (opset %d), checking parity", cfg.export.onnx_opset)
+        to_onnx(model, onnx_path, prepared.input_shape, cfg.export.onnx_opset)
+        onnx_model = OnnxModel(str(onnx_path), LATENCY_THREADS)
+        _, onnx_probs = check_onnx(onnx_path, split, keras_probs, cfg.export.atol, onnx_model)
+        log.info("export: [3/3] TFLite: the edge variant %s from quantize", edge["variant"])
+        shutil.copy2(Path(cfg.paths.tflite) / edge["file"], out / "model.tflite")
+        yield {"saved_model": saved, "onnx": onnx_path, "tflite": out / "model.tflite",
+               # measure's ONNX session and predictions: the check's, the same settings
+               "onnx_model": onnx_model, "onnx_probs": onnx_probs,
+               "reload_parity": lambda: reload.parity(keras_probs, prepared.classes,
+                                                      cfg.export.atol)}
 
 
-def reload_check(saved: Path, split, keras_probs, classes, atol: float):
-    """Reload the SavedModel in a fresh process (`signatures.main`); both signatures must
-    match Keras. Returns the bytes signature's parity."""
-    with tempfile.TemporaryDirectory(prefix="tfmlops-reload-") as tmp:
-        write_json(Path(tmp) / "split.json", split.to_dict())
+class ReloadCheck:
+    """The SavedModel reloaded in a fresh process (`signatures.main`), started at once;
+    `parity` waits for it and checks that both signatures match Keras, returning the bytes
+    signature's parity. Leaving the block stops the process if it still runs."""
+
+    def __init__(self, saved: Path, split):
+        self._tmp = tempfile.TemporaryDirectory(prefix="tfmlops-reload-")
+        self.folder = Path(self._tmp.name)
+        write_json(self.folder / "split.json", split.to_dict())
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "tfmlops.stages.export.signatures", str(saved),
-             str(Path(tmp) / "split.json"), str(Path(tmp) / "out.npz")],
-            capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        with (self.folder / "stderr.txt").open("w") as err:  # a file: a full pipe would stall it
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tfmlops.stages.export.signatures", str(saved),
+                 str(self.folder / "split.json"), str(self.folder / "out.npz")],
+                stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+    def __enter__(self) -> ReloadCheck:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._tmp.cleanup()
+
+    def parity(self, keras_probs, classes, atol: float):
+        try:
+            self._proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            raise
+        if self._proc.returncode != 0:
+            stderr = (self.folder / "stderr.txt").read_text(errors="replace")
+            last = (stderr.strip().splitlines() or ["no output"])[-1][:200]
             raise DataError(f"the SavedModel did not reload in a fresh process ({last})")
-        with np.load(Path(tmp) / "out.npz", allow_pickle=False) as result:
+        with np.load(self.folder / "out.npz", allow_pickle=False) as result:
             got = {k: result[k] for k in result.files}
-    floats = skew.compare("saved_model", keras_probs, got["float_probabilities"], atol)
-    encoded = skew.compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)
-    expected = np.asarray(classes)[np.argmax(keras_probs, axis=1)]
-    for c in (floats, encoded):
-        if not c.passed:
-            raise DataError(f"SavedModel reloaded in a fresh process: {c.describe()}")
-    if not np.array_equal(got["bytes_labels"], expected):
-        raise DataError("SavedModel reloaded in a fresh process: its `label` output disagrees "
-                        "with the class names of the top-1 probabilities")
-    if not np.allclose(got["default_probabilities"], got["bytes_probabilities"][:1]):
-        raise DataError("SavedModel: serving_default is not the image-bytes signature")
-    return encoded  # export counts the bytes signature's among the parities
+        floats = skew.compare("saved_model", keras_probs, got["float_probabilities"], atol)
+        encoded = skew.compare("saved_model_bytes", keras_probs, got["bytes_probabilities"], atol)
+        expected = np.asarray(classes)[np.argmax(keras_probs, axis=1)]
+        for c in (floats, encoded):
+            if not c.passed:
+                raise DataError(f"SavedModel reloaded in a fresh process: {c.describe()}")
+        if not np.array_equal(got["bytes_labels"], expected):
+            raise DataError("SavedModel reloaded in a fresh process: its `label` output disagrees "
+                            "with the class names of the top-1 probabilities")
+        if not np.allclose(got["default_probabilities"], got["bytes_probabilities"][:1]):
+            raise DataError("SavedModel: serving_default is not the image-bytes signature")
+        return encoded  # export counts the bytes signature's among the parities
 
 
 def to_onnx(model, path: Path, input_shape, opset: int) -> None:
@@ -112,33 +144,39 @@ def to_onnx(model, path: Path, input_shape, opset: int) -> None:
         raise DataError(f"{path.name} fails onnx.checker ({str(exc).splitlines()[0][:160]})") from None
 
 
-def check_onnx(path: Path, split, keras_probs, atol: float):
-    """ONNX Runtime on the whole test split against Keras."""
-    result = skew.compare("onnx", keras_probs, split.predict(OnnxModel(str(path)).predict), atol)
+def check_onnx(path: Path, split, keras_probs, atol: float, model: OnnxModel | None = None):
+    """ONNX Runtime (`model`, else a session of `path`) on the whole test split against
+    Keras: (its parity, its probabilities)."""
+    probs = split.predict((model or OnnxModel(str(path), LATENCY_THREADS)).predict)
+    result = skew.compare("onnx", keras_probs, probs, atol)
     if not result.passed:
         raise DataError(f"{result.describe()}; raise export.atol only if that is acceptable")
-    return result
+    return result, probs
 
 
 def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
-    """One row per format (accuracy, bytes, latency) and the parity of each runtime."""
+    """One row per format (accuracy, bytes, latency) and the parity of each runtime, the
+    reloaded SavedModel's bytes signature last. The reload check is waited for before the
+    first timed call: latencies are measured without it running beside them."""
     import tensorflow as tf
 
     from tfmlops.stages.export.signatures import FLOAT_SIGNATURE
 
     sig = tf.saved_model.load(str(formats["saved_model"])).signatures[FLOAT_SIGNATURE]
-    onnx_model = OnnxModel(str(formats["onnx"]), LATENCY_THREADS)
+    onnx_model = formats["onnx_model"]
     tflite_model = TFLiteModel(str(formats["tflite"]), LATENCY_THREADS)
 
     def saved_model(x):
         return sig(image=tf.constant(x))["probabilities"].numpy()
 
     probs = {"keras": keras_probs, "saved_model": split.predict(saved_model),
-             "onnx": split.predict(onnx_model.predict),
+             "onnx": formats["onnx_probs"],
              "tflite": split.predict(lambda x: tflite_model.predict_all(x, batch=64))}
+    reloaded = formats["reload_parity"]()
     call = {"keras": lambda a: model(a, training=False).numpy(),  # eager Keras, one image
             "saved_model": saved_model, "onnx": onnx_model.predict, "tflite": tflite_model.predict}
-    files = {"keras": Path(cfg.paths.train) / MODEL_FILE, **formats}
+    files = {"keras": Path(cfg.paths.train) / MODEL_FILE,
+             **{k: formats[k] for k in ("saved_model", "onnx", "tflite")}}
     rows, parities = [], []
     for k, name in enumerate(("keras", "saved_model", "onnx", "tflite"), 1):
         log.info("export: [%d/4] measuring %s: accuracy, %d timed calls", k, name, cfg.export.latency_runs)
@@ -149,7 +187,7 @@ def measure(cfg, model, out: Path, formats: dict, split, y, keras_probs):
             parities.append(p)
             row.update(_parity_columns(p))
         rows.append(row)
-    return rows, parities
+    return rows, [*parities, reloaded]
 
 
 def choose_serving(rows: list[dict], parities) -> dict:

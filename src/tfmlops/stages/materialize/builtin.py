@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +31,23 @@ def write_builtin(cfg: Config, folder: Path) -> dict[str, int]:
     return {"images": sum(counts.values()), "classes": len(counts)}
 
 
-def write_digits(folder: Path, limit: int | None = None) -> dict[str, int]:
-    from sklearn.datasets import load_digits
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(images 8x8 in 0..16, labels): scikit-learn's `load_digits()`, read as it reads it
+    (its bundled digits.csv.gz, np.loadtxt) without importing scikit-learn, whose import
+    (scipy, pandas, pyarrow) took most of this stage's time (BENCHMARKS.md, Whole pipeline)."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("scikit-learn is not installed: the built-in digits ship with it")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, mode="rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int, copy=False)
 
-    digits = load_digits()
+
+def write_digits(folder: Path, limit: int | None = None) -> dict[str, int]:
+    images, target = load_digits()
     counts: dict[str, int] = {}
-    for i, (img, label) in enumerate(zip(digits.images[:limit], digits.target[:limit], strict=True)):
+    for i, (img, label) in enumerate(zip(images[:limit], target[:limit], strict=True)):
         cls = str(int(label))
         (folder / cls).mkdir(parents=True, exist_ok=True)
         pixels = np.clip(img * (255.0 / 16.0), 0, 255).astype(np.uint8)  # 0..16 -> 0..255

@@ -37,17 +37,20 @@ def convert_all(models: dict, calibration, out: Path, q, failed: dict) -> list[s
     planned = [(src, variant) for src in SOURCES for variant in variants(src, q.variants)]
     total = len(planned) + (1 if q.qat else 0)  # QAT's variant comes after these
     built = []
-    for k, (src, variant) in enumerate(planned, 1):
-        name = f"{src}_{variant}"
-        log.info("quantize: [%d/%d] converting %s", k, total, name)
-        try:
-            data = tflite.convert(models[src], variant, calibration)
-        except Exception as exc:  # noqa: BLE001 - reported per variant, see `required`
-            failed[name] = tflite.converter_message(exc)
-            log.info("quantize: [%d/%d] %s not built: %s", k, total, name, failed[name])
-            continue
-        (out / f"{name}.tflite").write_bytes(data)
-        built.append(name)
+    k = 0
+    for src in SOURCES:
+        with tflite.converter_of(models[src]) as to_tflite:  # the source saved once
+            for variant in variants(src, q.variants):
+                k, name = k + 1, f"{src}_{variant}"
+                log.info("quantize: [%d/%d] converting %s", k, total, name)
+                try:
+                    data = to_tflite(variant, calibration)
+                except Exception as exc:  # noqa: BLE001 - reported per variant, see `required`
+                    failed[name] = tflite.converter_message(exc)
+                    log.info("quantize: [%d/%d] %s not built: %s", k, total, name, failed[name])
+                    continue
+                (out / f"{name}.tflite").write_bytes(data)
+                built.append(name)
     return built
 
 

@@ -11,6 +11,8 @@ sparse tensors, so LiteRT runs it on its built-in kernels (slower).
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -34,10 +36,59 @@ def sample_indices(n_available: int, n: int, seed: int) -> np.ndarray:
 
 
 def convert(model, variant: str, calibration: np.ndarray | None = None) -> bytes:
-    """The .tflite flatbuffer of `model` for one variant."""
+    """The .tflite flatbuffer of `model` for one variant (several: `converter_of`)."""
+    with converter_of(model) as to_tflite:
+        return to_tflite(variant, calibration)
+
+
+@contextlib.contextmanager
+def converter_of(model) -> Iterator[Callable[[str, np.ndarray | None], bytes]]:
+    """`(variant, calibration) -> .tflite bytes` for any number of variants of one tf_keras
+    model, which is saved as a SavedModel once. `TFLiteConverter.from_keras_model` saves it
+    again on every conversion (most of quantize's conversion time) and then converts that
+    SavedModel: from the one saved here with the same options, each file is the same bytes
+    once its conversion metadata names a Keras model, as the Keras path's does. A Keras 3
+    model, or one the SavedModel cannot hold, goes the Keras path each time."""
     import tensorflow as tf
 
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    with tempfile.TemporaryDirectory(prefix="tfmlops-tflite-") as folder:
+        saved = _saved_model(model, folder)
+
+        def to_tflite(variant: str, calibration: np.ndarray | None = None) -> bytes:
+            if saved is None:
+                return _convert(tf.lite.TFLiteConverter.from_keras_model(model), variant, calibration)
+            converter = tf.lite.TFLiteConverter.from_saved_model(saved)
+            converter._metadata.environment.modelType = _KERAS_MODEL()  # noqa: SLF001 - see above
+            return _convert(converter, variant, calibration)
+
+        yield to_tflite
+
+
+def _saved_model(model, folder: str) -> str | None:
+    """`model` saved as TFLiteConverter's Keras path saves a tf_keras model; None for a
+    Keras 3 model or when saving fails (that path then converts another way)."""
+    import tensorflow as tf
+
+    from tfmlops.compress.source import tf_keras_module
+
+    if not isinstance(model, tf_keras_module().Model):
+        return None
+    try:
+        tf.saved_model.save(model, folder, options=tf.saved_model.SaveOptions(save_debug_info=True))
+    except Exception:  # noqa: BLE001 - as the converter's own Keras path falls back
+        return None
+    return folder
+
+
+def _KERAS_MODEL():  # noqa: N802 - the flatbuffer schema's enum value
+    from tensorflow.lite.python import conversion_metadata_schema_py_generated as schema
+
+    return schema.ModelType.KERAS_MODEL
+
+
+def _convert(converter, variant: str, calibration: np.ndarray | None) -> bytes:
+    import tensorflow as tf
+
     if variant not in CONVERTED_VARIANTS:
         raise ValueError(f"unknown TFLite variant {variant!r}")
     if variant != FLOAT32:
