@@ -16,7 +16,10 @@ def module_costs(junit: Path) -> dict[str, float]:
     for case in ET.parse(junit).getroot().iter("testcase"):
         parts = case.get("classname", "").split(".")
         # "tests.unit.test_config" or "tests.unit.test_x.TestClass": up to the test_ module
-        end = next(i for i, part in enumerate(parts) if part.startswith("test_")) + 1
+        end = next((i for i, part in enumerate(parts) if part.startswith("test_")), None)
+        if end is None:  # a collection error's entry ("tests.unit"): no module ran
+            continue
+        end += 1
         parts = parts[:end] if parts[0] == "tests" else ["tests", *parts[:end]]
         costs["/".join(parts) + ".py"] += float(case.get("time", 0))
     return {m: round(s, 1) for m, s in sorted(costs.items(), key=lambda kv: -kv[1])}
