@@ -48,6 +48,62 @@ def point(name: str, parent: bool = False) -> None:
     _visits[name] = _visits.get(name, 0) + 1
     if _visits[name] == int(os.environ["TFMLOPS_FAULT"].partition("@")[2] or 1):
         sig = getattr(signal, os.environ.get("TFMLOPS_FAULT_SIGNAL", "SIGKILL"))
+        if sig == signal.SIGSTOP and not parent:
+            _stop_here()
+            return
         os.kill(os.getppid() if parent else os.getpid(), sig)
         if parent:
             os.kill(os.getpid(), sig)
+
+
+def _stop_here() -> None:
+    """Stop this process; once continued, handle here what was sent to it meanwhile.
+
+    A signal sent to a stopped process (a test's Ctrl-C, then SIGCONT) waits in its shared
+    pending set; once continued, any of its threads may take it, and Python runs the
+    handler in the main thread at its next check, which may come after this point has
+    returned (seen: prepare's Ctrl-C raised after swap-in's second rename, the new output
+    kept). So this waits, up to 5 s, until a handler has run (a byte in the wakeup fd; its
+    exception is raised by the next call here) or nothing has been pending for 50 ms."""
+    import threading
+    import time
+
+    if threading.current_thread() is not threading.main_thread():
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        deadline = quiet_since = time.monotonic()
+        deadline += 5
+        while time.monotonic() < deadline:
+            try:
+                if os.read(r, 64):
+                    break  # a handler ran: the main thread raises its exception by now
+            except BlockingIOError:
+                pass
+            if _signals_pending():
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > 0.05:
+                break  # nothing pending for 50 ms and no handler ran: nothing was sent
+            time.sleep(0.001)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+
+
+def _signals_pending() -> bool:
+    """Whether a signal waits for this process (its shared set) or one of its threads."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/status") as f:
+                for line in f:
+                    if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16):
+                        return True
+        except OSError:
+            continue
+    return False

@@ -120,6 +120,14 @@ def test_sigterm_to_train_and_its_sidecar_ends_the_run_killed(tmp_path, digits_w
     assert mlflow_client(cfg).get_run(run.info.run_id).info.end_time is not None
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child, before exec: SIGINT at its default, as a terminal's foreground job has
+    it. A suite started in the background of a shell without job control (`cmd &` in a
+    script, `bash -c '... &'`) has SIGINT ignored; a child inherits that and Python keeps
+    it, so prepare would let the Ctrl-C pass and finish (exit 0, its whole output)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_to_prepares_process_group_exits_130_and_keeps_the_previous_output(
         tmp_path, make_cfg):
     """Ctrl-C in a terminal: SIGINT to the whole foreground group (prepare, its pool, any
@@ -131,7 +139,8 @@ def test_ctrl_c_to_prepares_process_group_exits_130_and_keeps_the_previous_outpu
     log = tmp_path / "interrupted.log"
     with log.open("w") as out:
         proc = subprocess.Popen([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=env,
-                                stdout=out, stderr=out, start_new_session=True)
+                                stdout=out, stderr=out, start_new_session=True,
+                                preexec_fn=_sigint_as_in_a_terminal)
         try:
             deadline = time.monotonic() + 240
             while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
