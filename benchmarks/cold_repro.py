@@ -65,8 +65,12 @@ def console_script(copy: Path) -> Path:
     module, func = target.split(":")
     script = copy.parent / "bin" / "tfmlops"
     script.parent.mkdir(exist_ok=True)
+    # The __main__ guard as pip's own scripts have it: prepare's spawned decode workers
+    # re-import the main script by path, and without the guard each ran the command again
+    # (on photos: workers stuck on the tracking lock, prepare waiting on them forever).
     script.write_text(f"#!{BIN / 'python'}\nimport sys\nsys.path[0] = {str(BIN)!r}\n"
-                      f"from {module} import {func}\nsys.exit({func}())\n")
+                      f"from {module} import {func}\n"
+                      f"if __name__ == '__main__':\n    sys.exit({func}())\n")
     script.chmod(0o755)
     return script.parent
 
