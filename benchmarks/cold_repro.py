@@ -126,17 +126,24 @@ def set_params(copy: Path, overrides: list[str]) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def cold_clone(sha: str, parent: Path, overrides: list[str]) -> tuple[Path, dict, Path]:
+    """A fresh clone of `sha` in `parent` with `overrides` set, the environment that runs
+    its own code, and where that environment imports tfmlops from (checked: the clone)."""
+    copy = fresh_copy(sha, parent)
+    set_params(copy, overrides)
+    env = run_env(copy)
+    package = imported_from(copy, env)
+    if not package.is_relative_to(copy / "src"):
+        raise SystemExit(f"tfmlops is imported from {package}, not from the clone {copy}")
+    return copy, env, package
+
+
 def cold_repro(sha: str, log_path: Path, show_import: bool, overrides: list[str],
                target: str | None = None) -> dict:
     """One cold `dvc repro` at `sha` in a fresh clone: stage and total wall times."""
     parent = Path(tempfile.mkdtemp(prefix="tfmlops-cold-"))
     try:
-        copy = fresh_copy(sha, parent)
-        set_params(copy, overrides)
-        env = run_env(copy)
-        package = imported_from(copy, env)
-        if not package.is_relative_to(copy / "src"):
-            raise SystemExit(f"tfmlops is imported from {package}, not from the clone {copy}")
+        copy, env, package = cold_clone(sha, parent, overrides)
         if show_import:
             print(f"  tfmlops imported from {package}", flush=True)
         load = os.getloadavg()

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cold_repro import BIN, STAGE_LINE, fresh_copy, git, imported_from, run_env, set_params  # noqa: E402
+from cold_repro import BIN, STAGE_LINE, cold_clone, git  # noqa: E402
 from common import RESULTS, ROOT, machine  # noqa: E402
 
 PROBE = Path(__file__).resolve().parent / "stage_probe"
@@ -114,12 +114,7 @@ def cold_run(sha: str, overrides: list[str], log_path: Path, target: list[str]) 
     probes = parent / "probes"
     probes.mkdir()
     try:
-        copy = fresh_copy(sha, parent)
-        set_params(copy, overrides)
-        env = run_env(copy)
-        package = imported_from(copy, env)
-        if not package.is_relative_to(copy / "src"):
-            raise SystemExit(f"tfmlops is imported from {package}, not from the clone {copy}")
+        copy, env, _ = cold_clone(sha, parent, overrides)
         env["PYTHONPATH"] = f"{PROBE}{os.pathsep}{env['PYTHONPATH']}"
         env["STAGE_COSTS_DIR"] = str(probes)
         load = os.getloadavg()
