@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from tfmlops import faults, profiling, tracking
+from tfmlops import faults, files, profiling, tracking
 from tfmlops.artifacts import MODEL_FILE, PRECISION
 from tfmlops.config import Config
 from tfmlops.files import write_json
@@ -30,17 +30,21 @@ BACKUP_DIR = "backup"
 FAULT = "tune.final_epoch_end"  # a test kills the round at an epoch's end (`@<n>`)
 
 
+FINALIST_KIND = "tune-finalist"  # the marker forget_others needs before it deletes
+
+
 def finalist_dir(cfg: Config, name: str) -> Path:
-    return Path(cfg.paths.tuner) / FINAL_DIR / name
+    """The finalist's folder, made and marked as the project's own."""
+    return files.claim_folder(Path(cfg.paths.tuner) / FINAL_DIR / name, FINALIST_KIND)
 
 
 def forget_others(cfg: Config, names: list[str]) -> None:
-    """Remove the kept fits of finalists this round does not have (an earlier search's)."""
+    """Remove the kept fits of finalists this round does not have (an earlier search's):
+    only folders this project made (files.owned_children), never anything else there."""
     root = Path(cfg.paths.tuner) / FINAL_DIR
-    if root.is_dir():
-        for folder in root.iterdir():
-            if folder.is_dir() and folder.name not in names:
-                shutil.rmtree(folder, ignore_errors=True)
+    for folder in files.owned_children(root, FINALIST_KIND, r"params|trial-.+"):
+        if folder.name not in names:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def fresh_keras_state(keras) -> None:
