@@ -73,6 +73,19 @@ def test_a_losing_trial_stops_is_recorded_and_a_second_cold_search_chooses_the_s
                                                          metrics["best_score"])
     assert hparams.read_best(again_cfg) == hparams.read_best(cfg)
 
+    # the same search unpruned: every trial that ran to its end scored as it does there, so
+    # stopping the losers changed no other trial (each trial draws its own batches)
+    off_dir = tmp_path / "off"
+    shutil.copytree(prepared_digits.paths.prepared, off_dir / "data" / "prepared")
+    off_cfg = make_cfg(off_dir, **pruned_params(pruning={**PRUNING, "rule": "off"}))
+    tune.run(off_cfg)
+    off_rows = read_rows(off_cfg)
+    assert [(r["trial"], r["learning_rate"]) for r in off_rows] == \
+        [(r["trial"], r["learning_rate"]) for r in rows]
+    assert [(r["trial"], r["score"]) for r in ran_out] == \
+        [(r["trial"], r["score"]) for r in off_rows if r["trial"] in {x["trial"] for x in ran_out}]
+    assert any(int(r["trial"]) > int(stopped[0]["trial"]) for r in ran_out), rows  # one after
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)

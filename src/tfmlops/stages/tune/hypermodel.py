@@ -55,7 +55,6 @@ class TrialModel(kt.HyperModel):
     def __init__(self, cfg: Config, prepared, deadline: float):
         super().__init__(name="tfmlops")
         self.cfg, self.prepared, self.deadline = cfg, prepared, deadline
-        self._datasets: dict[int, tuple] = {}
         self.profiled_dir: Path | None = None
         self.cut_short = False  # the budget ended a trial before its epochs
         self.pruned = lambda: False  # the running trial was stopped by the pruner (tuner.py)
@@ -79,10 +78,11 @@ class TrialModel(kt.HyperModel):
     def fit(self, hp, model, *args, epochs=1, initial_epoch=0, callbacks=(), verbose=2,
             **kwargs):
         trial_cfg = self._trial_cfg(hp)
-        batch_size = trial_cfg.train.batch_size
-        if batch_size not in self._datasets:
-            self._datasets[batch_size] = fitting.datasets(self.cfg, self.prepared, batch_size)
-        data = self._datasets[batch_size]
+        # Datasets of its own, as train builds them: a trial draws the same batches whatever
+        # ran before it. A dataset shared across trials reshuffles on from the epochs earlier
+        # trials drew, so a pruned or resumed search fed a later trial other batches than a
+        # cold, unpruned one, and scored it differently.
+        data = fitting.datasets(self.cfg, self.prepared, trial_cfg.train.batch_size)
         extra = self._callbacks(data[2])
         # train's fine-tuning phases over this fit's epochs (none without a backbone). Each
         # phase compiles a fresh optimizer whose schedule spans the epochs it runs (a
