@@ -210,3 +210,25 @@ def _wait_for_jobs(job_port: int, but: set[str], timeout: float = 120) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError("the killed driver's job did not end")
+
+
+def test_a_prefix_on_s3_is_removed_whole_whatever_its_names(s3, monkeypatch):
+    """Beam's filesystems read names as patterns in places: `[1]` or `*` in a staged
+    name must neither survive the removal nor take anything else with it."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from tfmlops.stages.prepare import beam_staging as staging
+
+    client, options = s3
+    for key, value in KEYS.items():
+        monkeypatch.setenv(key, value)
+    FileSystems.set_options(PipelineOptions(options))
+    client.put_object(Bucket=BUCKET, Key="odd/theirs[1].jpg", Body=b"theirs")
+    run = staging.RunPrefix(f"s3://{BUCKET}/odd").start()
+    for name in ("quarantine/c[1]/a[1].jpg", "quarantine/c1/*.jpg", "train-00000.part"):
+        with staging.create(staging.join(run.base, name)) as fh:
+            fh.write(b"x")
+    assert len(run.files("quarantine/**")) == 2
+    run.remove()
+    assert staged(client, "odd/") == ["odd/theirs[1].jpg"]

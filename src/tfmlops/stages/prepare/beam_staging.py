@@ -203,11 +203,14 @@ def remove_prefix(base: str, marker: str) -> None:
                     (shutil.rmtree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
             shutil.rmtree(base)
         return
+    # S3 deletes keys as given; GCS (like the local filesystem) matches each as a pattern
+    named = (lambda paths: paths) if base.startswith("s3://") else \
+        (lambda paths: [literal(p) for p in paths])
     staged = [path for path, _ in listing(join(literal(base), "**")) if path != marker]
     if staged:
-        FileSystems.delete(staged)
+        FileSystems.delete(named(staged))
     with contextlib.suppress(Exception):  # already gone: another cleaner was first
-        FileSystems.delete([marker])
+        FileSystems.delete(named([marker]))
 
 
 def stale_prefixes(root: str, own: RunPrefix) -> list[str]:
