@@ -187,6 +187,33 @@ def test_the_driver_killed_mid_run_leaves_a_prefix_the_rerun_removes(
     assert staged(client, "runs3/") == ["runs3/theirs.txt"]
 
 
+def test_the_driver_terminated_mid_run_cancels_its_job_and_removes_its_prefix(
+        images, tmp_path, cluster, s3):
+    """SIGTERM (or Ctrl-C) while the job runs: the driver cancels it on the runner before
+    removing its prefix, so no worker writes under a prefix that is gone."""
+    earlier = set(_jobs(cluster[1]))
+    result, cfg = run_on(cluster, s3, tmp_path, images, "runs4",
+                         env={"TFMLOPS_FAULT": "beam.submitted", "TFMLOPS_FAULT_SIGNAL": "SIGTERM"})
+    assert result.returncode == 143, result.stderr
+    assert len([line for line in result.stderr.splitlines() if "SIGTERM" in line]) == 1, \
+        result.stderr
+    assert not Path(cfg.paths.prepared).exists()
+    assert staged(s3[0], "runs4/") == []
+    from apache_beam.portability.api import beam_job_api_pb2
+
+    ours = {job: state for job, state in _jobs(cluster[1]).items() if job not in earlier}
+    assert list(ours.values()) == [beam_job_api_pb2.JobState.CANCELLED], ours
+
+
+def test_a_staging_url_that_cannot_be_written_fails_in_one_line(images, tmp_path, s3):
+    result, _ = prepare(tmp_path, images, "beam", test_beam.IN_PROCESS + s3[1], env=KEYS,
+                        beam={"staging": "s3://no-such-bucket/runs"})
+    assert result.returncode == 2, result.stderr
+    assert "data.beam.staging s3://no-such-bucket/runs cannot be written" in one_error(result)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr  # no traceback above it
+    assert not (tmp_path / "data" / "prepared").exists()
+
+
 def _jobs(job_port: int) -> dict[str, int]:
     """{job id: state} of the jobs on the job service."""
     import grpc

@@ -144,7 +144,16 @@ class RunPrefix:
         self._beat: threading.Thread | None = None
 
     def start(self) -> RunPrefix:
-        self._write_marker()
+        from tfmlops.errors import DataError
+
+        try:
+            with _root_logger_quiet():  # Beam's S3 writer logs a traceback on the root logger
+                self._write_marker()
+        except Exception as exc:  # noqa: BLE001 - the store's own error, in one line
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise DataError(f"data.beam.staging {self.root} cannot be written ({why}); check "
+                            "the URL and the credentials in the environment (AWS_ACCESS_KEY_ID "
+                            "... or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS)") from None
         self._beat = threading.Thread(target=self._heartbeat, name="staging-heartbeat",
                                       daemon=True)
         self._beat.start()
@@ -190,6 +199,27 @@ class RunPrefix:
         except Exception as exc:  # noqa: BLE001 - not to hide why the run ended
             log.warning("prepare: could not remove its Beam staging prefix %s (%s); the next "
                         "run removes it", self.base, str(exc).splitlines()[0][:200])
+
+
+@contextlib.contextmanager
+def _root_logger_quiet():
+    """Nothing logged on the root logger gets out for the block (logging.error() would
+    also configure it, printing every later record); the caller says what failed."""
+    root = logging.getLogger()
+    added = None if root.handlers else logging.NullHandler()
+    root.addFilter(_drop)
+    if added:
+        root.addHandler(added)
+    try:
+        yield
+    finally:
+        root.removeFilter(_drop)
+        if added:
+            root.removeHandler(added)
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
 
 
 def remove_prefix(base: str, marker: str) -> None:
@@ -295,8 +325,8 @@ def pipeline(options, deadline_s: float = 0):
     p = beam.Pipeline(options=options)
     yield p
     result = p.run()
-    faults.point("beam.submitted")  # the driver killed with its job running (test_beam_cluster)
     try:
+        faults.point("beam.submitted")  # the driver killed or stopped with its job running
         state = result.wait_until_finish(duration=int(deadline_s * 1000) or None)
     except BaseException:
         _cancel(result)
