@@ -153,9 +153,9 @@ def _assemble(cfg, options, image_dir, classes, files, out: Path, run, started: 
     for split in SPLITS:
         fetched = {}
         for url in run.files(f"{split}-*.part"):
-            fetched[int(run.relative(url)[:-len(".part")].rsplit("-", 1)[1])] = target = \
-                parts / run.relative(url)
-            run.fetch(url, target)
+            name = run.relative(url)  # <split>-<shard>.part
+            fetched[int(name.removesuffix(".part").rsplit("-", 1)[1])] = parts / name
+            run.fetch(url, parts / name)
         place_shards(out, split, fetched)
     if parts.exists():
         parts.rmdir()
