@@ -1,5 +1,5 @@
 """Where prepare's Beam workers put what they make (`data.beam.staging`), and how the
-driver takes it back and cleans up after itself and after earlier runs it killed.
+driver takes it back and cleans up after itself and after earlier runs that were killed.
 
 Workers share nothing with the driver but this place: they write shard parts, rows and
 quarantine copies through Beam's filesystems (`FileSystems.create` under `base`, a string
