@@ -46,16 +46,16 @@ def images(tmp_path_factory) -> Path:
     return root
 
 
-def prepare(work: Path, images: Path, engine: str, options=None, env=None):
-    """`tfmlops prepare` in its own process; (the CompletedProcess, the config, or None
-    for params the stage refused)."""
+def prepare(work: Path, images: Path, engine: str, options=None, env=None, beam=None):
+    """`tfmlops prepare` in its own process (`beam`: more of data.beam); (the
+    CompletedProcess, the config, or None for params the stage refused)."""
     from tfmlops.config import ConfigError, load_config
 
     work.mkdir(parents=True, exist_ok=True)
     data = {"image_dir": str(images), "channels": 3, "image_size": 16, "shards": 3,
             "split": {"val": 0.2, "test": 0.2}, "max_bad_fraction": 0.3, "engine": engine}
     if options is not None:
-        data["beam"] = {"options": options}
+        data["beam"] = {"options": options, **(beam or {})}
     params = tiny_params(work, data=data, tracking={"enabled": False})
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     result = run_cli("--params", str(work / "params.yaml"), "prepare", cwd=work,
@@ -138,7 +138,9 @@ def portable(cluster) -> list[str]:
 
 def test_a_job_service_and_an_external_worker_pool_write_the_local_bytes(
         images, local_output, tmp_path, beam_cluster):
-    result, cfg = prepare(tmp_path, images, "beam", portable(beam_cluster))
+    # a remote runner stages on a mount both sides share (test_beam_cluster.py: on S3 only)
+    result, cfg = prepare(tmp_path, images, "beam", portable(beam_cluster),
+                          beam={"staging": str(tmp_path / "shared")})
     assert result.returncode == 0, result.stderr
     assert prepared_bytes(cfg) == local_output
     pool_log = (tmp_path / "pool.log").read_text(errors="replace")

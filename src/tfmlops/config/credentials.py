@@ -20,7 +20,7 @@ import re
 
 # Keys whose refused value is never shown (messages.one_line), even when params give it
 # the wrong type: a string there may be a secret.
-SECRET_BEARING = (("data", "beam", "options"), ("tracking", "uri"))
+SECRET_BEARING = (("data", "beam", "options"), ("data", "beam", "staging"), ("tracking", "uri"))
 
 # Words of an option's name, compared without case, "-" or "_" (`--s3-secret-access-key`,
 # `--awsCredentialsProvider`): Beam's S3 keys, Azure's connection string, and the usual
@@ -79,6 +79,14 @@ def credential_problem(options: list[str]) -> str | None:
         instead = next((v for k, v in _INSTEAD.items() if squashed.startswith(k)), _ELSEWHERE)
         return f"{{p}}options[{i}]: {name} {what}; {_REMEDY}{instead}"
     return None
+
+
+def url_problem(url: str) -> str | None:
+    """Why a store's URL in params (`data.beam.staging`) must not hold what it holds (a
+    `user:password@` or a secret query parameter), never showing it; None if fine."""
+    if not _URL.search(url):
+        return None
+    return f"holds a password or token; {_REMEDY}{_ELSEWHERE}"
 
 
 def uri_problem(uri: str) -> str | None:

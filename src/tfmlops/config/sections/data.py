@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, field
 
-from tfmlops.config.credentials import credential_problem
+from tfmlops.config.credentials import credential_problem, url_problem
 from tfmlops.config.messages import Rule
 from tfmlops.config.sections.base import Section, Text, copies
 
@@ -94,12 +94,36 @@ class BeamConfig(Section):
 
     options: list[Text] = copies("--runner=DirectRunner", "--direct_running_mode=multi_processing",
                                  "--direct_num_workers=0")
+    # Where Beam's workers write shard parts, rows and quarantine copies, through Beam's
+    # filesystems; each run under its own marked prefix, which the driver removes once
+    # data/prepared is assembled. "": the stage's local staging folder (DirectRunner only).
+    # A remote runner (any other) needs a place its workers and this machine both reach:
+    # s3://bucket/path, gs://bucket/path, or an absolute path of a mount every worker shares.
+    staging: str = ""
+    # Seconds prepare waits for a job on a remote runner before it cancels it and fails
+    # (0: no limit). Beam's local job service can wait forever for an SDK worker that died.
+    deadline_s: Annotated[float, Meta(ge=0, le=7 * 86400)] = 0
 
     def _rules(self):
         # params are published (dvc.lock, MLflow, resolved_params.yaml): no credential here
-        problem = credential_problem(self.options)
+        problem = credential_problem(self.options) or staging_problem(self.staging)
         if problem:
             raise Rule(problem)
+
+
+def staging_problem(staging: str) -> str | None:
+    """Why `data.beam.staging` cannot be a place workers write to; None if fine."""
+    if not staging:
+        return None
+    if url_problem(staging):
+        return "{p}staging " + url_problem(staging)
+    scheme, sep, rest = staging.partition("://")
+    if sep and scheme in ("s3", "gs") and rest.split("/", 1)[0]:
+        return None
+    if not sep and staging.startswith("/"):
+        return None
+    return ("{p}staging must be s3://BUCKET/PATH, gs://BUCKET/PATH or the absolute path of a "
+            "mount every worker shares")
 
 
 class DataConfig(Section):

@@ -16,17 +16,18 @@ of it is defined without an order (a shard is a function of the content hash,
 records sorted within it, statistics exact sums).
 
 Always cold: no `prepare_cache`, no hash memo (docs/scaling.md, "Millions of images").
-Workers write the shard parts and quarantine copies into the staging folder, so
-they must share its filesystem (true of the in-process runner and of a worker
-pool on this machine).
+Workers share nothing with the driver but `data.beam.staging` (beam_staging): they
+write shard parts, rows and quarantine copies there through Beam's filesystems, under
+this run's own marked prefix; the driver copies them into data/prepared, streaming,
+and removes the prefix (a later run removes those of runs that were killed).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import pickle
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,13 +35,14 @@ from pathlib import Path
 from tfmlops.artifacts import run_dir
 from tfmlops.errors import ConfigError, DataError, UserError
 from tfmlops.logs import children_stderr_to
+from tfmlops.stages.prepare import beam_staging as staging
 from tfmlops.stages.prepare.images import list_keys
 
 log = logging.getLogger(__name__)
 
 RUNNERS = ("DirectRunner", "PortableRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
 WORKERS_LOG = "beam_workers.log"  # in reports/prepare/: what Beam's worker processes print
-PARTS = ".beam"  # in the staging folder: shard parts and rows, gone before the swap
+EMPTY = "quarantine-empty"  # staged beside quarantine/: the rejected files that are empty
 
 
 def pipeline_options(cfg):
@@ -67,6 +69,7 @@ def pipeline_options(cfg):
     if unknown:
         raise ConfigError(f"data.beam.options: Beam knows no option {sorted(unknown)}; fix or "
                           "remove it (e.g. --runner=DirectRunner --direct_num_workers=2)")
+    staging.check_staging(cfg, runner)
     return options
 
 
@@ -105,14 +108,26 @@ def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
 
 def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
     """`stream.prepare_stream` on Apache Beam: the same shards, quarantine and tally."""
-    from tfmlops.data.tfrecords import place_shards
-    from tfmlops.stages.prepare.images import SPLITS
-    from tfmlops.stages.prepare.stream import finish_beam_tally, new_tally
-
     started = time.perf_counter()
     options = pipeline_options(cfg)
-    parts = out / PARTS
-    parts.mkdir(parents=True)
+    from apache_beam.io.filesystems import FileSystems
+
+    FileSystems.set_options(options)  # the driver reads the staging URL as the workers write it
+    root = cfg.data.beam.staging or str(out)  # "": the stage's own staging folder
+    run = staging.RunPrefix(root).start()
+    try:
+        staging.remove_stale(root, run)
+        return _assemble(cfg, options, image_dir, classes, files, out, run, started)
+    finally:
+        run.remove()
+
+
+def _assemble(cfg, options, image_dir, classes, files, out: Path, run, started: float):
+    """Run the pipeline into this run's prefix, then build `out` from what it staged."""
+    from tfmlops.data.tfrecords import place_shards
+    from tfmlops.stages.prepare.images import SPLITS, staged_path
+    from tfmlops.stages.prepare.stream import finish_beam_tally, new_tally
+
     log.info("prepare: %d files on Apache Beam (%s), no cache: every file is decoded",
              len(files), " ".join(cfg.data.beam.options))
     workers_log = run_dir(cfg, "prepare") / WORKERS_LOG
@@ -120,7 +135,7 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
     workers_log.write_bytes(b"")
     try:
         with children_stderr_to(workers_log):
-            _run(cfg, options, image_dir, classes, files, out, parts)
+            _run(cfg, options, image_dir, classes, files, run.base)
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - a worker died, the runner gave up: one line
@@ -128,32 +143,46 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
                         f"in; its workers' log is {workers_log}; run it again, or set "
                         "data.engine: local") from None
     rows = []
-    for part in sorted(parts.glob("*.rows")):
-        rows.extend(pickle.loads(part.read_bytes()))
+    for part in run.files("*.rows"):
+        with staging.open_staged(part) as fh:
+            rows.extend(pickle.load(fh))
     if sorted(r["i"] for r in rows) != list(range(len(files))):
         raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
                         "files; nothing was swapped in (a bug: please report it)")
-    for split in SPLITS:  # the parts under the local writer's names
-        place_shards(out, split, {int(p.stem.rsplit("-", 1)[1]): p
-                                  for p in parts.glob(f"{split}-*.part")})
-    shutil.rmtree(parts)
+    parts = out / ".beam"  # fetched here, then moved to their names by the local writer's rule
+    for split in SPLITS:
+        fetched = {}
+        for url in run.files(f"{split}-*.part"):
+            name = run.relative(url)  # <split>-<shard>.part
+            fetched[int(name.removesuffix(".part").rsplit("-", 1)[1])] = parts / name
+            run.fetch(url, parts / name)
+        place_shards(out, split, fetched)
+    if parts.exists():
+        parts.rmdir()
+    for url in run.files("quarantine/**"):  # the rejected files' copies, as the local path's
+        run.fetch(url, staged_path(out, run.relative(url)))
+    for url in run.files(f"{EMPTY}/**"):
+        target = staged_path(out / "quarantine", run.relative(url)[len(EMPTY) + 1:])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
     tally = new_tally(cfg, None)
     finish_beam_tally(tally, rows)
     tally.decode_seconds = time.perf_counter() - started
     return tally
 
 
-def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) -> None:
+def _run(cfg, options, image_dir: Path, classes, files, base: str) -> None:
     import apache_beam as beam
 
     from tfmlops.stages.prepare.stream import store_spec
 
     spec, d = store_spec(cfg), cfg.data
+    flags = list(d.beam.options)  # for Beam's filesystems in each worker (no credential in them)
     index = {c: i for i, c in enumerate(classes)}
     items = [(i, str(path), label) for i, (path, label) in enumerate(files)]
-    with beam.Pipeline(options=options) as p:
+    with staging.pipeline(options, cfg.data.beam.deadline_s) as p:
         done = (p | "files" >> beam.Create(items) | "spread" >> beam.Reshuffle()
-                | "decode" >> beam.Map(_decode, spec, str(image_dir), str(out)))
+                | "decode" >> beam.Map(staging.on_workers(_decode, flags), spec, str(image_dir), base))
         good = done | "good" >> beam.Filter(lambda r: r["reason"] is None)
         splits = (good | "owner" >> beam.Map(lambda r: (r["sha"], index[r["label"]]))
                   | "first class" >> beam.CombinePerKey(min)  # the listing's first (images.py)
@@ -164,20 +193,21 @@ def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) 
         _ = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)), "split": splits}
              | "join" >> beam.CoGroupByKey()
              | "by shard" >> beam.FlatMap(_by_shard, d.shards) | "shard" >> beam.GroupByKey()
-             | "write" >> beam.Map(_write_shard, str(parts), index))
+             | "write" >> beam.Map(staging.on_workers(_write_shard, flags), base, index))
         _ = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
              | "facts" >> beam.Map(_row) | "all refused" >> beam.combiners.ToList()
-             | "write refused" >> beam.Map(_write_rows, str(parts / "refused.rows")))
+             | "write refused" >> beam.Map(staging.on_workers(_write_rows, flags), base,
+                                          "refused.rows"))
 
 
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
 
-def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
-    """One file: read once, hashed, decoded and stored (or refused and quarantined)."""
+def _decode(item: tuple[int, str, str], spec, image_dir: str, base: str) -> dict:
+    """One file: read once, hashed, decoded and stored (or refused, and its copy staged
+    under `base` for quarantine)."""
     from tfmlops import faults
     from tfmlops.data.store import Stored, read_file, store_bytes
     from tfmlops.stages.prepare.images import unsupported
-    from tfmlops.stages.prepare.stream import quarantine
 
     i, path, label = item
     faults.point("beam.decode")
@@ -187,26 +217,52 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
     data = None if reason else (_read_url(path) if url else read_file(path))
     sha, stored = ((hashlib.sha256(data).hexdigest(), store_bytes(data, spec))
                    if isinstance(data, bytes) else (None, data or Stored(reason=reason)))
-    if not stored.ok:
+    if not stored.ok:  # its copy, as the local path makes it; an unreadable one: listed only
         if not url:
-            quarantine(Path(out), rel, Path(path))
-        elif isinstance(data := data or _read_url(path), bytes):  # an unreadable one: listed only
-            quarantine(Path(out), rel, data)
+            _stage_quarantine(base, rel, data if isinstance(data, bytes) else Path(path))
+        elif isinstance(data := data or _read_url(path), bytes):
+            _stage_quarantine(base, rel, data)
     return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
             "size": len(data) if sha else 0, "stored": stored}
 
 
 def _read_url(path: str):
     """The bytes of a file URL, or a refused `Stored` saying why they cannot be read."""
+    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     from tfmlops.data.store import Stored
 
     try:
-        with FileSystems.open(path) as fh:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
             return fh.read()
     except Exception as exc:  # noqa: BLE001 - the store's error is this file's reason
         return Stored(reason=f"unreadable: {_first(exc)}")
+
+
+def _stage_quarantine(base: str, rel: str, source: bytes | Path) -> None:
+    """A rejected file's copy (its bytes, or the file, a chunk at a time) at
+    `quarantine/<rel>` under `base`, its name checked as the local path's copy is
+    (images.name_refusal); a file that cannot be opened is listed only, as there."""
+    from tfmlops.stages.prepare.images import name_refusal
+
+    if why := name_refusal(rel):
+        raise DataError(f"prepare refuses to stage {ascii(rel)[:300]}: {why} (a bug: please "
+                        "report it)")
+    try:
+        src = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+    except OSError:  # no permission, gone since listing
+        return
+    with src:
+        chunk = src.read(staging.CHUNK)
+        if not chunk:  # Beam's S3 writer cannot make an empty object: a token says it
+            with staging.create(staging.join(base, EMPTY, rel)) as fh:
+                fh.write(b"\0")
+            return
+        with staging.create(staging.join(base, "quarantine", rel)) as fh:
+            while chunk:
+                fh.write(chunk)
+                chunk = src.read(staging.CHUNK)
 
 
 def _split_class(group, classes: list[str], seed: int, val: float, test: float):
@@ -226,7 +282,7 @@ def _by_shard(joined, shards: int):
         yield (split, shard_of(sha, shards)), {**row, "split": split}
 
 
-def _write_shard(group, parts: str, index: dict[str, int]) -> int:
+def _write_shard(group, base: str, index: dict[str, int]) -> int:
     """One shard's records in the local writer's order (content hash, then listing),
     framed into its part file; its files' rows (facts, not pixels) beside it."""
     from tfmlops.data.tfrecords import frame
@@ -234,11 +290,11 @@ def _write_shard(group, parts: str, index: dict[str, int]) -> int:
 
     (split, shard), rows = group
     rows = sorted(rows, key=lambda r: (r["sha"], r["i"]))
-    name = Path(parts) / f"{split}-{shard:05d}"
-    with open(name.with_suffix(".part"), "wb") as fh:
+    name = f"{split}-{shard:05d}"
+    with staging.create(staging.join(base, name + ".part")) as fh:
         for row in rows:
             fh.write(frame(record_of(row["stored"], index[row["label"]], row["sha"])))
-    _write_rows([_row(r) for r in rows], str(name.with_suffix(".rows")))
+    _write_rows([_row(r) for r in rows], base, name + ".rows")
     return len(rows)
 
 
@@ -248,8 +304,9 @@ def _row(row: dict) -> dict:
     return {**row, "stored": replace(stored, data=b""), "stored_bytes": len(stored.data)}
 
 
-def _write_rows(rows: list[dict], path: str) -> None:
-    Path(path).write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
+def _write_rows(rows: list[dict], base: str, name: str) -> None:
+    with staging.create(staging.join(base, name)) as fh:
+        fh.write(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _import_beam() -> None:
