@@ -153,7 +153,7 @@ def timed_prepare(params: Path, env: dict | None = None, wait_for_delivery: bool
     cpu_s += sum(cpu.get(pid, 0.0) for pid in detached)
     return {"wall_s": round(wall, 2), "delivered_s": round(delivered, 2), "cpu_s": round(cpu_s, 2),
             "cores_used": round(cpu_s / delivered, 2), "peak_rss_mb": round(peak / 2**20, 1),
-            "metrics": metrics}
+            "metrics": metrics, "sidecar_pid": int(handed.group(1)) if handed else None}
 
 
 def _alive(process) -> bool:

@@ -18,6 +18,9 @@ from tfmlops.errors import DataError
 RUN_FILE = "mlflow_run.json"  # every stage: its run's id and store (lineage); see run_dir
 # beside a run file: held while a detached run is delivered (tracking/sidecar.py)
 DELIVERY_LOCK = ".delivering.lock"
+# beside it: held (shared) by each run waiting for its turn to be delivered, so a reader
+# also waits for a run handed over while an earlier one was still being delivered
+DELIVERY_QUEUE = ".delivery-queue.lock"
 DETACHED_LOG = "tracking.log"  # beside it: the log of that delivery
 # beside paths.reports (the project's, git-ignored): hard links of what runs log (sidecar.py)
 SCRATCH = ".tfmlops/scratch"

@@ -321,7 +321,8 @@ def _terminate(signum, frame) -> None:
 def _tracking_ready(cfg, tracked: bool, sidecar: bool, hold: Path | None) -> Iterator[None]:
     """Check the store now: a dead server fails in seconds, before the stage's work (its
     run opens later). With `sidecar`, spawn the run's process now (it imports MLflow
-    meanwhile; it holds `hold`, the delivery lock, if set) and close it if the stage
+    meanwhile; it holds `hold`, the delivery lock, if set, or queues for it without
+    waiting while an earlier run is still being delivered) and close it if the stage
     fails before its run took it over."""
     if tracked:
         from tfmlops import tracking

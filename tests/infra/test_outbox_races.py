@@ -161,3 +161,20 @@ def test_a_handed_over_run_replayed_again_after_a_killed_replay_is_one_run(tmp_p
         "stage": "prepare", "run_id": run.info.run_id, "data_version": "abc",
         "tracking_uri": tracking.redact(tracking.tracking_uri(cfg))}
     assert not handover.path.exists() and not handover.files.exists()
+
+
+def test_runs_handed_over_one_after_another_are_delivered_in_that_order(tmp_path, make_cfg):
+    """issue 50: a rerun may hand its run over while an earlier one still waits in the
+    outbox (its sidecar busy or killed); whichever replay sends them sends the earlier
+    first, so the store's runs end in the order they were made."""
+    cfg = make_cfg()
+    out = tmp_path / "reports" / "prepare"
+    for n in range(6):
+        Handover(cfg, "prepare").write([
+            ("start", {"cfg": cfg, "stage": "prepare", "out_dir": str(out), "upstream": None,
+                       "facts": None, "params": {"n": n}}),
+            ("end", "FINISHED")])
+    assert tracking.sync(cfg)["rejected"] == 0
+    runs = sorted(stage_runs(cfg, "prepare"), key=lambda r: r.info.end_time)
+    assert [r.data.params["n"] for r in runs] == [str(n) for n in range(6)]
+    assert tracking.read_run_file(out)["run_id"] == runs[-1].info.run_id

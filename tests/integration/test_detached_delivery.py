@@ -6,10 +6,12 @@ next stage delivers the run, once. Held by SIGSTOP before it delivers, the sidec
 a reader of the run file (a later stage's lineage) waiting; once it goes on, the run is
 FINISHED with everything prepare logged, its log is in reports/prepare/tracking.log, the
 hard links it sent from are gone and nothing is sent twice; it never holds the stage's
-output pipes (a `| tee` or a CI runner would wait)."""
+output pipes (a `| tee` or a CI runner would wait). A rerun while that sidecar still
+delivers does not wait for it (issue 50); its own sidecar delivers after it, in order."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -137,23 +139,51 @@ def test_a_run_whose_sidecar_is_killed_as_prepare_exits_is_delivered_once_by_syn
     _delivered_once(cfg, tmp_path)
 
 
-def test_a_run_whose_sidecar_is_killed_is_delivered_by_the_next_stage(tmp_path, make_cfg):
-    """The next stage's run delivers it before it opens (it is the run its lineage names):
-    here the next prepare, whose own run is handed over and delivered too."""
-    cfg, sidecar, _, _ = _held_prepare(tmp_path, make_cfg)
-    sidecar.kill()
-    sidecar.wait(10)
-    assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=5)  # the kernel freed its lock
+def test_a_rerun_does_not_wait_for_the_previous_delivery_and_loses_nothing_when_it_is_killed(
+        tmp_path, make_cfg):
+    """issue 50: a prepare rerun while the previous run's sidecar still delivers (here:
+    stopped, holding the delivery lock) does its work and hands its run over without
+    waiting; its sidecar waits for its turn, and readers wait for it too. The previous
+    sidecar killed, nothing is lost: the rerun's sidecar delivers both runs, the earlier
+    first, each once, and the run file names the later run."""
+    cfg, first_sidecar, _, _ = _held_prepare(tmp_path, make_cfg)
+    try:
+        _rerun_while_held(cfg, first_sidecar, tmp_path)
+    finally:  # not left stopped behind a failed check
+        with contextlib.suppress(psutil.NoSuchProcess):
+            first_sidecar.kill()
+
+
+def _rerun_while_held(cfg, first_sidecar: psutil.Process, tmp_path: Path) -> None:
+    folder = run_dir(cfg, "prepare")
+    first_pending = json.loads((folder / RUN_FILE).read_text())["pending"]
+    # With the lock taken at the start (waiting for the stopped sidecar) this never exits.
     proc = subprocess.run([str(VENV_BIN / "tfmlops"), "prepare"], cwd=tmp_path, env=child_env(),
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wait_delivered(run_dir(cfg, "prepare"), timeout_s=120)
+    second_sidecar = psutil.Process(int(re.search(r"background process \(pid (\d+)",
+                                                  proc.stderr).group(1)))
+    os.kill(second_sidecar.pid, signal.SIGSTOP)  # queued: it cannot have the lock yet
+    try:
+        assert json.loads((folder / RUN_FILE).read_text())["pending"] != first_pending
+        first_sidecar.kill()
+        first_sidecar.wait(10)
+        # The lock is free now, but a run still waits for its turn: a reader waits for it.
+        assert not wait_delivered(folder, timeout_s=1)
+        assert stage_runs(cfg, "prepare") == [] and len(_outbox(cfg)) == 4  # two runs, their files
+    finally:
+        os.kill(second_sidecar.pid, signal.SIGCONT)
+    assert wait_delivered(folder, timeout_s=120)
     runs = stage_runs(cfg, "prepare")
     assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"], runs
     first, second = sorted(runs, key=lambda r: r.info.start_time)
-    assert first.data.metrics["images_good"] == second.data.metrics["images_good"] == 8
+    assert first.info.end_time < second.info.end_time  # delivered in the order they ran
+    client = mlflow_client(cfg)
+    for run in (first, second):
+        assert run.data.metrics["images_good"] == 8
+        assert len(client.get_metric_history(run.info.run_id, "images_good")) == 1
     # The run file names the later run: the earlier one, delivered after, does not take it back.
-    assert read_run_file(run_dir(cfg, "prepare"))["run_id"] == second.info.run_id
+    assert read_run_file(folder)["run_id"] == second.info.run_id
     assert _outbox(cfg) == []
 
 

@@ -16,6 +16,7 @@ the next stage's run delivers it before it opens, or `tfmlops sync` does.
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,10 @@ class Handover:
 
     def __init__(self, cfg, stage: str):
         self.cfg, self.stage = cfg, stage
-        self.local_id = f"{PENDING}{uuid.uuid4().hex}"
+        # The hand-over's time first: `sync` replays the outbox's files in name order, so
+        # runs handed over while an earlier one was still being delivered, or left by a
+        # killed sidecar, reach the store in the order they were made (sidecar.py).
+        self.local_id = f"{PENDING}{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
         self.path = outbox_path(cfg, f"{stage}-{self.local_id}")
         # The hard links of the files the run logs: the outbox's own copies once it is written.
         self.files = self.path.with_suffix(".files")

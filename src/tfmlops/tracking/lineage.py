@@ -56,7 +56,8 @@ def read_run_file(folder: str | Path) -> dict[str, Any]:
 
 def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bool:
     """Wait while a detached sidecar (holding the delivery lock) delivers the run of
-    `folder`'s stage; False if it still did after `timeout_s`."""
+    `folder`'s stage, or a run is queued to be delivered after it (a stage or sidecar
+    holding the queue lock); False if one still was after `timeout_s`."""
     lock = Path(folder) / artifacts.DELIVERY_LOCK
     try:
         fd = os.open(lock, os.O_RDONLY)
@@ -64,20 +65,47 @@ def wait_delivered(folder: str | Path, timeout_s: float = DELIVERY_WAIT_S) -> bo
         return True
     try:
         give_up, said = time.monotonic() + timeout_s, False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() > give_up:
-                    log.warning("tfmlops: the MLflow run in %s is still being delivered after "
-                                "%.0f s; going on without waiting (its log: %s)", folder,
-                                timeout_s, lock.with_name(artifacts.DETACHED_LOG))
-                    return False
-                if not said:
-                    log.info("tfmlops: waiting for the MLflow run in %s to reach the store", folder)
-                    said = True
-                time.sleep(0.05)
+        while not _settled(fd, lock.with_name(artifacts.DELIVERY_QUEUE)):
+            if time.monotonic() > give_up:
+                log.warning("tfmlops: the MLflow run in %s is still being delivered after "
+                            "%.0f s; going on without waiting (its log: %s)", folder,
+                            timeout_s, lock.with_name(artifacts.DETACHED_LOG))
+                return False
+            if not said:
+                log.info("tfmlops: waiting for the MLflow run in %s to reach the store", folder)
+                said = True
+            time.sleep(0.05)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _settled(lock: int, queue: Path) -> bool:
+    """Whether no run is being delivered (the delivery lock `lock` is free) and none waits
+    for its turn (the queue lock at `queue` is free). The queue is checked while holding
+    the lock: a queued sidecar takes the lock before it leaves the queue, so the moment
+    between two deliveries does not look settled."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    try:
+        return _none_queued(queue)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _none_queued(path: Path) -> bool:
+    """Whether no run waits for its turn to be delivered (none holds the queue lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # never queued here
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at once, as the file closes
+        return True
+    except BlockingIOError:
+        return False
     finally:
         os.close(fd)
 

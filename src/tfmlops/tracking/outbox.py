@@ -8,7 +8,8 @@ opened while the store was away is queued as a `create_run` line under a local i
 which `sync` replaces by the real id in the lines after it.
 
 A stage that hands its finished run over (prepare, tracking.wait: false; handover.py)
-writes the whole run to one file, `<stage>-pending-<local id>.jsonl`, before it exits:
+writes the whole run to one file, `<stage>-pending-<local id>.jsonl` (the id starts with
+the hand-over's time: `sync`'s name order is the order they were handed over), before it exits:
 a `create_run` line without a parent (the run itself, under its experiment), its
 calls, its end. A detached process replays it (`deliver_handed_over`); if that process
 is killed with the stage's container or CI step, the next stage's run does it first

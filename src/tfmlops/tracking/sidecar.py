@@ -28,6 +28,16 @@ process group. A later stage reading the run file waits for the lock first
 stage that replaces them cannot change what this one uploads; the links are in the
 project (`.tfmlops/scratch/`, or the outbox for a run handed over), on the outputs'
 filesystem, where a link is not a copy.
+
+A rerun started while the previous run's sidecar still delivers does not wait for it
+(issue 50: that wait was most of a +1% prepare started at once): it holds the queue
+lock beside the delivery lock (artifacts.DELIVERY_QUEUE, shared) instead, so readers
+wait for it too, does its work, hands its run over, and its sidecar takes the delivery
+lock once the earlier one lets go (`_await_turn`), then delivers. The earlier sidecar
+reads only its own outbox file and hard links, and settles only a run file that still
+names its run: the rerun may replace the outputs meanwhile. The outbox replays runs in
+the order they were handed over (handover.py), so a sidecar killed in the queue, or
+whichever sidecar gets the lock first, still sends them in order.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from tfmlops import faults
-from tfmlops.artifacts import DETACHED_LOG, SCRATCH
+from tfmlops.artifacts import DELIVERY_QUEUE, DETACHED_LOG, SCRATCH
 from tfmlops.errors import TrackingUnavailable
 from tfmlops.files import link_or_copy
 from tfmlops.tracking import keras_file
@@ -160,7 +170,8 @@ class _Process:
     def __init__(self, cfg, hold: Path | None = None):
         self.proc: subprocess.Popen | None = None
         self._hold = hold
-        self._lock = _take_delivery_lock(hold) if hold is not None else None
+        # the delivery lock (held unless queued) and the queue lock (held while queued)
+        self._lock, self._queued = _delivery_turn(hold) if hold is not None else (None, None)
         self._pending: list[tuple[str, Any]] = []
         self._replies: queue.Queue = queue.Queue()
         self._gone: str | None = None  # why no reply can come any more, once known
@@ -176,18 +187,23 @@ class _Process:
         if self._pending:  # written at once: a pipe this size (1 MiB) never blocks the stage on them
             with contextlib.suppress(OSError):
                 fcntl.fcntl(to_child_w, fcntl.F_SETPIPE_SZ, 1 << 20)
-        lock = self._lock
+        if self._queued is not None and _try_lock(self._lock):  # the earlier delivery ended meanwhile
+            os.close(self._queued)
+            self._queued = None
+        lock, queued = self._lock, self._queued
+        held = [] if lock is None else [lock] if queued is None else [lock, queued]
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _MAIN, str(to_child_r), str(from_child_w),
-             *([] if lock is None else [str(lock), str(self._hold.with_name(DETACHED_LOG))])],
+             *([] if lock is None else [str(lock), str(self._hold.with_name(DETACHED_LOG)),
+                                        "-" if queued is None else str(queued)])],
             # The stage's stdout is its JSON result: nothing else may write there.
-            pass_fds=(to_child_r, from_child_w, *([] if lock is None else [lock])),
+            pass_fds=(to_child_r, from_child_w, *held),
             stdout=subprocess.DEVNULL)
         os.close(to_child_r)
         os.close(from_child_w)
-        if lock is not None:  # the sidecar's copy keeps the lock until it exits
-            os.close(lock)
-            self._lock = None
+        for fd in held:  # the sidecar's copies keep the locks until it lets go of them
+            os.close(fd)
+        self._lock = self._queued = None
         self._out = Connection(to_child_w, readable=False)
         self._in = Connection(from_child_r, writable=False)
         self._reader = threading.Thread(target=self._read, name="tfmlops-sidecar", daemon=True)
@@ -222,9 +238,10 @@ class _Process:
     def discard(self) -> None:
         """Close a sidecar no run took over (one never started lets its lock go)."""
         if self.proc is None:
-            if self._lock is not None:
-                os.close(self._lock)
-                self._lock = None
+            for fd in (self._lock, self._queued):
+                if fd is not None:
+                    os.close(fd)
+            self._lock = self._queued = None
             return
         self._out.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -450,19 +467,38 @@ class SidecarChild(_PipedRun):
             self._process.send("child_end", (self._child, status))
 
 
-def _take_delivery_lock(path: Path) -> int:
-    """An open descriptor holding the delivery lock at `path`, for the sidecar to inherit
-    (the lock lives while any copy is open); waits while a previous run's sidecar still
-    delivers."""
+def _delivery_turn(path: Path) -> tuple[int, int | None]:
+    """Open descriptors for the sidecar to inherit (a lock lives while any copy is open):
+    the delivery lock at `path`, held, and None; or, while a previous run's sidecar still
+    delivers, that lock not held yet and the queue lock beside it, held shared (module
+    doc). Never waits for the previous delivery."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if _try_lock(fd):
+        return fd, None
+    queued = os.open(path.with_name(DELIVERY_QUEUE), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(queued, fcntl.LOCK_SH)  # readers hold it only for a moment (lineage.wait_delivered)
+    log.info("tfmlops: the previous run's tracking sidecar is still delivering it (%s); this "
+             "run goes to the store after it", path.with_name(DETACHED_LOG))
+    return fd, queued
+
+
+def _try_lock(fd: int) -> bool:
+    """Whether the delivery lock `fd` is now held (exclusively), without waiting."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
     except BlockingIOError:
-        log.info("tfmlops: waiting for the previous run's tracking sidecar to deliver it (%s)",
-                 path.with_name(DETACHED_LOG))
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
+        return False
+
+
+def _await_turn(lock: int, queued: int) -> None:
+    """The sidecar of a run queued behind an earlier delivery: wait until that one lets
+    go of the delivery lock, take it, then leave the queue (readers wait on the lock now)."""
+    if not _try_lock(lock):
+        log.info("tfmlops: waiting for the previous run's delivery to end")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    os.close(queued)
 
 
 def scratch_folder(cfg) -> Path:
@@ -555,8 +591,9 @@ def _inbox(conn: Connection, replies: _Replies, on_detach: Callable[[], None]) -
 _scratch: list[str] = []  # the stage's hard links: removed once the run has ended
 
 
-def _log_to_file(path: Path) -> Callable[[], None]:
-    """The run's log records go to `path`, warnings to stderr too; returns what to do
+def _log_to_file(path: Path, fresh: bool = True) -> Callable[[], None]:
+    """The run's log records go to `path` (emptied first if `fresh`; a sidecar queued
+    behind another appends to its log), warnings to stderr too; returns what to do
     once the stage has gone on (nothing if `path` cannot be written)."""
     logger = logging.getLogger("tfmlops")
     logger.setLevel(logging.INFO)
@@ -565,7 +602,8 @@ def _log_to_file(path: Path) -> Callable[[], None]:
     to_stderr.setLevel(logging.WARNING)
     logger.addHandler(to_stderr)
     try:
-        path.write_bytes(b"")
+        if fresh:
+            path.write_bytes(b"")
         # Appending: stderr may be pointed at the same file (let_go_of_a_piped_stderr).
         to_file = logging.FileHandler(path, mode="a")
         to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -704,12 +742,16 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     replies = _Replies(Connection(int(argv[1]), readable=False))
     # argv[2]: the delivery lock's descriptor, held (open) until this process exits, the
-    # kernel freeing it however it exits; argv[3]: tracking.log
+    # kernel freeing it however it exits; argv[3]: tracking.log; argv[4]: the queue
+    # lock's descriptor if the lock is not held yet ("-" if it is)
     hands_over = len(argv) > 2
-    on_detach = _log_to_file(Path(argv[3])) if hands_over else lambda: None
+    queued = int(argv[4]) if hands_over and argv[4] != "-" else None
+    on_detach = _log_to_file(Path(argv[3]), fresh=queued is None) if hands_over else lambda: None
     if hands_over:
         _yield_cpu()  # a stage that hands its run over shows no live metrics: from the start
     calls = _inbox(Connection(int(argv[0]), writable=False), replies, on_detach)
+    if queued is not None:  # the inbox reads on meanwhile: a `detach` lets go of the stage's pipes
+        _await_turn(int(argv[2]), queued)
     try:
         serve(calls, replies, hands_over)
     except (OSError, _StageGone):  # the stage is gone: its run already ended KILLED
