@@ -47,10 +47,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_cluster(workers: int) -> tuple[list[subprocess.Popen], list[str]]:
-    """A job service and an external worker pool; the options that submit to them."""
+def start_cluster(workers: int | None, env: dict | None = None,
+                  cwd: Path | None = None) -> tuple[list[subprocess.Popen], list[str]]:
+    """A job service and an external worker pool (running `env`'s code, in `cwd`); the
+    options that submit to them (`workers` per SDK worker; None: Beam's default)."""
     job, pool = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", module, flag, str(port)],
+    procs = [subprocess.Popen([sys.executable, "-m", module, flag, str(port)], env=env, cwd=cwd,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
              for module, flag, port in (
@@ -64,7 +66,7 @@ def start_cluster(workers: int) -> tuple[list[subprocess.Popen], list[str]]:
             time.sleep(0.2)
     return procs, ["--runner=PortableRunner", f"--job_endpoint=localhost:{job}",
                    "--environment_type=EXTERNAL", f"--environment_config=localhost:{pool}",
-                   f"--sdk_worker_parallelism={workers}"]
+                   *([f"--sdk_worker_parallelism={workers}"] if workers else [])]
 
 
 def configure(work: Path, images: Path, engine: str, options: list[str] | None) -> Path:

@@ -23,9 +23,10 @@ pool on this machine).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import logging
-import pickle
 import shutil
 import time
 from dataclasses import replace
@@ -34,7 +35,7 @@ from pathlib import Path
 from tfmlops.artifacts import run_dir
 from tfmlops.errors import ConfigError, DataError, UserError
 from tfmlops.logs import children_stderr_to
-from tfmlops.stages.prepare.images import list_keys
+from tfmlops.stages.prepare.beam_listing import error_line
 
 log = logging.getLogger(__name__)
 
@@ -75,114 +76,178 @@ def is_url(image_dir: str | Path) -> bool:
     return "://" in str(image_dir)
 
 
-def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
-    """`images.list_files` for a folder URL, through Beam's filesystems (endpoints in
-    `data.beam.options`, credentials in the environment): classes, (file URL, class) in
-    the order the local listing has (by path components), nothing refused by what it is
-    (no symlinks); a key that cannot be a file name here fails the run naming it
-    (`images.list_keys`)."""
+def beam_classes(cfg, image_dir) -> list[str] | None:
+    """What the driver lists before the run: the class folders of a local
+    data.image_dir (O(classes)); None for a folder URL, whose workers list it whole
+    (beam_listing). A URL with data.engine: local fails here in one line."""
+    if not is_url(image_dir):
+        from tfmlops.stages.prepare.images import list_classes
+
+        return list_classes(Path(image_dir))
     if cfg.data.engine != "beam":
-        raise DataError(f"data.image_dir {url} is a URL: only data.engine: beam reads URLs; "
-                        "set it, or copy the images to a local folder")
+        raise DataError(f"data.image_dir {image_dir} is a URL: only data.engine: beam reads "
+                        "URLs; set it, or copy the images to a local folder")
+    return None
+
+
+def prepare_beam(cfg, image_dir: Path | str, classes: list[str] | None, out: Path):
+    """`stream.prepare_stream` on Apache Beam: the same shards, quarantine and tally;
+    (the classes, the tally). The tally's rows and refused files are streams over the
+    workers' parts (`beam_fold`), read while the manifest and quarantine.json are
+    written; `remove_parts` then removes them."""
+    from tfmlops.data.tfrecords import place_shards
+    from tfmlops.stages.prepare.images import SPLITS
+    from tfmlops.stages.prepare.stream import warn_across_classes
+
+    started = time.perf_counter()
     options = pipeline_options(cfg)  # first: it imports Beam without its import-time warning
     from apache_beam.io.filesystems import FileSystems
 
+    from tfmlops.stages.prepare.beam_fold import read_part, read_results
+    from tfmlops.stages.prepare.beam_listing import CLASSES, listing_refusal
+
     FileSystems.set_options(options)
-    root = url.rstrip("/")
-    try:
-        found = FileSystems.match([root + "/**"])[0].metadata_list
-    except Exception as exc:  # noqa: BLE001 - the store's own error, in one line
-        raise DataError(f"data.image_dir {url} cannot be listed ({_first(exc)}); check the "
-                        "URL and the credentials in the environment (AWS_ACCESS_KEY_ID ... or "
-                        "AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS)") from None
-    # every key checked as a name under the staging folder (images.list_keys)
-    classes, files = list_keys(url, [m.path for m in found])
-    if len(classes) < 2:
-        raise DataError(f"image folder {url} has {len(classes)} class folder(s) with files; it "
-                        "needs at least 2 (one sub-folder per class)")
-    return classes, files, []
-
-
-def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
-    """`stream.prepare_stream` on Apache Beam: the same shards, quarantine and tally."""
-    from tfmlops.data.tfrecords import place_shards
-    from tfmlops.stages.prepare.images import SPLITS
-    from tfmlops.stages.prepare.stream import finish_beam_tally, new_tally
-
-    started = time.perf_counter()
-    options = pipeline_options(cfg)
     parts = out / PARTS
     parts.mkdir(parents=True)
-    log.info("prepare: %d files on Apache Beam (%s), no cache: every file is decoded",
-             len(files), " ".join(cfg.data.beam.options))
     workers_log = run_dir(cfg, "prepare") / WORKERS_LOG
     workers_log.parent.mkdir(parents=True, exist_ok=True)
     workers_log.write_bytes(b"")
+    quiet = logging.getLogger("apache_beam.runners.common")  # the in-process runner's
+    quiet.addFilter(_without_user_errors)
     try:
         with children_stderr_to(workers_log):
-            _run(cfg, options, image_dir, classes, files, out, parts)
+            _run(cfg, options, image_dir, classes, out, str(parts))
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - a worker died, the runner gave up: one line
-        raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was swapped "
-                        f"in; its workers' log is {workers_log}; run it again, or set "
+        refused = listing_refusal(str(parts))  # a listing's own one line, if that was it
+        if refused:
+            raise DataError(refused) from None
+        raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was "
+                        f"swapped in; its workers' log is {workers_log}; run it again, or set "
                         "data.engine: local") from None
-    rows = []
-    for part in sorted(parts.glob("*.rows")):
-        rows.extend(pickle.loads(part.read_bytes()))
-    if sorted(r["i"] for r in rows) != list(range(len(files))):
-        raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
-                        "files; nothing was swapped in (a bug: please report it)")
+    finally:
+        quiet.removeFilter(_without_user_errors)
+    classes = json.loads(read_part(str(parts), CLASSES))
     for split in SPLITS:  # the parts under the local writer's names
         place_shards(out, split, {int(p.stem.rsplit("-", 1)[1]): p
                                   for p in parts.glob(f"{split}-*.part")})
-    shutil.rmtree(parts)
-    tally = new_tally(cfg, None)
-    finish_beam_tally(tally, rows)
+    contract = cfg.data.contract
+    tally, (shared, example) = read_results(
+        str(parts), contract.profile and contract.leakage.severity != "off")
+    if shared:
+        warn_across_classes(shared, example[1])
+    tally.parts = str(parts)
     tally.decode_seconds = time.perf_counter() - started
-    return tally
+    log.info("prepare: %d files on Apache Beam (%s), no cache: every file was decoded",
+             tally.good + len(tally.bad), " ".join(cfg.data.beam.options))
+    return classes, tally
 
 
-def _run(cfg, options, image_dir: Path, classes, files, out: Path, parts: Path) -> None:
+def _without_user_errors(record: logging.LogRecord) -> bool:
+    """False for Beam's log of a worker's one-line error (a listing's refusal), which the
+    driver raises itself: the user sees that line once, without Beam's traceback."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None:
+        if isinstance(exc, UserError):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return True
+
+
+def remove_parts(tally) -> None:
+    """Remove the workers' parts once the manifest and quarantine.json are written."""
+    if tally.parts is not None:
+        shutil.rmtree(tally.parts)
+        tally.parts = None
+
+
+def _run(cfg, options, image_dir, classes, out: Path, parts: str) -> None:
     import apache_beam as beam
 
+    with beam.Pipeline(options=options) as p:
+        build_pipeline(p, cfg, image_dir, classes, out, parts)
+
+
+def build_pipeline(p, cfg, image_dir, classes: list[str] | None, out: Path, parts: str) -> None:
+    """prepare's transforms on pipeline `p`: the job graph holds the class folders (or
+    the folder URL), never a file (test_beam_driver.py)."""
+    import apache_beam as beam
+
+    from tfmlops.stages.prepare import beam_fold as bf
+    from tfmlops.stages.prepare.beam_listing import CLASSES, expand, listing_items
     from tfmlops.stages.prepare.stream import store_spec
 
-    spec, d = store_spec(cfg), cfg.data
-    index = {c: i for i, c in enumerate(classes)}
-    items = [(i, str(path), label) for i, (path, label) in enumerate(files)]
-    with beam.Pipeline(options=options) as p:
-        done = (p | "files" >> beam.Create(items) | "spread" >> beam.Reshuffle()
-                | "decode" >> beam.Map(_decode, spec, str(image_dir), str(out)))
-        good = done | "good" >> beam.Filter(lambda r: r["reason"] is None)
-        splits = (good | "owner" >> beam.Map(lambda r: (r["sha"], index[r["label"]]))
-                  | "first class" >> beam.CombinePerKey(min)  # the listing's first (images.py)
-                  | "by class" >> beam.Map(lambda kv: (kv[1], kv[0]))
-                  | "class" >> beam.GroupByKey()
-                  | "split" >> beam.FlatMap(_split_class, classes, cfg.seed, d.split.val,
-                                            d.split.test))
-        _ = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)), "split": splits}
-             | "join" >> beam.CoGroupByKey()
-             | "by shard" >> beam.FlatMap(_by_shard, d.shards) | "shard" >> beam.GroupByKey()
-             | "write" >> beam.Map(_write_shard, str(parts), index))
-        _ = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
-             | "facts" >> beam.Map(_row) | "all refused" >> beam.combiners.ToList()
-             | "write refused" >> beam.Map(_write_rows, str(parts / "refused.rows")))
+    spec, d, contract = store_spec(cfg), cfg.data, cfg.data.contract
+    # the driver hands over class folders (or the folder URL), never a file
+    listed = (p | "folders" >> beam.Create(listing_items(image_dir, classes))
+              | "list" >> beam.FlatMap(expand, parts).with_outputs("classes", main="files"))
+    names = (p | "classes" >> beam.Create(classes)) if classes else listed.classes
+    known = beam.pvalue.AsList(names)
+    _ = (names | "all classes" >> beam.combiners.ToList()
+         | "write classes" >> beam.Map(lambda c: bf.write_part(
+             parts, CLASSES, json.dumps(sorted(c)).encode())))
+    done = (listed.files | "spread" >> beam.Reshuffle()
+            | "decode" >> beam.Map(_decode, spec, str(image_dir), str(out)))
+    good = done | "good" >> beam.Filter(lambda r: r["reason"] is None)
+    splits = (good | "owner" >> beam.Map(lambda r, c: (r["sha"], label_index(c)[r["label"]]),
+                                         known)
+              | "first class" >> beam.CombinePerKey(min)  # the listing's first (images.py)
+              | "by class" >> beam.Map(lambda kv: (kv[1], kv[0]))
+              | "class" >> beam.GroupByKey()
+              | "split" >> beam.FlatMap(_split_class, known, cfg.seed, d.split.val,
+                                        d.split.test))
+    written = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)),
+                "split": splits}
+               | "join" >> beam.CoGroupByKey()
+               | "by shard" >> beam.FlatMap(_by_shard, d.shards)
+               | "shard" >> beam.GroupByKey()
+               | "write" >> beam.FlatMap(_write_shard, parts, known))
+    refused = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
+               | "facts" >> beam.Map(_row))
+    _ = ((written, refused) | "rows" >> beam.Flatten()
+         | "fold" >> beam.CombineGlobally(bf.TallyFold(
+             contract.tiny.side if contract.profile else None))
+         | "write tally" >> beam.Map(bf.write_tally, parts))
+    _ = (refused | "all refused" >> beam.combiners.ToList()
+         | "write refused" >> beam.Map(bf.write_refused, parts))
+    _ = (written | "contents" >> beam.Map(lambda r: (r["sha"], (r["label"], r["file"])))
+         | "by content" >> beam.GroupByKey()
+         | "shared" >> beam.FlatMap(bf.shared_content)
+         | "across classes" >> beam.CombineGlobally(bf.AcrossClasses())
+         | "write across" >> beam.Map(bf.write_across, parts))
+    if contract.profile and contract.leakage.severity != "off":
+        _ = (written | "all written" >> beam.combiners.ToList()
+             | "leakage" >> beam.Map(bf.write_leakage, parts, contract.leakage))
 
 
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
 
-def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
-    """One file: read once, hashed, decoded and stored (or refused and quarantined)."""
+def label_index(classes: list[str]) -> dict[str, int]:
+    """{class: index} of the classes a side input hands over (in any order)."""
+    return _label_index(tuple(classes))
+
+
+@functools.lru_cache(maxsize=4)
+def _label_index(classes: tuple[str, ...]) -> dict[str, int]:
+    return {c: i for i, c in enumerate(sorted(classes))}
+
+
+def _decode(entry: tuple, spec, image_dir: str, out: str) -> dict:
+    """One file: read once, hashed, decoded and stored (or refused and quarantined);
+    one refused by the listing (a symlink out of the folder) is neither read nor copied."""
     from tfmlops import faults
     from tfmlops.data.store import Stored, read_file, store_bytes
     from tfmlops.stages.prepare.images import unsupported
     from tfmlops.stages.prepare.stream import quarantine
 
-    i, path, label = item
+    key, path, label, listed = entry
     faults.point("beam.decode")
     url = is_url(path)
-    rel = path[len(image_dir.rstrip("/")) + 1:] if url else str(Path(path).relative_to(image_dir))
+    rel = "/".join(key)
+    if listed:
+        return {"key": key, "file": rel, "label": label, "sha": None, "reason": listed,
+                "size": 0, "stored": Stored(reason=listed), "listed": True}
     reason = unsupported(Path(path))
     data = None if reason else (_read_url(path) if url else read_file(path))
     sha, stored = ((hashlib.sha256(data).hexdigest(), store_bytes(data, spec))
@@ -192,8 +257,8 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, out: str) -> dict:
             quarantine(Path(out), rel, Path(path))
         elif isinstance(data := data or _read_url(path), bytes):  # an unreadable one: listed only
             quarantine(Path(out), rel, data)
-    return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
-            "size": len(data) if sha else 0, "stored": stored}
+    return {"key": key, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
+            "size": len(data) if sha else 0, "stored": stored, "listed": False}
 
 
 def _read_url(path: str):
@@ -213,7 +278,8 @@ def _split_class(group, classes: list[str], seed: int, val: float, test: float):
     from tfmlops.stages.prepare.images import assign_splits
 
     label, shas = group
-    yield from assign_splits([(sha, classes[label]) for sha in shas], seed, val, test).items()
+    names = sorted(classes)
+    yield from assign_splits([(sha, names[label]) for sha in shas], seed, val, test).items()
 
 
 def _by_shard(joined, shards: int):
@@ -226,30 +292,31 @@ def _by_shard(joined, shards: int):
         yield (split, shard_of(sha, shards)), {**row, "split": split}
 
 
-def _write_shard(group, parts: str, index: dict[str, int]) -> int:
+def _write_shard(group, parts: str, classes: list[str]):
     """One shard's records in the local writer's order (content hash, then listing),
-    framed into its part file; its files' rows (facts, not pixels) beside it."""
+    framed into its part file; its manifest rows beside it (beam_fold.write_rows_part);
+    its files' rows (facts, not pixels) on, to be folded."""
+    from apache_beam.io.filesystems import FileSystems
+
     from tfmlops.data.tfrecords import frame
+    from tfmlops.stages.prepare.beam_fold import write_rows_part
     from tfmlops.stages.prepare.stream import record_of
 
+    index = label_index(classes)
     (split, shard), rows = group
-    rows = sorted(rows, key=lambda r: (r["sha"], r["i"]))
-    name = Path(parts) / f"{split}-{shard:05d}"
-    with open(name.with_suffix(".part"), "wb") as fh:
+    rows = sorted(rows, key=lambda r: (r["sha"], r["key"]))
+    name = f"{split}-{shard:05d}"
+    with FileSystems.create(FileSystems.join(parts, f"{name}.part")) as fh:
         for row in rows:
             fh.write(frame(record_of(row["stored"], index[row["label"]], row["sha"])))
-    _write_rows([_row(r) for r in rows], str(name.with_suffix(".rows")))
-    return len(rows)
+    write_rows_part(parts, name, rows)
+    yield from (_row(r) for r in rows)
 
 
 def _row(row: dict) -> dict:
     """A file's row without its stored bytes (their length kept)."""
     stored = row["stored"]
     return {**row, "stored": replace(stored, data=b""), "stored_bytes": len(stored.data)}
-
-
-def _write_rows(rows: list[dict], path: str) -> None:
-    Path(path).write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _import_beam() -> None:
@@ -279,5 +346,4 @@ def _import_beam() -> None:
 
 
 def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:300]
+    return error_line(exc)
