@@ -128,10 +128,11 @@ def revision(rev: str, parent: Path) -> Path:
     return dest / "src"
 
 
-def configure(work: Path, images: Path, options: list[str]) -> Path:
+def configure(work: Path, repo: Path, images: Path, options: list[str]) -> Path:
+    """`repo`'s own params.yaml (an older revision knows fewer keys), set for this run."""
     work.mkdir(parents=True, exist_ok=True)
-    _, work = scratch_config(work, data={"image_dir": str(images), "image_size": 8,
-                                         "channels": 1, "engine": "beam"})
+    _, work = scratch_config(work, repo, load=False, data={
+        "image_dir": str(images), "image_size": 8, "channels": 1, "engine": "beam"})
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["data"]["beam"] = {"options": options}
     params["data"]["contract"]["reference"] = str(work / "no_reference.json")
@@ -143,22 +144,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4000, 80000])
     parser.add_argument("--before", default="b0a5723")
+    parser.add_argument("--codes", nargs="+", default=["before", "after"],
+                        choices=["before", "after"], help="which to run (both: alternated)")
     parser.add_argument("--scratch", type=Path,
                         default=Path(tempfile.gettempdir()) / "tfmlops-beam-driver")
     args = parser.parse_args()
     args.scratch.mkdir(parents=True, exist_ok=True)
-    code = {"before": revision(args.before, args.scratch), "after": ROOT / "src"}
+    code = {name: revision(args.before, args.scratch) if name == "before" else ROOT / "src"
+            for name in args.codes}
     sets = {n: tiny_pngs(args.scratch / f"pngs{n}", n) for n in args.sizes}
     runs: dict[str, dict[int, dict]] = {name: {} for name in code}
     for i, n in enumerate(args.sizes):  # before and after alternate, size by size
         for name in list(code) if i % 2 == 0 else list(code)[::-1]:
-            env = {**os.environ, "PYTHONPATH": str(code[name]), "PYTHONUNBUFFERED": "1"}
+            # the pool starts its workers as `python`: this environment's, first on PATH
+            env = {**os.environ, "PYTHONPATH": str(code[name]), "PYTHONUNBUFFERED": "1",
+                   "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
             work = args.scratch / f"{name}-{n}"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             procs, options = start_cluster(None, env, work)
             try:
-                runs[name][n] = measured_prepare(configure(work, sets[n], options), env, procs)
+                params = configure(work, code[name].parent, sets[n], options)
+                runs[name][n] = measured_prepare(params, env, procs)
             finally:
                 for proc in procs:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -180,7 +187,7 @@ def report(runs: dict, args) -> None:
         growth = by_size[large]["driver_peak_mb"] - by_size[small]["driver_peak_mb"]
         result[f"{name}_driver_growth_mb"] = round(growth, 1)
         print(f"{name}: the driver's peak grows {growth:+.1f} MB from {small} to {large} files")
-    for n in args.sizes:
+    for n in args.sizes if len(runs) == 2 else []:
         same = runs["before"][n]["digest_without_stats"] == runs["after"][n]["digest_without_stats"]
         result[f"same_prepared_{n}"] = same
         print(f"{n} files: data/prepared but stats.json identical before and after: {same}; "

@@ -49,15 +49,16 @@ def free_port() -> int:
 
 def start_cluster(workers: int | None, env: dict | None = None,
                   cwd: Path | None = None) -> tuple[list[subprocess.Popen], list[str]]:
-    """A job service and an external worker pool (running `env`'s code, in `cwd`); the
-    options that submit to them (`workers` per SDK worker; None: Beam's default)."""
+    """A job service and an external worker pool (running `env`'s code, in `cwd`, their
+    output in `cwd`/job.log and pool.log); the options that submit to them (`workers`
+    per SDK worker; None: Beam's default)."""
     job, pool = free_port(), free_port()
     procs = [subprocess.Popen([sys.executable, "-m", module, flag, str(port)], env=env, cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-             for module, flag, port in (
-                 ("apache_beam.runners.portability.local_job_service_main", "--port", job),
-                 ("apache_beam.runners.worker.worker_pool_main", "--service_port", pool))]
+                              stdout=open(cwd / f"{name}.log", "wb") if cwd else subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+             for name, module, flag, port in (
+                 ("job", "apache_beam.runners.portability.local_job_service_main", "--port", job),
+                 ("pool", "apache_beam.runners.worker.worker_pool_main", "--service_port", pool))]
     for port in (job, pool):
         for _ in range(300):
             with socket.socket() as s:

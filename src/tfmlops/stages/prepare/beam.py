@@ -5,15 +5,19 @@ Beam's workers call the local path's own functions on each file and shard (`stor
 `stream.quarantine`, `images.assign_splits`, `stream.shard_of`, `tfrecords`); what
 Beam adds is where they run and how results meet:
 
-    files -> decode (per file) -> owner class of each content (min class index)
+    class folders -> files (listed by the workers: beam_listing) -> decode (per file)
+          -> owner class of each content (min class index)
           -> split per class (GroupByKey class) -> join back by content hash
-          -> (split, shard) groups, sorted by (hash, label) -> one shard file each
-          -> one small row per file (no pixels) -> the driver
+          -> (split, shard) groups, sorted by (hash, listing) -> one shard file each,
+             and its manifest rows sorted by file
+          -> one small row per file (no pixels) -> combiners and single-worker steps
+             (beam_fold) -> small parts the driver reads
 
-The driver (this process) folds the rows into the same `Tally` the local path
-builds, so the output is the local path's byte for byte (test_beam.py): every piece
-of it is defined without an order (a shard is a function of the content hash,
-records sorted within it, statistics exact sums).
+The driver (this process) holds nothing per file (test_beam_driver.py): it reads the
+folded `Tally` and streams the row parts into manifest.json, so the output is the
+local path's byte for byte (test_beam.py): every piece of it is defined without an
+order (a shard is a function of the content hash, records sorted within it,
+statistics exact sums).
 
 Always cold: no `prepare_cache`, no hash memo (docs/scaling.md, "Millions of images").
 Workers write the shard parts and quarantine copies into the staging folder, so
@@ -217,7 +221,8 @@ def build_pipeline(p, cfg, image_dir, classes: list[str] | None, out: Path, part
          | "across classes" >> beam.CombineGlobally(bf.AcrossClasses())
          | "write across" >> beam.Map(bf.write_across, parts))
     if contract.profile and contract.leakage.severity != "off":
-        _ = (written | "all written" >> beam.combiners.ToList()
+        _ = (written | "hashes" >> beam.Map(bf.leakage_facts)
+             | "all hashes" >> beam.combiners.ToList()
              | "leakage" >> beam.Map(bf.write_leakage, parts, contract.leakage))
 
 

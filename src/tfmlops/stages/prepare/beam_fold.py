@@ -124,15 +124,20 @@ def write_refused(rows: list[dict], base: str) -> None:
         + b"\n" for r in rows))
 
 
-def write_leakage(rows: list[dict], base: str, params) -> None:
-    """The leakage search over the good files, in the local engine's write order."""
+def leakage_facts(row: dict) -> tuple:
+    """What the leakage search needs of a good file, in its write order's sort key first."""
+    return (row["sha"], row["key"], row["stored"].phash, row["split"], row["file"], row["label"])
+
+
+def write_leakage(facts: list[tuple], base: str, params) -> None:
+    """The leakage search over the good files (`leakage_facts`), in the local engine's
+    write order (content hash, then listing)."""
     from tfmlops.stages.prepare.contract import leakage_report
     from tfmlops.stages.prepare.images import SPLITS
 
-    rows = sorted(rows, key=lambda r: (r["sha"], r["key"]))
-    found = leakage_report(params, [r["stored"].phash for r in rows],
-                           [SPLITS.index(r["split"]) for r in rows],
-                           [(r["file"], r["sha"], r["label"], r["split"]) for r in rows])
+    facts = sorted(facts)  # Beam's inputs are not to be changed in place
+    found = leakage_report(params, [f[2] for f in facts], [SPLITS.index(f[3]) for f in facts],
+                           [(f[4], f[0], f[5], f[3]) for f in facts])
     write_part(base, LEAKAGE, json.dumps(found).encode())
 
 
