@@ -126,3 +126,30 @@ def test_the_folded_profile_leakage_and_warnings_are_the_local_engines(tmp_path)
     assert outputs[0] == outputs[1]
     assert b'"pairs": 0' not in outputs[0][1]  # the search found leakage to compare
     assert warnings[0] == warnings[1] and len(warnings[0]) == 2, warnings
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_class_folder_a_worker_refuses_fails_in_the_local_engines_one_line(tmp_path):
+    """The workers list the class folders now: an empty one (its only file hidden) stops
+    prepare with the local listing's own line, not Beam's traceback, nothing swapped in."""
+    from test_beam import IN_PROCESS
+
+    from conftest import run_cli, tiny_params
+    from images import photo_folder
+
+    root = tmp_path / "photos"
+    photo_folder(root, per_class=4, classes=2, seed=6)
+    (root / "empty").mkdir()
+    (root / "empty" / ".DS_Store").write_bytes(b"\0")
+    params = tiny_params(tmp_path, tracking={"enabled": False}, data={
+        "image_dir": str(root), "engine": "beam", "beam": {"options": IN_PROCESS}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = run_cli("--params", str(tmp_path / "params.yaml"), "prepare", cwd=tmp_path,
+                     check=False)
+    assert result.returncode == 2, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
+    assert line == (f"tfmlops prepare: error: class folder {root / 'empty'} is empty; add "
+                    "images or remove the folder"), line
+    assert not Path(params["paths"]["prepared"]).exists()
+    assert not list(Path(params["paths"]["prepared"]).parent.glob(".prepared*"))

@@ -121,12 +121,12 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str] | None, out: Pat
     try:
         with children_stderr_to(workers_log):
             _run(cfg, options, image_dir, classes, out, str(parts))
-    except UserError:
-        raise
     except Exception as exc:  # noqa: BLE001 - a worker died, the runner gave up: one line
-        refused = listing_refusal(str(parts))  # a listing's own one line, if that was it
-        if refused:
+        refused = listing_refusal(str(parts))  # a listing's own line (the in-process
+        if refused:  # runner re-raises it with Beam's step name appended)
             raise DataError(refused) from None
+        if isinstance(exc, UserError):
+            raise
         raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was "
                         f"swapped in; its workers' log is {workers_log}; run it again, or set "
                         "data.engine: local") from None
@@ -346,8 +346,10 @@ def _import_beam() -> None:
     # it warns of options it does not know; pipeline_options says so in one line
     logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
     logging.getLogger("apache_beam.io.gcp").setLevel(logging.ERROR)
-    # the workers' own warnings, forwarded (they are in the workers' log already)
-    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    # the workers' own warnings and errors, forwarded (they are in the workers' log
+    # already; a failed run names it, or raises a worker's one-line refusal itself)
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(
+        logging.CRITICAL)
 
 
 def _first(exc: BaseException) -> str:
