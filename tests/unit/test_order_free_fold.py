@@ -66,3 +66,21 @@ def test_a_streamed_list_is_written_with_write_json_bytes(tmp_path_factory, othe
                         {**data, "files": iter(items)}, None if top else "files")
     assert (folder / "streamed.json").read_bytes() == (folder / "whole.json").read_bytes()
 
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.text("ab/é", max_size=4), st.integers(0, 9)),
+                         max_size=6), min_size=1, max_size=9),
+       st.integers(2, 4))
+def test_the_manifest_rows_of_many_parts_merge_in_order_a_few_open_at_once(
+        tmp_path_factory, parts, fan_in):
+    """Beam's shard writers leave one sorted rows part per shard (up to 3,072); the driver
+    merges them `fan_in` at a time, in rounds, into the manifest's one sorted stream."""
+    from tfmlops.stages.prepare.beam_fold import ROWS, merged_rows
+
+    base = tmp_path_factory.mktemp("parts")
+    for i, rows in enumerate(parts):
+        (base / f"{ROWS}{i:05d}.jsonl").write_text(
+            "".join(json.dumps(list(r)) + "\n" for r in sorted(set(rows))))
+    expected = sorted(r for rows in parts for r in set(rows))
+    assert list(merged_rows(str(base), fan_in)) == expected

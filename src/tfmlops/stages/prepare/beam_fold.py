@@ -29,6 +29,8 @@ from tfmlops.stages.prepare.stream import Tally, fold, manifest_row
 TALLY = "tally.pickle"
 QUARANTINE_ROWS = "quarantine.jsonl"
 ROWS = "rows-"  # + split-shard.jsonl: one shard's manifest rows, sorted by file
+MERGED = "merged-"  # + round-index.jsonl: rows parts merged, when there are many
+FAN_IN = 128  # parts open at once while the driver merges them
 LEAKAGE = "leakage.json"
 ACROSS = "across.json"  # contents in more than one class folder: (count, example files)
 
@@ -170,10 +172,22 @@ def _rows_of(path: str):
             yield tuple(json.loads(line))
 
 
-def merged_rows(base: str):
-    """Every shard's manifest rows, merged in file order: one row per part in memory."""
+def merged_rows(base: str, fan_in: int = FAN_IN):
+    """Every shard's manifest rows, merged in file order: one row per part in memory.
+    Up to 3 x 1,024 shards' parts: merged `fan_in` at a time into bigger parts first,
+    so that no more files than that are open at once."""
     parts = sorted(m.path for m in FileSystems.match([FileSystems.join(base, ROWS + "*")])[0]
                    .metadata_list)
+    round_ = 0
+    while len(parts) > fan_in:
+        merged = []
+        for i in range(0, len(parts), fan_in):
+            name = FileSystems.join(base, f"{MERGED}{round_}-{i // fan_in:05d}.jsonl")
+            with FileSystems.create(name) as fh:
+                for row in heapq.merge(*(_rows_of(p) for p in parts[i:i + fan_in])):
+                    fh.write(json.dumps(list(row)).encode() + b"\n")
+            merged.append(name)
+        parts, round_ = merged, round_ + 1
     return heapq.merge(*(_rows_of(p) for p in parts))
 
 
