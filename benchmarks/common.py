@@ -15,12 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "reports" / "benchmarks"
 
 
-def scratch_config(workdir: Path | None = None, **sections):
-    """The repo's params with every path under a scratch dir and tracking off."""
+def scratch_config(workdir: Path | None = None, repo: Path = ROOT, load: bool = True,
+                   **sections):
+    """The repo's params (`repo`: another checkout's) with every path under a scratch
+    dir and tracking off; (the Config, or None unless `load`, the scratch dir)."""
     from tfmlops.config import load_config
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="tfmlops-bench-"))
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = yaml.safe_load((repo / "params.yaml").read_text())
     params["paths"] = {k: str(workdir / v) for k, v in params["paths"].items()}
     params["data"]["image_dir"] = params["paths"]["builtin"]
     params["tracking"]["enabled"] = False
@@ -31,7 +33,7 @@ def scratch_config(workdir: Path | None = None, **sections):
         else:
             params[section] = values
     (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    return load_config(workdir / "params.yaml"), workdir
+    return (load_config(workdir / "params.yaml") if load else None), workdir
 
 
 def machine() -> dict:

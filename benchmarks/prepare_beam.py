@@ -47,15 +47,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_cluster(workers: int) -> tuple[list[subprocess.Popen], list[str]]:
-    """A job service and an external worker pool; the options that submit to them."""
+def start_cluster(workers: int | None, env: dict | None = None,
+                  cwd: Path | None = None) -> tuple[list[subprocess.Popen], list[str]]:
+    """A job service and an external worker pool (running `env`'s code, in `cwd`, their
+    output in `cwd`/job.log and pool.log); the options that submit to them (`workers`
+    per SDK worker; None: Beam's default)."""
     job, pool = free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", module, flag, str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-             for module, flag, port in (
-                 ("apache_beam.runners.portability.local_job_service_main", "--port", job),
-                 ("apache_beam.runners.worker.worker_pool_main", "--service_port", pool))]
+    procs = [subprocess.Popen([sys.executable, "-m", module, flag, str(port)], env=env, cwd=cwd,
+                              stdout=open(cwd / f"{name}.log", "wb") if cwd else subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+             for name, module, flag, port in (
+                 ("job", "apache_beam.runners.portability.local_job_service_main", "--port", job),
+                 ("pool", "apache_beam.runners.worker.worker_pool_main", "--service_port", pool))]
     for port in (job, pool):
         for _ in range(300):
             with socket.socket() as s:
@@ -64,7 +67,7 @@ def start_cluster(workers: int) -> tuple[list[subprocess.Popen], list[str]]:
             time.sleep(0.2)
     return procs, ["--runner=PortableRunner", f"--job_endpoint=localhost:{job}",
                    "--environment_type=EXTERNAL", f"--environment_config=localhost:{pool}",
-                   f"--sdk_worker_parallelism={workers}"]
+                   *([f"--sdk_worker_parallelism={workers}"] if workers else [])]
 
 
 def configure(work: Path, images: Path, engine: str, options: list[str] | None) -> Path:
@@ -72,8 +75,10 @@ def configure(work: Path, images: Path, engine: str, options: list[str] | None) 
     work.mkdir(parents=True, exist_ok=True)
     _, work = scratch_config(work, data=data)
     params = yaml.safe_load((work / "params.yaml").read_text())
-    if options:
-        params["data"]["beam"] = {"options": options}
+    if options:  # a job service's workers write under data.beam.staging: a folder here
+        remote = "--runner=DirectRunner" not in options
+        params["data"]["beam"] = {"options": options,
+                                  **({"staging": str(work / "staging")} if remote else {})}
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return work / "params.yaml"
 

@@ -115,7 +115,11 @@ def data_version(prepared: str | Path) -> str:
     manifest = Path(prepared) / MANIFEST
     if not manifest.is_file():
         return "none"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    with manifest.open("rb") as fh:  # in chunks: a manifest of millions of files is GBs
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def read_manifest(prepared: str | Path, what: str | None = None) -> dict:

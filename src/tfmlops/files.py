@@ -78,6 +78,43 @@ def write_json(path: str | Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=True, default=_default) + "\n")
 
 
+def write_json_streamed(path: str | Path, data: Any, key: str | None = None) -> Path:
+    """`write_json`'s bytes for `data` whose list at `key` (None: `data` itself) is given
+    as an iterable, each item written as it comes: the list is never in memory whole
+    (prepare's manifest files, quarantine rows on Apache Beam)."""
+    items = iter(data if key is None else data[key])
+    first = next(items, _END)
+    if first is _END:
+        return write_json(path, [] if key is None else {**data, key: []})
+    mark = "\x00items\x00"
+    text = json.dumps([mark] if key is None else {**data, key: [mark]}, indent=2,
+                      sort_keys=True, default=_default) + "\n"
+    before, after = text.split(json.dumps(mark))
+    indent = "\n" + before.rsplit("\n", 1)[1]
+
+    def item(value) -> str:
+        return json.dumps(value, indent=2, sort_keys=True, default=_default).replace("\n", indent)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path.parent)
+    tmp = temp_name(path)
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(before + item(first))
+        for value in items:
+            fh.write("," + indent + item(value))
+        fh.write(after)
+        fh.flush()
+        os.fsync(fh.fileno())
+    faults.point("json.temp")
+    os.replace(tmp, path)
+    sync_dir(path.parent)
+    return path
+
+
+_END = object()
+
+
 def write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> Path:
     buf = io.StringIO(newline="")
     writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")

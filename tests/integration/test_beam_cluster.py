@@ -214,6 +214,21 @@ def test_a_staging_url_that_cannot_be_written_fails_in_one_line(images, tmp_path
     assert not (tmp_path / "data" / "prepared").exists()
 
 
+def test_a_folder_with_nothing_refused_stages_on_s3(tmp_path, s3):
+    """No file refused: no refused files' part is staged (Beam cannot write an empty
+    object to S3) and quarantine.json is an empty list. Plant: staging the empty part
+    fails the run."""
+    from images import photo_folder
+
+    photo_folder(tmp_path / "clean", per_class=10, classes=2, seed=3)
+    result, cfg = prepare(tmp_path / "work", tmp_path / "clean", "beam",
+                          test_beam.IN_PROCESS + s3[1], env=KEYS,
+                          beam={"staging": f"s3://{BUCKET}/clean"})
+    assert result.returncode == 0, result.stderr
+    assert (Path(cfg.paths.prepared) / "quarantine.json").read_text() == "[]\n"
+    assert staged(s3[0], "clean/") == []
+
+
 def _jobs(job_port: int) -> dict[str, int]:
     """{job id: state} of the jobs on the job service."""
     import grpc

@@ -44,7 +44,7 @@ from tfmlops.artifacts import (
     TAG_DATA_VERSION,
     data_version,
 )
-from tfmlops.files import write_json
+from tfmlops.files import write_json, write_json_streamed
 from tfmlops.stage_spec import StageSpec
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict[str, float]:
-    from tfmlops.stages.prepare.beam import is_url, list_url, prepare_beam
+    from tfmlops.stages.prepare.beam import beam_classes, is_url, prepare_beam, remove_parts
     from tfmlops.stages.prepare.contract import check_contract, log_profile
     from tfmlops.stages.prepare.images import SPLITS, list_files
     from tfmlops.stages.prepare.manifest import build_manifest, check_tally, prepare_metrics, prepare_params
@@ -74,23 +74,32 @@ def run(cfg: Config) -> dict[str, float]:
 
     url = is_url(cfg.data.image_dir)  # gs://, s3://: read through Beam's filesystems
     image_dir = cfg.data.image_dir.rstrip("/") if url else Path(cfg.data.image_dir)
+    beam = cfg.data.engine == "beam" or url  # a URL with the local engine: refused in one line
     with harness.stage(cfg, SPEC, params=prepare_params(cfg)) as st:
         listing = time.perf_counter()
-        classes, files, refused = list_url(cfg, image_dir) if url else list_files(image_dir)
+        # Beam: only the class folders here (a URL: none), the files listed by its workers
+        classes, files, refused = ((beam_classes(cfg, image_dir), None, None) if beam
+                                   else list_files(image_dir))
         list_seconds = time.perf_counter() - listing
         faults.point("prepare.listed")
         started = time.perf_counter()
-        engine = prepare_beam if cfg.data.engine == "beam" else prepare_stream
-        tally = engine(cfg, image_dir, classes, files, st.out)
-        # Refused by what they are (symlinks out of image_dir): listed, never read or copied.
-        tally.bad.extend({"file": str(b.path.relative_to(image_dir)), "label": b.label,
-                          "reason": b.reason} for b in refused)
-        check_tally(cfg, image_dir, classes, tally)
-        contract = check_contract(cfg, classes, tally)  # profile, leakage, drift: may refuse
-        manifest = build_manifest(cfg, image_dir, classes, tally)
-        write_json(st.out / MANIFEST, manifest)
-        faults.point("json.manifest")
-        write_json(st.out / QUARANTINE, tally.bad)
+        if beam:
+            classes, tally = prepare_beam(cfg, image_dir, classes, st.out)
+        else:
+            tally = prepare_stream(cfg, image_dir, classes, files, st.out)
+            # Refused by what they are (symlinks out of image_dir): listed, never read or
+            # copied (on Beam, its listing workers find these too).
+            tally.bad.extend({"file": str(b.path.relative_to(image_dir)), "label": b.label,
+                              "reason": b.reason} for b in refused)
+        try:
+            check_tally(cfg, image_dir, classes, tally)
+            contract = check_contract(cfg, classes, tally)  # profile, leakage, drift: may refuse
+            manifest = build_manifest(cfg, image_dir, classes, tally)
+            write_json_streamed(st.out / MANIFEST, manifest, "files")
+            faults.point("json.manifest")
+            write_json_streamed(st.out / QUARANTINE, tally.bad)
+        finally:  # Beam's staging prefix: what the two files were streamed from
+            remove_parts(tally)
         mean, std = tally.mean_std()
         write_json(st.out / STATS, {"mean": mean, "std": std})
         metrics = prepare_metrics(tally, time.perf_counter() - started, len(classes),

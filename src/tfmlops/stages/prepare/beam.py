@@ -2,32 +2,40 @@
 of Dataflow, Flink and Spark, for folders one machine's pool is too slow for.
 
 Beam's workers call the local path's own functions on each file and shard (`store`,
-`stream.quarantine`, `images.assign_splits`, `stream.shard_of`, `tfrecords`); what
+`images.list_class`, `images.assign_splits`, `stream.shard_of`, `tfrecords`); what
 Beam adds is where they run and how results meet:
 
-    files -> decode (per file) -> owner class of each content (min class index)
+    class folders -> files (listed by the workers: beam_listing) -> decode (per file)
+          -> owner class of each content (min class index)
           -> split per class (GroupByKey class) -> join back by content hash
-          -> (split, shard) groups, sorted by (hash, label) -> one shard file each
-          -> one small row per file (no pixels) -> the driver
+          -> (split, shard) groups, sorted by (hash, listing) -> one shard file each,
+             and its manifest rows sorted by file
+          -> one small row per file (no pixels) -> combiners and single-worker steps
+             (beam_fold) -> small parts the driver reads
 
-The driver (this process) folds the rows into the same `Tally` the local path
-builds, so the output is the local path's byte for byte (test_beam.py): every piece
-of it is defined without an order (a shard is a function of the content hash,
-records sorted within it, statistics exact sums).
+The driver (this process) holds nothing per file (test_beam_driver.py): it reads the
+folded `Tally` and streams the row parts into manifest.json, so the output is the
+local path's byte for byte (test_beam.py): every piece of it is defined without an
+order (a shard is a function of the content hash, records sorted within it,
+statistics exact sums).
 
 Always cold: no `prepare_cache`, no hash memo (docs/scaling.md, "Millions of images").
 Workers share nothing with the driver but `data.beam.staging` (beam_staging): they
-write shard parts, rows and quarantine copies there through Beam's filesystems, under
-this run's own marked prefix; the driver copies them into data/prepared, streaming,
-and removes the prefix (a later run removes those of runs that were killed).
+write shard parts, row parts, the folded results and quarantine copies there through
+Beam's filesystems, under this run's own marked prefix, every worker function wrapped
+by `beam_staging.on_workers` (an external pool's workers start without the pipeline's
+options); the driver copies the shards and copies into data/prepared, streams the rest
+into manifest.json and quarantine.json, and then removes the prefix (`remove_parts`;
+a later run removes those of runs that were killed).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+import json
 import logging
-import pickle
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,13 +44,14 @@ from tfmlops.artifacts import run_dir
 from tfmlops.errors import ConfigError, DataError, UserError
 from tfmlops.logs import children_stderr_to
 from tfmlops.stages.prepare import beam_staging as staging
-from tfmlops.stages.prepare.images import list_keys
+from tfmlops.stages.prepare.beam_listing import error_line
 
 log = logging.getLogger(__name__)
 
 RUNNERS = ("DirectRunner", "PortableRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
 WORKERS_LOG = "beam_workers.log"  # in reports/prepare/: what Beam's worker processes print
 EMPTY = "quarantine-empty"  # staged beside quarantine/: the rejected files that are empty
+FETCHED = ".beam"  # in the stage's staging folder: shard parts fetched, gone before the swap
 
 
 def pipeline_options(cfg):
@@ -78,38 +87,28 @@ def is_url(image_dir: str | Path) -> bool:
     return "://" in str(image_dir)
 
 
-def list_url(cfg, url: str) -> tuple[list[str], list[tuple[str, str]], list]:
-    """`images.list_files` for a folder URL, through Beam's filesystems (endpoints in
-    `data.beam.options`, credentials in the environment): classes, (file URL, class) in
-    the order the local listing has (by path components), nothing refused by what it is
-    (no symlinks); a key that cannot be a file name here fails the run naming it
-    (`images.list_keys`)."""
+def beam_classes(cfg, image_dir) -> list[str] | None:
+    """What the driver lists before the run: the class folders of a local
+    data.image_dir (O(classes)); None for a folder URL, whose workers list it whole
+    (beam_listing). A URL with data.engine: local fails here in one line."""
+    if not is_url(image_dir):
+        from tfmlops.stages.prepare.images import list_classes
+
+        return list_classes(Path(image_dir))
     if cfg.data.engine != "beam":
-        raise DataError(f"data.image_dir {url} is a URL: only data.engine: beam reads URLs; "
-                        "set it, or copy the images to a local folder")
-    options = pipeline_options(cfg)  # first: it imports Beam without its import-time warning
-    from apache_beam.io.filesystems import FileSystems
-
-    FileSystems.set_options(options)
-    root = url.rstrip("/")
-    try:
-        found = FileSystems.match([root + "/**"])[0].metadata_list
-    except Exception as exc:  # noqa: BLE001 - the store's own error, in one line
-        raise DataError(f"data.image_dir {url} cannot be listed ({_first(exc)}); check the "
-                        "URL and the credentials in the environment (AWS_ACCESS_KEY_ID ... or "
-                        "AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS)") from None
-    # every key checked as a name under the staging folder (images.list_keys)
-    classes, files = list_keys(url, [m.path for m in found])
-    if len(classes) < 2:
-        raise DataError(f"image folder {url} has {len(classes)} class folder(s) with files; it "
-                        "needs at least 2 (one sub-folder per class)")
-    return classes, files, []
+        raise DataError(f"data.image_dir {image_dir} is a URL: only data.engine: beam reads "
+                        "URLs; set it, or copy the images to a local folder")
+    return None
 
 
-def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Path):
-    """`stream.prepare_stream` on Apache Beam: the same shards, quarantine and tally."""
+def prepare_beam(cfg, image_dir: Path | str, classes: list[str] | None, out: Path):
+    """`stream.prepare_stream` on Apache Beam: the same shards, quarantine and tally;
+    (the classes, the tally). The tally's rows and refused files are streams over the
+    workers' parts under this run's staging prefix (`beam_fold`), read while the
+    manifest and quarantine.json are written; `remove_parts` then removes the prefix
+    (here, if the run fails first)."""
     started = time.perf_counter()
-    options = pipeline_options(cfg)
+    options = pipeline_options(cfg)  # first: it imports Beam without its import-time warning
     from apache_beam.io.filesystems import FileSystems
 
     FileSystems.set_options(options)  # the driver reads the staging URL as the workers write it
@@ -117,102 +116,188 @@ def prepare_beam(cfg, image_dir: Path | str, classes: list[str], files, out: Pat
     run = staging.RunPrefix(root).start()
     try:
         staging.remove_stale(root, run)
-        return _assemble(cfg, options, image_dir, classes, files, out, run, started)
-    finally:
+        classes, tally = _assemble(cfg, options, image_dir, classes, out, run)
+    except BaseException:  # an error, Ctrl-C, SIGTERM: the job is cancelled already
         run.remove()
+        raise
+    tally.parts = run
+    tally.decode_seconds = time.perf_counter() - started
+    log.info("prepare: %d files on Apache Beam (%s), no cache: every file was decoded",
+             tally.good + len(tally.bad), " ".join(cfg.data.beam.options))
+    return classes, tally
 
 
-def _assemble(cfg, options, image_dir, classes, files, out: Path, run, started: float):
-    """Run the pipeline into this run's prefix, then build `out` from what it staged."""
+def _assemble(cfg, options, image_dir, classes, out: Path, run):
+    """Run the pipeline into this run's prefix, then take back what it staged: the
+    shards and quarantine copies into `out`, the tally and its streams."""
     from tfmlops.data.tfrecords import place_shards
+    from tfmlops.stages.prepare.beam_fold import read_part, read_results
+    from tfmlops.stages.prepare.beam_listing import CLASSES, listing_refusal
     from tfmlops.stages.prepare.images import SPLITS, staged_path
-    from tfmlops.stages.prepare.stream import finish_beam_tally, new_tally
+    from tfmlops.stages.prepare.stream import warn_across_classes
 
-    log.info("prepare: %d files on Apache Beam (%s), no cache: every file is decoded",
-             len(files), " ".join(cfg.data.beam.options))
     workers_log = run_dir(cfg, "prepare") / WORKERS_LOG
     workers_log.parent.mkdir(parents=True, exist_ok=True)
     workers_log.write_bytes(b"")
+    quiet = logging.getLogger("apache_beam.runners.common")  # the in-process runner's
+    quiet.addFilter(_without_user_errors)
     try:
         with children_stderr_to(workers_log):
-            _run(cfg, options, image_dir, classes, files, run.base)
-    except UserError:
-        raise
+            _run(cfg, options, image_dir, classes, run.base)
     except Exception as exc:  # noqa: BLE001 - a worker died, the runner gave up: one line
-        raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was swapped "
-                        f"in; its workers' log is {workers_log}; run it again, or set "
+        refused = listing_refusal(run.base)  # a listing's own line (the in-process
+        if refused:  # runner re-raises it with Beam's step name appended)
+            raise DataError(refused) from None
+        if isinstance(exc, UserError):
+            raise
+        raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was "
+                        f"swapped in; its workers' log is {workers_log}; run it again, or set "
                         "data.engine: local") from None
-    rows = []
-    for part in run.files("*.rows"):
-        with staging.open_staged(part) as fh:
-            rows.extend(pickle.load(fh))
-    if sorted(r["i"] for r in rows) != list(range(len(files))):
-        raise DataError(f"prepare on Apache Beam returned {len(rows)} results for {len(files)} "
-                        "files; nothing was swapped in (a bug: please report it)")
-    parts = out / ".beam"  # fetched here, then moved to their names by the local writer's rule
+    finally:
+        quiet.removeFilter(_without_user_errors)
+    classes = json.loads(read_part(run.base, CLASSES))
+    fetched = out / FETCHED  # here, then moved to their names by the local writer's rule
     for split in SPLITS:
-        fetched = {}
+        parts = {}
         for url in run.files(f"{split}-*.part"):
             name = run.relative(url)  # <split>-<shard>.part
-            fetched[int(name.removesuffix(".part").rsplit("-", 1)[1])] = parts / name
-            run.fetch(url, parts / name)
-        place_shards(out, split, fetched)
-    if parts.exists():
-        parts.rmdir()
+            parts[int(name.removesuffix(".part").rsplit("-", 1)[1])] = fetched / name
+            run.fetch(url, fetched / name)
+        place_shards(out, split, parts)
+    if fetched.exists():
+        fetched.rmdir()
     for url in run.files("quarantine/**"):  # the rejected files' copies, as the local path's
         run.fetch(url, staged_path(out, run.relative(url)))
     for url in run.files(f"{EMPTY}/**"):
         target = staged_path(out / "quarantine", run.relative(url)[len(EMPTY) + 1:])
         target.parent.mkdir(parents=True, exist_ok=True)
         target.touch()
-    tally = new_tally(cfg, None)
-    finish_beam_tally(tally, rows)
-    tally.decode_seconds = time.perf_counter() - started
-    return tally
+    contract = cfg.data.contract
+    tally, (shared, example) = read_results(
+        run.base, contract.profile and contract.leakage.severity != "off")
+    if shared:
+        warn_across_classes(shared, example[1])
+    return classes, tally
 
 
-def _run(cfg, options, image_dir: Path, classes, files, base: str) -> None:
+def _without_user_errors(record: logging.LogRecord) -> bool:
+    """False for Beam's log of a worker's one-line error (a listing's refusal), which the
+    driver raises itself: the user sees that line once, without Beam's traceback."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None:
+        if isinstance(exc, UserError):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return True
+
+
+def remove_parts(tally) -> None:
+    """Remove this run's staging prefix (the workers' parts) once the manifest and
+    quarantine.json are written, or once the stage failed; the local engine's: nothing."""
+    if tally is not None and tally.parts is not None:
+        tally.parts.remove()
+        tally.parts = None
+
+
+def _run(cfg, options, image_dir, classes, base: str) -> None:
+    with staging.pipeline(options, cfg.data.beam.deadline_s) as p:
+        build_pipeline(p, cfg, image_dir, classes, base)
+
+
+def build_pipeline(p, cfg, image_dir, classes: list[str] | None, base: str) -> None:
+    """prepare's transforms on pipeline `p`, writing under `base` (this run's staging
+    prefix): the job graph holds the class folders (or the folder URL), never a file
+    (test_beam_driver.py). Every step that reads or writes through Beam's filesystems
+    runs wrapped by `staging.on_workers`."""
     import apache_beam as beam
 
+    from tfmlops.stages.prepare import beam_fold as bf
+    from tfmlops.stages.prepare.beam_listing import expand, listing_items
     from tfmlops.stages.prepare.stream import store_spec
 
-    spec, d = store_spec(cfg), cfg.data
+    spec, d, contract = store_spec(cfg), cfg.data, cfg.data.contract
     flags = list(d.beam.options)  # for Beam's filesystems in each worker (no credential in them)
-    index = {c: i for i, c in enumerate(classes)}
-    items = [(i, str(path), label) for i, (path, label) in enumerate(files)]
-    with staging.pipeline(options, cfg.data.beam.deadline_s) as p:
-        done = (p | "files" >> beam.Create(items) | "spread" >> beam.Reshuffle()
-                | "decode" >> beam.Map(staging.on_workers(_decode, flags), spec, str(image_dir), base))
-        good = done | "good" >> beam.Filter(lambda r: r["reason"] is None)
-        splits = (good | "owner" >> beam.Map(lambda r: (r["sha"], index[r["label"]]))
-                  | "first class" >> beam.CombinePerKey(min)  # the listing's first (images.py)
-                  | "by class" >> beam.Map(lambda kv: (kv[1], kv[0]))
-                  | "class" >> beam.GroupByKey()
-                  | "split" >> beam.FlatMap(_split_class, classes, cfg.seed, d.split.val,
-                                            d.split.test))
-        _ = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)), "split": splits}
-             | "join" >> beam.CoGroupByKey()
-             | "by shard" >> beam.FlatMap(_by_shard, d.shards) | "shard" >> beam.GroupByKey()
-             | "write" >> beam.Map(staging.on_workers(_write_shard, flags), base, index))
-        _ = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
-             | "facts" >> beam.Map(_row) | "all refused" >> beam.combiners.ToList()
-             | "write refused" >> beam.Map(staging.on_workers(_write_rows, flags), base,
-                                          "refused.rows"))
+
+    def on_workers(fn):
+        return staging.on_workers(fn, flags)
+
+    # the driver hands over class folders (or the folder URL), never a file
+    listed = (p | "folders" >> beam.Create(listing_items(image_dir, classes))
+              | "list" >> beam.FlatMap(on_workers(expand), base)
+              .with_outputs("classes", main="files"))
+    names = (p | "classes" >> beam.Create(classes)) if classes else listed.classes
+    known = beam.pvalue.AsList(names)
+    _ = (names | "all classes" >> beam.combiners.ToList()
+         | "write classes" >> beam.Map(on_workers(_write_classes), base))
+    done = (listed.files | "spread" >> beam.Reshuffle()
+            | "decode" >> beam.Map(on_workers(_decode), spec, base))
+    good = done | "good" >> beam.Filter(lambda r: r["reason"] is None)
+    splits = (good | "owner" >> beam.Map(lambda r, c: (r["sha"], label_index(c)[r["label"]]),
+                                         known)
+              | "first class" >> beam.CombinePerKey(min)  # the listing's first (images.py)
+              | "by class" >> beam.Map(lambda kv: (kv[1], kv[0]))
+              | "class" >> beam.GroupByKey()
+              | "split" >> beam.FlatMap(_split_class, known, cfg.seed, d.split.val,
+                                        d.split.test))
+    written = ({"file": good | "by hash" >> beam.Map(lambda r: (r["sha"], r)),
+                "split": splits}
+               | "join" >> beam.CoGroupByKey()
+               | "by shard" >> beam.FlatMap(_by_shard, d.shards)
+               | "shard" >> beam.GroupByKey()
+               | "write" >> beam.FlatMap(on_workers(_write_shard), base, known))
+    refused = (done | "refused" >> beam.Filter(lambda r: r["reason"] is not None)
+               | "facts" >> beam.Map(_row))
+    _ = ((written, refused) | "rows" >> beam.Flatten()
+         | "fold" >> beam.CombineGlobally(bf.TallyFold(
+             contract.tiny.side if contract.profile else None))
+         | "write tally" >> beam.Map(on_workers(bf.write_tally), base))
+    _ = (refused | "all refused" >> beam.combiners.ToList()
+         | "write refused" >> beam.Map(on_workers(bf.write_refused), base))
+    _ = (written | "contents" >> beam.Map(lambda r: (r["sha"], (r["label"], r["file"])))
+         | "by content" >> beam.GroupByKey()
+         | "shared" >> beam.FlatMap(bf.shared_content)
+         | "across classes" >> beam.CombineGlobally(bf.AcrossClasses())
+         | "write across" >> beam.Map(on_workers(bf.write_across), base))
+    if contract.profile and contract.leakage.severity != "off":
+        _ = (written | "hashes" >> beam.Map(bf.leakage_facts)
+             | "all hashes" >> beam.combiners.ToList()
+             | "leakage" >> beam.Map(on_workers(bf.write_leakage), base, contract.leakage))
 
 
 # -- what runs in Beam's workers: the local path's functions, one file or shard at a time
 
-def _decode(item: tuple[int, str, str], spec, image_dir: str, base: str) -> dict:
+def _write_classes(classes: list[str], base: str) -> None:
+    from tfmlops.stages.prepare.beam_fold import write_part
+    from tfmlops.stages.prepare.beam_listing import CLASSES
+
+    write_part(base, CLASSES, json.dumps(sorted(classes)).encode())
+
+
+def label_index(classes: list[str]) -> dict[str, int]:
+    """{class: index} of the classes a side input hands over (in any order)."""
+    return _label_index(tuple(classes))
+
+
+@functools.lru_cache(maxsize=4)
+def _label_index(classes: tuple[str, ...]) -> dict[str, int]:
+    return {c: i for i, c in enumerate(sorted(classes))}
+
+
+def _decode(entry: tuple, spec, base: str) -> dict:
     """One file: read once, hashed, decoded and stored (or refused, and its copy staged
-    under `base` for quarantine)."""
+    under `base` for quarantine); one refused by the listing (a symlink out of the
+    folder) is neither read nor copied."""
     from tfmlops import faults
     from tfmlops.data.store import Stored, read_file, store_bytes
     from tfmlops.stages.prepare.images import unsupported
 
-    i, path, label = item
+    key, path, label, listed = entry
     faults.point("beam.decode")
     url = is_url(path)
-    rel = path[len(image_dir.rstrip("/")) + 1:] if url else str(Path(path).relative_to(image_dir))
+    rel = "/".join(key)
+    if listed:
+        return {"key": key, "file": rel, "label": label, "sha": None, "reason": listed,
+                "size": 0, "stored": Stored(reason=listed), "listed": True}
     reason = unsupported(Path(path))
     data = None if reason else (_read_url(path) if url else read_file(path))
     sha, stored = ((hashlib.sha256(data).hexdigest(), store_bytes(data, spec))
@@ -222,8 +307,8 @@ def _decode(item: tuple[int, str, str], spec, image_dir: str, base: str) -> dict
             _stage_quarantine(base, rel, data if isinstance(data, bytes) else Path(path))
         elif isinstance(data := data or _read_url(path), bytes):
             _stage_quarantine(base, rel, data)
-    return {"i": i, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
-            "size": len(data) if sha else 0, "stored": stored}
+    return {"key": key, "file": rel, "label": label, "sha": sha, "reason": stored.reason,
+            "size": len(data) if sha else 0, "stored": stored, "listed": False}
 
 
 def _read_url(path: str):
@@ -269,7 +354,8 @@ def _split_class(group, classes: list[str], seed: int, val: float, test: float):
     from tfmlops.stages.prepare.images import assign_splits
 
     label, shas = group
-    yield from assign_splits([(sha, classes[label]) for sha in shas], seed, val, test).items()
+    names = sorted(classes)
+    yield from assign_splits([(sha, names[label]) for sha in shas], seed, val, test).items()
 
 
 def _by_shard(joined, shards: int):
@@ -282,31 +368,29 @@ def _by_shard(joined, shards: int):
         yield (split, shard_of(sha, shards)), {**row, "split": split}
 
 
-def _write_shard(group, base: str, index: dict[str, int]) -> int:
+def _write_shard(group, base: str, classes: list[str]):
     """One shard's records in the local writer's order (content hash, then listing),
-    framed into its part file; its files' rows (facts, not pixels) beside it."""
+    framed into its part file under `base`; its manifest rows beside it
+    (beam_fold.write_rows_part); its files' rows (facts, not pixels) on, to be folded."""
     from tfmlops.data.tfrecords import frame
+    from tfmlops.stages.prepare.beam_fold import write_rows_part
     from tfmlops.stages.prepare.stream import record_of
 
+    index = label_index(classes)
     (split, shard), rows = group
-    rows = sorted(rows, key=lambda r: (r["sha"], r["i"]))
+    rows = sorted(rows, key=lambda r: (r["sha"], r["key"]))
     name = f"{split}-{shard:05d}"
-    with staging.create(staging.join(base, name + ".part")) as fh:
+    with staging.create(staging.join(base, f"{name}.part")) as fh:
         for row in rows:
             fh.write(frame(record_of(row["stored"], index[row["label"]], row["sha"])))
-    _write_rows([_row(r) for r in rows], base, name + ".rows")
-    return len(rows)
+    write_rows_part(base, name, rows)
+    yield from (_row(r) for r in rows)
 
 
 def _row(row: dict) -> dict:
     """A file's row without its stored bytes (their length kept)."""
     stored = row["stored"]
     return {**row, "stored": replace(stored, data=b""), "stored_bytes": len(stored.data)}
-
-
-def _write_rows(rows: list[dict], base: str, name: str) -> None:
-    with staging.create(staging.join(base, name)) as fh:
-        fh.write(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _import_beam() -> None:
@@ -331,10 +415,11 @@ def _import_beam() -> None:
     # it warns of options it does not know; pipeline_options says so in one line
     logging.getLogger("apache_beam.options.pipeline_options").setLevel(logging.ERROR)
     logging.getLogger("apache_beam.io.gcp").setLevel(logging.ERROR)
-    # the workers' own warnings, forwarded (they are in the workers' log already)
-    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    # the workers' own warnings and errors, forwarded (they are in the workers' log
+    # already; a failed run names it, or raises a worker's one-line refusal itself)
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(
+        logging.CRITICAL)
 
 
 def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:300]
+    return error_line(exc)

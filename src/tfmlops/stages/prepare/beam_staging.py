@@ -21,7 +21,6 @@ a cleanup cut short leaves a prefix the next run still recognises.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -69,8 +68,14 @@ def on_workers(fn, flags: list[str]):
     """`fn` for a Beam transform, with Beam's filesystems given `flags` (the pipeline's
     options: an S3 endpoint, a region) in the worker before it runs: an external worker
     pool starts its SDK workers with no pipeline options, and Beam's S3 filesystem
-    refuses to work without them ("Must provide one of client or options")."""
-    return functools.partial(_with_options, tuple(flags), fn)
+    refuses to work without them ("Must provide one of client or options"). A function,
+    not a `functools.partial`: Beam's FlatMap hands a partial its element alone."""
+    flags = tuple(flags)
+
+    def with_options(*args, **kwargs):
+        return _with_options(flags, fn, *args, **kwargs)
+
+    return with_options
 
 
 def _with_options(flags: tuple[str, ...], fn, *args, **kwargs):

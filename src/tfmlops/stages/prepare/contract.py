@@ -59,12 +59,19 @@ def check_contract(cfg, classes: list[str], tally) -> dict:
 
 
 def _leakage(params, tally) -> dict:
-    """data_profile.json's `leakage`: the near-duplicate pairs across splits, named."""
+    """data_profile.json's `leakage`: the near-duplicate pairs across splits, named (on
+    Apache Beam, found by a worker: `tally.leakage`)."""
     if params.severity == "off":
         return {"searched": False}
-    found = find_leakage(tally.profile.phashes, tally.profile.split_index, params.max_distance,
-                         params.listed)
-    rows = tally.rows
+    if tally.leakage is not None:
+        return tally.leakage
+    return leakage_report(params, tally.profile.phashes, tally.profile.split_index, tally.rows)
+
+
+def leakage_report(params, phashes, split_index, rows) -> dict:
+    """The `leakage` entry for images in write order: their pHashes, split indices and
+    manifest rows (file, sha256, label, split, ...)."""
+    found = find_leakage(phashes, split_index, params.max_distance, params.listed)
     pairs = [{"files": [rows[i][0], rows[j][0]], "labels": [rows[i][2], rows[j][2]],
               "splits": [rows[i][3], rows[j][3]], "distance": d} for i, j, d in found.listed]
     return {"searched": True, "max_distance": params.max_distance, "pairs": found.pairs,

@@ -58,8 +58,9 @@ def image_facts(stored) -> dict:
 class Profile:
     """Counts and histograms per (split, class), and the pHashes in the order added."""
 
-    def __init__(self, tiny_side: int):
+    def __init__(self, tiny_side: int, keep_hashes: bool = True):
         self.tiny_side = tiny_side
+        self.keep_hashes = keep_hashes  # Beam's combiners keep none: leakage runs on a worker
         self.counts: Counter = Counter()  # (split, class) -> images
         self.hists: dict = {}  # (split, class) -> {feature: [counts per bin]}
         self.cats: dict = {}  # (split, class) -> {feature: Counter}
@@ -79,8 +80,23 @@ class Profile:
         for feature in CATEGORIES:
             cats[feature][facts[feature]] += 1
         self.tiny += min(stored.source_size) < self.tiny_side
-        self.phashes.append(stored.phash)
-        self.split_index.append(SPLITS.index(split))
+        if self.keep_hashes:
+            self.phashes.append(stored.phash)
+            self.split_index.append(SPLITS.index(split))
+
+    def merge(self, other: Profile) -> None:
+        """Fold `other`'s counts in (Beam's combiners; hashes are not kept there)."""
+        self.counts.update(other.counts)
+        self.tiny += other.tiny
+        for key, hists in other.hists.items():
+            if key not in self.hists:
+                self.hists[key] = {f: [0] * len(h) for f, h in hists.items()}
+                self.cats[key] = {f: Counter() for f in CATEGORIES}
+            for feature, counts in hists.items():
+                self.hists[key][feature] = [a + b for a, b in
+                                            zip(self.hists[key][feature], counts, strict=True)]
+            for feature, counter in other.cats[key].items():
+                self.cats[key][feature].update(counter)
 
     def summary(self, classes: list[str]) -> dict:
         """The profile as data_profile.json holds it (no hashes, no files)."""

@@ -87,16 +87,24 @@ def list_files(root: Path) -> tuple[list[str], list[tuple[Path, str]], list[BadI
     """Classes, every usable (file, class) under `root/<class>/` in a fixed order, and
     the entries refused by what they are (symlinks leading out of `root`, ...)."""
     classes = list_classes(root)
-    real = root.resolve()
     files: list[tuple[Path, str]] = []
     refused: list[BadImage] = []
     for cls in classes:
-        found: list[Path] = []
-        _walk(root / cls, real, cls, found, refused)
-        if not found and not any(b.label == cls for b in refused):
-            raise DataError(f"class folder {root / cls} is empty; add images or remove the folder")
-        files.extend((p, cls) for p in sorted(found))
+        found, bad = list_class(root, cls)
+        files.extend((p, cls) for p in found)
+        refused.extend(bad)
     return classes, files, refused
+
+
+def list_class(root: Path, cls: str) -> tuple[list[Path], list[BadImage]]:
+    """One class folder's usable files and refused entries, each sorted by path (the
+    Beam engine's workers list one class each: beam_listing)."""
+    found: list[Path] = []
+    refused: list[BadImage] = []
+    _walk(root / cls, root.resolve(), cls, found, refused)
+    if not found and not refused:
+        raise DataError(f"class folder {root / cls} is empty; add images or remove the folder")
+    return sorted(found), sorted(refused, key=lambda b: b.path)
 
 
 def _walk(folder: Path, real_root: Path, label: str, found: list, refused: list) -> None:

@@ -31,12 +31,12 @@ def check_tally(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) 
                         f"({fraction:.1%} > data.max_bad_fraction {cfg.data.max_bad_fraction:.1%}; "
                         f"{', '.join(f'{n} {r}' for r, n in reasons)}); fix or remove them, or "
                         "raise data.max_bad_fraction")
-    check_empty_classes(image_dir, classes, {row[2] for row in tally.rows})
+    check_empty_classes(image_dir, classes, {label for label, _ in +tally.per_class})
     for s in SPLITS:
         if not tally.split_counts[s]:
             raise DataError(f"the {s} split is empty ({tally.good} good images); add images or "
                             f"raise data.split.{s if s != 'train' else 'val/test'}")
-    per_class = Counter((row[2], row[3]) for row in tally.rows)
+    per_class = tally.per_class
     short = [c for c in classes if any(per_class[(c, s)] == 0 for s in SPLITS)]
     if not short:
         return
@@ -82,9 +82,11 @@ def prepare_metrics(tally: Tally, write_seconds: float, classes: int,
 
 
 def build_manifest(cfg: Config, image_dir: Path, classes: list[str], tally: Tally) -> dict:
-    """manifest.json: the label map, counts, sizes, encodings and every good file."""
-    rows = sorted(tally.rows)
-    per_class = Counter((row[3], row[2]) for row in rows)
+    """manifest.json: the label map, counts, sizes, encodings and every good file, the
+    files an iterator (`files.write_json_streamed` writes them as they come): sorted
+    here from the local engine's list, merged from Beam's sorted parts (beam_fold)."""
+    rows = tally.rows if isinstance(tally.rows, SortedRows) else sorted(tally.rows)
+    per_class = tally.per_class
     store = cfg.data.store
     return {
         "image_dir": str(image_dir),
@@ -93,7 +95,7 @@ def build_manifest(cfg: Config, image_dir: Path, classes: list[str], tally: Tall
         "image_size": cfg.data.image_size,
         "channels": cfg.data.channels,
         "split_counts": dict(tally.split_counts),
-        "class_counts": {s: {c: per_class[(s, c)] for c in classes} for s in SPLITS},
+        "class_counts": {s: {c: per_class[(c, s)] for c in classes} for s in SPLITS},
         "source_sizes": tally.source_sizes.summary(),
         "stored": {
             "short_side": store.short_side or cfg.data.image_size,
@@ -105,7 +107,17 @@ def build_manifest(cfg: Config, image_dir: Path, classes: list[str], tally: Tall
         },
         "quarantined": len(tally.bad),
         # with the source facts a slice of the evaluation needs
-        "files": [{"file": f, "sha256": sha, "label": label, "split": split, "format": fmt,
+        "files": ({"file": f, "sha256": sha, "label": label, "split": split, "format": fmt,
                    "width": width, "height": height, "bytes": size}
-                  for f, sha, label, split, fmt, width, height, size in rows],
+                  for f, sha, label, split, fmt, width, height, size in rows),
     }
+
+
+class SortedRows:
+    """Rows already in the manifest's order, read as they are iterated (Beam's parts)."""
+
+    def __init__(self, read):
+        self._read = read  # () -> an iterator of row tuples, sorted
+
+    def __iter__(self):
+        return iter(self._read())

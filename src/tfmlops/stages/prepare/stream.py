@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import shutil
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from tfmlops import faults
@@ -63,9 +65,13 @@ class Extent:
     total: tuple = (0, 0)
 
     def add(self, size) -> None:
-        self.n += 1
-        self.lo, self.hi = tuple(map(min, self.lo, size)), tuple(map(max, self.hi, size))
-        self.total = tuple(a + b for a, b in zip(self.total, size, strict=True))
+        self.merge(Extent(1, tuple(size), tuple(size), tuple(size)))
+
+    def merge(self, other: Extent) -> None:
+        """Fold `other` in: integer sums, min and max, so the order never shows."""
+        self.n += other.n
+        self.lo, self.hi = tuple(map(min, self.lo, other.lo)), tuple(map(max, self.hi, other.hi))
+        self.total = tuple(a + b for a, b in zip(self.total, other.total, strict=True))
 
     def summary(self) -> dict:
         return {name: {"min": self.lo[i], "max": self.hi[i], "mean": self.total[i] / max(self.n, 1)}
@@ -76,9 +82,15 @@ class Extent:
 class Tally:
     cache: ImageCache | None  # None: the Beam engine, always cold
     profile: Profile | None = None  # data.contract.profile: folded in as images are written
-    # (file, sha256, label, split, source format, width, height, bytes) of good files
+    # (file, sha256, label, split, source format, width, height, bytes) of good files; the
+    # Beam engine keeps none in the driver: its workers write them in parts (beam_fold)
     rows: list = field(default_factory=list)
-    bad: list = field(default_factory=list)  # {"file", "label", "reason"}
+    bad: list = field(default_factory=list)  # {"file", "label", "reason"} (Beam: streamed)
+    per_class: Counter = field(default_factory=Counter)  # (label, split) -> good images
+    leakage: dict | None = None  # Beam: data_profile.json's leakage, found by a worker
+    # Beam: its run's staging prefix (beam_staging.RunPrefix), whose parts are read until
+    # the manifest is written (beam.remove_parts)
+    parts: object | None = None
     hashes: set = field(default_factory=set)
     split_counts: Counter = field(default_factory=lambda: Counter({s: 0 for s in SPLITS}))
     encodings: Counter = field(default_factory=Counter)
@@ -90,25 +102,63 @@ class Tally:
     decode_seconds: float = 0.0  # the first pass: stat, hash, decode what the cache lacks
     source_bytes: int = 0
     stored_bytes: int = 0
-    sums: list | None = None  # per channel, over the train split
+    # per channel, over the train split: exact sums (exact_sum), so that any order of
+    # adding (a pool's, a Beam combiner's) gives the same bytes
+    sums: list | None = None
     squares: list | None = None
     pixels: int = 0
 
     @property
     def good(self) -> int:
-        return len(self.rows)
+        return sum(self.split_counts.values())
 
     def add_train_stats(self, stored: Stored) -> None:
-        self.sums = [a + b for a, b in zip(self.sums or [0.0] * len(stored.sums), stored.sums,
-                                            strict=True)]
-        self.squares = [a + b for a, b in zip(self.squares or [0.0] * len(stored.squares),
-                                               stored.squares, strict=True)]
-        self.pixels += stored.pixels
+        self._add_sums([exact_sum(v) for v in stored.sums],
+                       [exact_sum(v) for v in stored.squares], stored.pixels)
+
+    def _add_sums(self, sums: list[int], squares: list[int], pixels: int) -> None:
+        self.sums = [a + b for a, b in zip(self.sums or [0] * len(sums), sums, strict=True)]
+        self.squares = [a + b for a, b in zip(self.squares or [0] * len(squares), squares,
+                                               strict=True)]
+        self.pixels += pixels
+
+    def merge(self, other: Tally) -> Tally:
+        """Fold `other`'s counts and sums in (Beam's combiners): exact, so in any order
+        the local engine's. Rows and refusals are not merged: they are streamed."""
+        self.split_counts.update(other.split_counts)
+        self.per_class.update(other.per_class)
+        self.encodings.update(other.encodings)
+        self.source_sizes.merge(other.source_sizes)
+        self.stored_sizes.merge(other.stored_sizes)
+        for name in ("decoded", "hashed", "source_bytes", "stored_bytes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.sums is not None:
+            self._add_sums(other.sums, other.squares, other.pixels)
+        if self.profile is not None:
+            self.profile.merge(other.profile)
+        return self
 
     def mean_std(self) -> tuple[list[float], list[float]]:
-        mean = [s / self.pixels for s in self.sums]
-        var = [max(q / self.pixels - m * m, 1e-12) for q, m in zip(self.squares, mean, strict=True)]
+        mean = [as_float(s) / self.pixels for s in self.sums]
+        var = [max(as_float(q) / self.pixels - m * m, 1e-12)
+               for q, m in zip(self.squares, mean, strict=True)]
         return mean, [max(v**0.5, 1e-3) for v in var]
+
+
+EXACT_SCALE = 1074  # 2**-1074 is the smallest float: every float is an integer multiple
+
+
+def exact_sum(value: float) -> int:
+    """`value` as an integer count of 2**-1074: sums of these are exact, so they do not
+    depend on the order of adding (float sums do, in their last bits)."""
+    mantissa, exponent = math.frexp(value)
+    whole, shift = int(mantissa * (1 << 53)), exponent - 53 + EXACT_SCALE
+    return whole << shift if shift >= 0 else whole >> -shift
+
+
+def as_float(total: int) -> float:
+    """An `exact_sum` total as the float nearest to it."""
+    return float(Fraction(total, 1 << EXACT_SCALE))
 
 
 def store_spec(cfg: Config) -> StoreSpec:
@@ -209,26 +259,6 @@ def _prepare_locked(cfg: Config, image_dir: Path, classes: list[str], files, out
     return tally
 
 
-def finish_beam_tally(tally: Tally, rows: list[dict]) -> None:
-    """Fold the rows of Beam's workers (one per file, its facts without its pixels) into
-    `tally` in the order this module writes: the same tally as a local run's."""
-    rows.sort(key=lambda r: r["i"])  # the listing's order
-    keys = [r["sha"] for r in rows]
-    _warn_across_classes([(r["sha"], r["label"]) for r in rows if r["reason"] is None], keys,
-                         lambda i: rows[i]["file"])
-    for i in write_order(keys, [r["reason"] for r in rows]):
-        r = rows[i]
-        if r["sha"] is not None:
-            tally.hashed += 1
-            tally.decoded += 1
-            tally.source_bytes += r["size"]
-        if r["reason"]:
-            tally.bad.append({"file": r["file"], "label": r["label"], "reason": r["reason"]})
-        else:
-            fold(tally, r["file"], r["sha"], r["label"], r["split"], r["stored"],
-                 r["stored_bytes"])
-
-
 def _warn_across_classes(good, keys, name) -> None:
     """One warning line when identical bytes sit in two class folders (`name(i)`: the
     i-th file's path in the image folder). They are kept, each under its own folder's
@@ -236,10 +266,15 @@ def _warn_across_classes(good, keys, name) -> None:
     not a reason to refuse the folder."""
     first: dict[str, str] = {}  # hash -> its first label (the strings are shared, not copied)
     shared = sorted({sha for sha, label in good if first.setdefault(sha, label) != label})
-    if not shared:
-        return
-    example = sorted(name(i) for i, sha in enumerate(keys) if sha == shared[0])
-    log.warning(f"prepare: {len(shared)} image(s) sit in more than one class folder, each copy "
+    if shared:
+        warn_across_classes(len(shared), sorted(name(i) for i, sha in enumerate(keys)
+                                                if sha == shared[0]))
+
+
+def warn_across_classes(shared: int, example: list[str]) -> None:
+    """The warning of `_warn_across_classes`: `shared` contents in several class folders,
+    `example` the sorted files of the first (by hash)."""
+    log.warning(f"prepare: {shared} image(s) sit in more than one class folder, each copy "
                 f"kept under its folder's label (e.g. {' and '.join(example[:2])}); remove the "
                 "wrong copies if one photo should have one label")
 
@@ -271,9 +306,11 @@ def record_of(stored: Stored, label_index: int, sha256: str) -> bytes:
 
 
 def fold(tally: Tally, rel: str, sha: str, label: str, split: str, stored: Stored,
-         stored_bytes: int) -> None:
-    """Count one written image (its facts, `stored_bytes` its stored size) into the tally."""
+         stored_bytes: int, keep_row: bool = True) -> None:
+    """Count one written image (its facts, `stored_bytes` its stored size) into the tally;
+    its manifest row too, unless `keep_row` is False (Beam's workers write rows in parts)."""
     tally.split_counts[split] += 1
+    tally.per_class[(label, split)] += 1
     if tally.profile is not None:
         tally.profile.add(stored, label, split)
     tally.encodings[stored.encoding] += 1
@@ -282,8 +319,14 @@ def fold(tally: Tally, rel: str, sha: str, label: str, split: str, stored: Store
     tally.stored_bytes += stored_bytes
     if split == "train":
         tally.add_train_stats(stored)
-    tally.rows.append((rel, sha, label, split, stored.source_format, *stored.source_size,
-                       stored.source_bytes))
+    if keep_row:
+        tally.rows.append(manifest_row(rel, sha, label, split, stored))
+
+
+def manifest_row(rel: str, sha: str, label: str, split: str, stored: Stored) -> tuple:
+    """A good file's row: (file, sha256, label, split, source format, width, height, bytes)."""
+    return (rel, sha, label, split, stored.source_format, *stored.source_size,
+            stored.source_bytes)
 
 
 def _stat(path: Path) -> StatKey | None:
