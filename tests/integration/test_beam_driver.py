@@ -153,3 +153,48 @@ def test_a_class_folder_a_worker_refuses_fails_in_the_local_engines_one_line(tmp
                     "images or remove the folder"), line
     assert not Path(params["paths"]["prepared"]).exists()
     assert not list(Path(params["paths"]["prepared"]).parent.glob(".prepared*"))
+
+
+@pytest.mark.slow
+def test_a_row_lost_between_the_listing_and_the_fold_fails_the_run(make_cfg, tmp_path,
+                                                                   monkeypatch):
+    """The driver no longer holds the file list, so the workers count what they listed
+    and the driver compares the count with what came back folded, good or refused. The
+    loss is planted in the shard grouping (one file's row dropped), on Beam's in-process
+    runner in this process; the same run without the plant folds every file."""
+    from images import photo_folder
+    from tfmlops.errors import DataError
+    from tfmlops.stages.prepare import beam
+    from tfmlops.stages.prepare.images import list_classes
+
+    root = tmp_path / "photos"
+    photo_folder(root, per_class=4, classes=2, seed=7)
+    (root / "c0" / "cut.jpg").write_bytes(b"\xff\xd8 not a photo")  # a refused one counts too
+    cfg = make_cfg(data={"engine": "beam", "image_dir": str(root), "channels": 3,
+                         "image_size": 16, "max_bad_fraction": 0.5,
+                         "beam": {"options": ["--runner=DirectRunner",
+                                              "--direct_running_mode=in_memory"]}})
+
+    def prepared(name):
+        out = tmp_path / name
+        out.mkdir()
+        classes, tally = beam.prepare_beam(cfg, root, list_classes(root), out)
+        beam.remove_parts(tally)
+        return tally
+
+    tally = prepared("whole")
+    assert (tally.good, len(tally.bad)) == (8, 1)
+
+    by_shard = beam._by_shard
+    dropped = []
+
+    def losing_one(joined, shards):
+        for item in by_shard(joined, shards):
+            if dropped:
+                yield item
+            else:
+                dropped.append(item)
+
+    monkeypatch.setattr(beam, "_by_shard", losing_one)
+    with pytest.raises(DataError, match=r"folded 8 files of the 9 it listed; nothing was "):
+        prepared("lost")  # (the plant's closure runs on the runner's copy of `dropped`)

@@ -131,7 +131,7 @@ def _assemble(cfg, options, image_dir, classes, out: Path, run):
     """Run the pipeline into this run's prefix, then take back what it staged: the
     shards and quarantine copies into `out`, the tally and its streams."""
     from tfmlops.data.tfrecords import place_shards
-    from tfmlops.stages.prepare.beam_fold import read_part, read_results
+    from tfmlops.stages.prepare.beam_fold import check_all_folded, read_part, read_results
     from tfmlops.stages.prepare.beam_listing import CLASSES, listing_refusal
     from tfmlops.stages.prepare.images import SPLITS, staged_path
     from tfmlops.stages.prepare.stream import warn_across_classes
@@ -175,6 +175,7 @@ def _assemble(cfg, options, image_dir, classes, out: Path, run):
     contract = cfg.data.contract
     tally, (shared, example) = read_results(
         run.base, contract.profile and contract.leakage.severity != "off")
+    check_all_folded(run.base, tally)
     if shared:
         warn_across_classes(shared, example[1])
     return classes, tally
@@ -251,6 +252,8 @@ def build_pipeline(p, cfg, image_dir, classes: list[str] | None, base: str) -> N
          | "fold" >> beam.CombineGlobally(bf.TallyFold(
              contract.tiny.side if contract.profile else None))
          | "write tally" >> beam.Map(on_workers(bf.write_tally), base))
+    _ = (listed.files | "count" >> beam.combiners.Count.Globally()
+         | "write count" >> beam.Map(on_workers(bf.write_listed), base))
     _ = (refused | "all refused" >> beam.combiners.ToList()
          | "write refused" >> beam.Map(on_workers(bf.write_refused), base))
     _ = (written | "contents" >> beam.Map(lambda r: (r["sha"], (r["label"], r["file"])))

@@ -34,6 +34,7 @@ MERGED = "merged-"  # + round-index.jsonl: rows parts merged, when there are man
 FAN_IN = 128  # parts open at once while the driver merges them
 LEAKAGE = "leakage.json"
 ACROSS = "across.json"  # contents in more than one class folder: (count, example files)
+LISTED = "listed.json"  # how many files the workers listed: each must come back folded
 
 
 def write_part(base: str, name: str, data: bytes) -> None:
@@ -154,6 +155,22 @@ def write_tally(acc, base: str) -> None:
 
 def write_across(acc, base: str) -> None:
     write_part(base, ACROSS, json.dumps(acc).encode())
+
+
+def write_listed(count: int, base: str) -> None:
+    write_part(base, LISTED, json.dumps(count).encode())
+
+
+def check_all_folded(base: str, tally: Tally) -> None:
+    """Every file the workers listed came back folded, good or refused: a row lost
+    between the listing and the fold (a bug) fails the run before anything is swapped in."""
+    from tfmlops.errors import DataError
+
+    listed = json.loads(read_part(base, LISTED))
+    if tally.good + len(tally.bad) != listed:
+        raise DataError(f"prepare on Apache Beam folded {tally.good + len(tally.bad)} files "
+                        f"of the {listed} it listed; nothing was swapped in (a bug: please "
+                        "report it)")
 
 
 class StreamedList:
