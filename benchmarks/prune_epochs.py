@@ -2,16 +2,18 @@
 schedule, on a project where tune and train already ran.
 
     .venv/bin/python benchmarks/prune_epochs.py PROJECT [--runs 30 15 10 6 4 3]
-        [--runs 4,end_fraction=0.8,frequency=2 ...] [--rounds 1] [--tracking]
+        [--runs 4,end_fraction=0.8,frequency=2 15,learning_rate=0.004,seed=43 ...]
+        [--rounds 1] [--tracking]
 
 PROJECT is a project folder whose `dvc repro train` (or `tfmlops train`) is done; its
 prepared data and trained model are read, never rewritten: each run's params are the
 project's params.yaml with `prune.epochs` (and any `KEY=VALUE` after the comma, a key of the
-prune section) set, and with `paths.pruned`, `tflite`, `export`, `reports` and `profiles`
-moved into a scratch folder, so neither tune nor train reruns and the project's own outputs
-stay as they were. `tfmlops prune` and `tfmlops quantize` run as the pipeline runs them (one
-process each, the project's profiling setting; tracking off unless `--tracking`), with the
-`tfmlops` of this checkout (PYTHONPATH=src).
+prune section, or `seed`: prune's and quantize's seed, the trained model staying) set, and
+with `paths.pruned`, `tflite`, `export`, `reports` and `profiles` moved into a scratch
+folder, so neither tune nor train reruns and the project's own outputs stay as they were.
+`tfmlops prune` and `tfmlops quantize` run as the pipeline runs them (one process each, the
+project's profiling setting; tracking off unless `--tracking`), with the `tfmlops` of this
+checkout (PYTHONPATH=src).
 
 For each run it prints the pruned model's test accuracy and its drop against the trained
 model, the sparsity, the epoch kept, quantize's edge variant, its bytes and its accuracy drop
@@ -47,6 +49,7 @@ from common import ROOT, save  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MOVED_PATHS = ("pruned", "tflite", "export", "reports", "profiles")
+TOP_LEVEL = ("seed",)  # --runs keys set at the top of params.yaml, not in prune
 
 
 def parse_run(spec: str) -> tuple[str, dict]:
@@ -63,6 +66,10 @@ def parse_run(spec: str) -> tuple[str, dict]:
 
 def run_params(project: Path, scratch: Path, prune: dict, tracking: bool) -> Path:
     params = yaml.safe_load((project / "params.yaml").read_text())
+    prune = dict(prune)
+    for key in TOP_LEVEL:  # not a prune key: e.g. seed=43, a second seed for prune (and quantize)
+        if key in prune:
+            params[key] = prune.pop(key)
     params["prune"].update(prune)
     for key in MOVED_PATHS:
         params["paths"][key] = str(scratch / Path(params["paths"][key]))

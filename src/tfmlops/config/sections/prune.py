@@ -13,11 +13,11 @@ from tfmlops.config.sections.base import Section
 class PruneConfig(Section):
     initial_sparsity: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
     final_sparsity: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.85
-    epochs: Annotated[int, Meta(ge=1, le=10_000)] = 30  # fine-tuning epochs
+    epochs: Annotated[int, Meta(ge=1, le=10_000)] = 20  # fine-tuning epochs
     begin_fraction: Annotated[float, Meta(ge=0.0, lt=1.0)] = 0.0
     end_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5  # final sparsity reached here
     frequency: Annotated[int, Meta(ge=1, le=1_000_000)] = 5  # steps between mask updates
-    learning_rate: Annotated[float, Meta(gt=0.0, le=10.0)] = 1e-3
+    learning_rate: Annotated[float, Meta(gt=0.0, le=10.0)] = 4e-3
 
     def _rules(self):  # sparsity grows
         if self.final_sparsity < self.initial_sparsity:
