@@ -183,6 +183,23 @@ def test_a_run_removes_its_own_prefix_and_nothing_beside_it(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["theirs"]
 
 
+def test_nothing_is_written_under_a_prefix_once_its_run_removed_it(tmp_path):
+    """A cancelled job may go on running (Beam's local job service does not stop it): its
+    workers' writes under the removed prefix are refused, so nothing is left there that no
+    run would remove."""
+    from tfmlops.errors import DataError
+
+    run = staging.RunPrefix(str(tmp_path / "runs")).start()
+    inside = staging.join(run.base, "quarantine", "c0", "empty.jpg")
+    with staging.create(inside) as fh:  # the run is live
+        fh.write(b"x")
+    run.remove()
+    with pytest.raises(DataError, match=r"staging prefix .* is gone .*: not writing "
+                                        r"quarantine/c0/empty.jpg"):
+        staging.create(inside)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*"))
+
+
 KINDS = ["stale", "live", "newer", "unmarked", "another kind", "copied", "odd name", "loose file",
          "nested"]
 

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 KIND = "tfmlops prepare beam staging"
 MARKER = "tfmlops-prepare.owner"  # in each run's prefix
 PREFIX = re.compile(r"tfmlops-prepare-(?P<time>\d{8}T\d{12}Z)-(?P<id>[0-9a-f]{12})")
+# a URL or path under a run's prefix: (the prefix, the name inside it)
+IN_RUN = re.compile(r"(?P<base>.*?tfmlops-prepare-\d{8}T\d{12}Z-[0-9a-f]{12})[/\\](?P<name>.+)")
 HEARTBEAT = 60.0  # s between rewrites of a live run's marker
 LEASE = 15 * 60.0  # s without a rewrite after which another machine's prefix is stale
 CHUNK = 1 << 20  # bytes per read when copying a staged file
@@ -104,10 +106,21 @@ def join(base: str, *names: str) -> str:
 
 def create(url: str):
     """A write channel to `url` through Beam's filesystems, bytes as given (Beam would
-    otherwise compress a name ending in .gz or .bz2)."""
+    otherwise compress a name ending in .gz or .bz2). Under a run's prefix whose marker
+    is gone it refuses: a job its driver cancelled may go on running (Beam 2.77's local
+    job service marks a job CANCELLED and does not stop it), and its workers must not
+    write under a prefix the driver has removed (nothing would ever remove those files).
+    What is left is the moment between this check and the write's end."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    inside = IN_RUN.match(url)
+    if inside and inside["name"] != MARKER and not FileSystems.exists(
+            join(inside["base"], MARKER)):
+        from tfmlops.errors import DataError
+
+        raise DataError(f"staging prefix {inside['base']} is gone (its run was cancelled or "
+                        f"has ended): not writing {inside['name']}")
     return FileSystems.create(url, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
@@ -246,6 +259,10 @@ def remove_prefix(base: str, marker: str) -> None:
         FileSystems.delete(named(staged))
     with contextlib.suppress(Exception):  # already gone: another cleaner was first
         FileSystems.delete(named([marker]))
+    with contextlib.suppress(Exception):  # written meanwhile, before the writers saw the
+        late = [path for path, _ in listing(join(literal(base), "**"))]  # marker go (create)
+        if late:
+            FileSystems.delete(named(late))
 
 
 def stale_prefixes(root: str, own: RunPrefix) -> list[str]:
