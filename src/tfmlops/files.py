@@ -52,18 +52,25 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def write_bytes(path: str | Path, data: bytes) -> Path:
+    with _replacing(path, "wb") as fh:
+        fh.write(data)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _replacing(path: str | Path, mode: str):
+    """A temp file beside `path` to write, put in `path`'s place whole once the block ends."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path.parent)
     tmp = temp_name(path)
-    with tmp.open("wb") as fh:
-        fh.write(data)
+    with tmp.open(mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        yield fh
         fh.flush()
         os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
     faults.point("json.temp")
     os.replace(tmp, path)
     sync_dir(path.parent)  # and the rename is too
-    return path
 
 
 def read_json(path: str | Path, default: Any) -> Any:
@@ -95,21 +102,12 @@ def write_json_streamed(path: str | Path, data: Any, key: str | None = None) -> 
     def item(value) -> str:
         return json.dumps(value, indent=2, sort_keys=True, default=_default).replace("\n", indent)
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(path.parent)
-    tmp = temp_name(path)
-    with tmp.open("w", encoding="utf-8") as fh:
+    with _replacing(path, "w") as fh:
         fh.write(before + item(first))
         for value in items:
             fh.write("," + indent + item(value))
         fh.write(after)
-        fh.flush()
-        os.fsync(fh.fileno())
-    faults.point("json.temp")
-    os.replace(tmp, path)
-    sync_dir(path.parent)
-    return path
+    return Path(path)
 
 
 _END = object()

@@ -44,7 +44,7 @@ from tfmlops.artifacts import run_dir
 from tfmlops.errors import ConfigError, DataError, UserError
 from tfmlops.logs import children_stderr_to
 from tfmlops.stages.prepare import beam_staging as staging
-from tfmlops.stages.prepare.beam_listing import error_line
+from tfmlops.stages.prepare.beam_staging import error_line
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def pipeline_options(cfg):
         create_runner(runner)
     except (ValueError, TypeError, ImportError, SystemExit) as exc:
         why = (f"Beam has no runner {runner!r}; name one of {', '.join(RUNNERS)}"
-               if "Unexpected pipeline runner" in str(exc) else _first(exc))
+               if "Unexpected pipeline runner" in str(exc) else error_line(exc))
         raise ConfigError(f"data.beam.options {flags}: {why}") from None
     if unknown:
         raise ConfigError(f"data.beam.options: Beam knows no option {sorted(unknown)}; fix or "
@@ -150,7 +150,7 @@ def _assemble(cfg, options, image_dir, classes, out: Path, run):
             raise DataError(refused) from None
         if isinstance(exc, UserError):
             raise
-        raise DataError(f"prepare on Apache Beam failed ({_first(exc)}); nothing was "
+        raise DataError(f"prepare on Apache Beam failed ({error_line(exc)}); nothing was "
                         f"swapped in; its workers' log is {workers_log}; run it again, or set "
                         "data.engine: local") from None
     finally:
@@ -325,7 +325,7 @@ def _read_url(path: str):
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as fh:
             return fh.read()
     except Exception as exc:  # noqa: BLE001 - the store's error is this file's reason
-        return Stored(reason=f"unreadable: {_first(exc)}")
+        return Stored(reason=f"unreadable: {error_line(exc)}")
 
 
 def _stage_quarantine(base: str, rel: str, source: bytes | Path) -> None:
@@ -423,6 +423,3 @@ def _import_beam() -> None:
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(
         logging.CRITICAL)
 
-
-def _first(exc: BaseException) -> str:
-    return error_line(exc)

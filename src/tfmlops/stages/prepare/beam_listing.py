@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tfmlops.errors import DataError
+from tfmlops.stages.prepare.beam_staging import error_line
 
 REFUSED = "listing-refused-"  # + a class index or "url" + ".txt", in the parts folder
 CLASSES = "classes.json"  # in the parts folder: the classes the workers found
@@ -103,9 +104,3 @@ def listing_refusal(base: str) -> str | None:
             return fh.read().decode()
     except Exception:  # noqa: BLE001 - unreachable now: not a listing's refusal to show
         return None
-
-
-def error_line(exc: BaseException) -> str:
-    """The last line of an error's message (a store's or Beam's runs to pages), cut."""
-    text = str(exc).strip().splitlines()
-    return (text[-1] if text else type(exc).__name__)[:300]

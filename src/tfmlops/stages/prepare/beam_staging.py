@@ -40,7 +40,7 @@ KIND = "tfmlops prepare beam staging"
 MARKER = "tfmlops-prepare.owner"  # in each run's prefix
 PREFIX = re.compile(r"tfmlops-prepare-(?P<time>\d{8}T\d{12}Z)-(?P<id>[0-9a-f]{12})")
 # a URL or path under a run's prefix: (the prefix, the name inside it)
-IN_RUN = re.compile(r"(?P<base>.*?tfmlops-prepare-\d{8}T\d{12}Z-[0-9a-f]{12})[/\\](?P<name>.+)")
+IN_RUN = re.compile(r"(?P<base>.*?" + re.sub(r"\(\?P<\w+>", "(", PREFIX.pattern) + r")[/\\](?P<name>.+)")
 HEARTBEAT = 60.0  # s between rewrites of a live run's marker
 LEASE = 15 * 60.0  # s without a rewrite after which another machine's prefix is stale
 CHUNK = 1 << 20  # bytes per read when copying a staged file
@@ -168,8 +168,8 @@ class RunPrefix:
             with _root_logger_quiet():  # Beam's S3 writer logs a traceback on the root logger
                 self._write_marker()
         except Exception as exc:  # noqa: BLE001 - the store's own error, in one line
-            why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
-            raise DataError(f"data.beam.staging {self.root} cannot be written ({why}); check "
+            raise DataError(f"data.beam.staging {self.root} cannot be written "
+                            f"({error_line(exc)}); check "
                             "the URL and the credentials in the environment (AWS_ACCESS_KEY_ID "
                             "... or AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS)") from None
         self._beat = threading.Thread(target=self._heartbeat, name="staging-heartbeat",
@@ -364,3 +364,9 @@ def pipeline(options, deadline_s: float = 0):
 def _cancel(result) -> None:
     with contextlib.suppress(Exception):  # the runner's own cancel; it may be done already
         result.cancel()
+
+
+def error_line(exc: BaseException) -> str:
+    """The last line of an error's message (a store's or Beam's runs to pages), cut."""
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:300]
