@@ -78,4 +78,23 @@ def test_finalists_are_the_best_distinct_trials_other_than_the_params_own():
     trials = [own, a, b, failed, a_continued]
     best = a_continued
     assert finalists(CFG, trials, best, 1) == [a_continued]
+    # `best` goes first; the params' own 0.99 then takes the second slot, above b
+    assert finalists(CFG, trials, best, 2) == [a_continued]
     assert finalists(CFG, trials, best, 5) == [a_continued, b]
+
+
+def test_a_trial_the_search_ranked_below_the_params_own_is_not_a_finalist():
+    """The params' own settings won the search (photos: hyperband's promoted baseline):
+    with one slot, nothing else is trained at full length; with two, the runner-up."""
+    own = trial(0, 0.90)
+    a = trial(1, 0.92, learning_rate=0.004)
+    own_continued = trial(3, 0.98)  # hyperband's next round of the baseline
+    a_continued = trial(4, 0.97, learning_rate=0.004)
+    b = trial(2, 0.95, learning_rate=0.001)
+    trials = [own, a, b, own_continued, a_continued]
+    assert finalists(CFG, trials, own_continued, 1) == []
+    assert finalists(CFG, trials, own_continued, 2) == [a_continued]
+    assert finalists(CFG, trials, own_continued, 3) == [a_continued, b]
+    # a trial that ties the params' own is not ahead of it (ties keep the params')
+    tie = trial(5, 0.98, learning_rate=0.003)
+    assert finalists(CFG, [*trials, tie], own_continued, 1) == []

@@ -134,8 +134,9 @@ class TuneConfig(Section):
     budget_minutes: Annotated[float, Meta(gt=0.0, le=100_000.0)] = 30.0  # a guard, not a setting
     early_stopping_patience: Annotated[int, Meta(ge=0, le=1000)] = 2
     hyperband_factor: Annotated[int, Meta(ge=2, le=100)] = 3
-    # The params' own settings and the search's best N are trained at
-    # train.epochs; the winner (ties: the params') is the tuned configuration.
+    # The params' own settings and the search's best N configurations are trained at
+    # train.epochs (the params' own take a place when the search ranks them in the
+    # best N); the winner (ties: the params') is the tuned configuration.
     final_candidates: Annotated[int, Meta(ge=0, le=100)] = 1
     # A trial whose model has more parameters fails (recorded FAILED) and the
     # search goes on: keeps the search within an edge size budget. 0: no limit.

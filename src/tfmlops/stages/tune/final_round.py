@@ -94,7 +94,15 @@ def train_finalists(cfg: Config, parent: tracking.StageRun, trials: list[TrialRe
 
 def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
                n: int) -> list[TrialRecord]:
-    """The best `n` completed trials with distinct values, not the params' own."""
+    """The challengers: of the search's best `n` distinct configurations, those that are
+    not the params' own.
+
+    When the search itself ranks the params' own settings among its best `n`, they take
+    that place and no trial ranked below them is trained again: such a trial could only
+    win the round by beating at train's length what beat it at the search's. The round
+    exists for the opposite case, a trial that beat the params' settings by learning
+    fast; it is trained at full length to see whether its lead holds.
+    """
     own = search_space.baseline(cfg)[0]
     sign = cfg.tune.sign
     done = [t for t in trials if t.status == "COMPLETED" and t.score is not None
@@ -103,11 +111,12 @@ def finalists(cfg: Config, trials: list[TrialRecord], best: TrialRecord,
     picked, seen = [], []
     for t in done:
         values = {k: t.values[k] for k in search_space.HP_NAMES if k in t.values}
-        if values == own or values in seen:  # hyperband's later rounds repeat values
+        if values in seen:  # hyperband's later rounds repeat values
             continue
         seen.append(values)
-        picked.append(t)
-        if len(picked) == n:
+        if values != own:
+            picked.append(t)
+        if len(seen) == n:
             break
     return picked
 
