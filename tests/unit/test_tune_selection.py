@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfmlops.config import config_from_dict
 from tfmlops.stages.tune import search_space
@@ -98,3 +100,33 @@ def test_a_trial_the_search_ranked_below_the_params_own_is_not_a_finalist():
     # a trial that ties the params' own is not ahead of it (ties keep the params')
     tie = trial(5, 0.98, learning_rate=0.003)
     assert finalists(CFG, [*trials, tie], own_continued, 1) == []
+
+
+PARAMS_RATE = 0.002  # CFG's own learning rate: a trial at it holds the params' own values
+RATES = (PARAMS_RATE, 0.001, 0.003, 0.004)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(RATES), st.integers(0, 20)), min_size=1, max_size=12),
+       st.integers(1, 4))
+def test_finalists_are_the_distinct_configurations_the_search_ranked_above_the_params_own(
+        results, n):
+    """Whatever the search's results: no finalist is the params' own or ranked below them,
+    none repeats another's values, and every configuration ranked above them within the
+    best `n` is one."""
+    trials = [trial(i, score / 20, learning_rate=rate) for i, (rate, score) in enumerate(results)]
+    best = max(trials, key=lambda t: (t.score, -int(t.trial_id)))  # report.best_trial's rule
+    picked = finalists(CFG, trials, best, n)
+
+    def key(t):
+        return t.values["learning_rate"]
+
+    assert PARAMS_RATE == search_space.values_from_config(CFG)["learning_rate"]
+    # each configuration's place: its best score, ties to the earlier trial; `best` first
+    ranked = sorted(trials, key=lambda t: (t is not best, -t.score, int(t.trial_id)))
+    order = list(dict.fromkeys(key(t) for t in ranked))
+    top = order[:n]
+    assert [key(t) for t in picked] == [r for r in top if r != PARAMS_RATE]
+    assert len({key(t) for t in picked}) == len(picked) <= n
+    for t in picked:  # the trial picked is that configuration's best-ranked one
+        assert t is next(r for r in ranked if key(r) == key(t))
