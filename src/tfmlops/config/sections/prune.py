@@ -18,6 +18,10 @@ class PruneConfig(Section):
     end_fraction: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5  # final sparsity reached here
     frequency: Annotated[int, Meta(ge=1, le=1_000_000)] = 5  # steps between mask updates
     learning_rate: Annotated[float, Meta(gt=0.0, le=10.0)] = 4e-3
+    # Fine-tuning ends at the first epoch at full sparsity whose validation accuracy is
+    # the trained model's again (as many validation images right): later epochs can only
+    # add to a model that already lost nothing there.
+    stop_when_recovered: bool = True
 
     def _rules(self):  # sparsity grows
         if self.final_sparsity < self.initial_sparsity:

@@ -36,6 +36,10 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
     original, twin = source.load_trained(cfg, tcfg, prepared)
     y_test, outputs = pipeline.predicted(original, cfg, prepared, "test", 256)
     trained_accuracy = accuracy(outputs, y_test)
+    recovered = None  # (validation images the trained model gets right, of how many)
+    if cfg.prune.stop_when_recovered:
+        y_val, val_outputs = pipeline.predicted(original, cfg, prepared, "val", 256)
+        recovered = (int((val_outputs.argmax(axis=1) == y_val).sum()), len(y_val))
     # The same tf_keras format as the pruned file, saved before fine-tuning
     # (the pruning wrappers share these layers' weights).
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,15 +59,22 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
     train = pipeline.dataset(cfg, prepared, "train", batch_size=tcfg.train.batch_size,
                              training=True)
     val = pipeline.dataset(cfg, prepared, "val", batch_size=tcfg.train.batch_size)
-    keep = pruning.keep_best_pruned(keras, steps.end_step, steps.steps_per_epoch)
-    log.info("prune: [2/3] fine-tuning under the pruning schedule: %d epoch(s) to sparsity %s",
-             cfg.prune.epochs, cfg.prune.final_sparsity)
+    keep = pruning.keep_best_pruned(keras, steps.end_step, steps.steps_per_epoch, recovered)
+    log.info("prune: [2/3] fine-tuning under the pruning schedule: %d epoch(s) to sparsity %s%s",
+             cfg.prune.epochs, cfg.prune.final_sparsity,
+             f", ending once {recovered[0]} of {recovered[1]} validation images are right "
+             "again (the trained model's)" if recovered else "")
     started = time.perf_counter()
     history = wrapped.fit(train, validation_data=val, epochs=cfg.prune.epochs,
                           callbacks=[*callbacks, keep], verbose=keras_verbose())
     fine_tune_seconds = time.perf_counter() - started
     kept_epoch = keep.restore()
-    for epoch in range(cfg.prune.epochs):
+    epochs_run = len(history.history["loss"])
+    if keep.stopped_at_epoch is not None and keep.stopped_at_epoch < cfg.prune.epochs:
+        log.info("prune: recovered after epoch %d of %d: the trained model's validation "
+                 "accuracy at full sparsity; fine-tuning ends there", keep.stopped_at_epoch,
+                 cfg.prune.epochs)
+    for epoch in range(epochs_run):
         run.log_metrics({f"fine_tune_{k}": v[epoch] for k, v in history.history.items()},
                         step=epoch)
     pruned_names = pruning.pruned_weight_names(wrapped)
@@ -95,5 +106,7 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
         "schedule": asdict(steps),
         "fine_tune_seconds": round(fine_tune_seconds, 2),
         "kept_epoch": kept_epoch,  # the full-sparsity epoch with the lowest val_loss
+        "fine_tune_epochs": epochs_run,
+        "stopped_at_epoch": keep.stopped_at_epoch,  # recovered there (None: ran them all)
     }
     return metrics, rows

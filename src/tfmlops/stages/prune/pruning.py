@@ -108,26 +108,39 @@ def callbacks(log_dir: str, profile_batch):
                                                   write_graph=False)]
 
 
-def keep_best_pruned(keras, end_step: int, steps_per_epoch: int):
+def keep_best_pruned(keras, end_step: int, steps_per_epoch: int,
+                     recovered: tuple[int, int] | None = None):
     """A callback that keeps the weights of the fine-tuning epoch with the lowest
     val_loss among those that end at full sparsity (after `end_step`).
 
     The epochs after the schedule's end only recover accuracy; which one
     recovers most varies with the run, so the stage keeps the best one, as
     `train` keeps its lowest-val_loss epoch. `restore()` puts it back.
+
+    `recovered` (images the trained model gets right, validation images): the fit stops
+    after the first full-sparsity epoch that gets at least as many right
+    (`prune.stop_when_recovered`; `stopped_at_epoch` says which). Counted in images, not
+    compared as floats: Keras' float32 accuracy of 99/102 is below the float64 ratio.
     """
 
     class KeepBestPruned(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.best_loss, self.best_epoch, self._weights = float("inf"), None, None
+            self.stopped_at_epoch: int | None = None
 
         def on_epoch_end(self, epoch, logs=None):
-            loss = (logs or {}).get("val_loss")
+            logs = logs or {}
+            loss = logs.get("val_loss")
             full_sparsity = (epoch + 1) * steps_per_epoch >= end_step
             if full_sparsity and loss is not None and loss < self.best_loss:
                 self.best_loss, self.best_epoch = float(loss), epoch + 1  # 1-based, as train's
                 self._weights = self.model.get_weights()
+            if full_sparsity and recovered is not None and "val_accuracy" in logs:
+                right, images = recovered
+                if round(float(logs["val_accuracy"]) * images) >= right:
+                    self.stopped_at_epoch = epoch + 1
+                    self.model.stop_training = True
 
         def restore(self) -> int | None:
             if self._weights is not None:
