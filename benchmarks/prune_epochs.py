@@ -8,7 +8,8 @@ schedule, on a project where tune and train already ran.
 PROJECT is a project folder whose `dvc repro train` (or `tfmlops train`) is done; its
 prepared data and trained model are read, never rewritten: each run's params are the
 project's params.yaml with `prune.epochs` (and any `KEY=VALUE` after the comma, a key of the
-prune section, or `seed`: prune's and quantize's seed, the trained model staying) set, and
+prune section, or `seed`: prune's and quantize's seed, the trained model staying) set,
+`prune.stop_when_recovered` false unless a run sets it (each runs its whole schedule), and
 with `paths.pruned`, `tflite`, `export`, `reports` and `profiles` moved into a scratch
 folder, so neither tune nor train reruns and the project's own outputs stay as they were.
 `tfmlops prune` and `tfmlops quantize` run as the pipeline runs them (one process each, the
@@ -53,9 +54,11 @@ TOP_LEVEL = ("seed",)  # --runs keys set at the top of params.yaml, not in prune
 
 
 def parse_run(spec: str) -> tuple[str, dict]:
-    """'4,end_fraction=0.8' -> ('4,end_fraction=0.8', {'epochs': 4, 'end_fraction': 0.8})."""
+    """'4,end_fraction=0.8' -> ('4,end_fraction=0.8', {'epochs': 4, 'end_fraction': 0.8,
+    'stop_when_recovered': False}): a run fine-tunes its whole schedule unless it sets
+    stop_when_recovered=true (the lengths compared are the schedules')."""
     first, *rest = spec.split(",")
-    values = {"epochs": int(first)}
+    values = {"epochs": int(first), "stop_when_recovered": False}
     for item in rest:
         key, _, value = item.partition("=")
         if not value:

@@ -36,10 +36,8 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
     original, twin = source.load_trained(cfg, tcfg, prepared)
     y_test, outputs = pipeline.predicted(original, cfg, prepared, "test", 256)
     trained_accuracy = accuracy(outputs, y_test)
-    recovered = None  # (validation images the trained model gets right, of how many)
-    if cfg.prune.stop_when_recovered:
-        y_val, val_outputs = pipeline.predicted(original, cfg, prepared, "val", 256)
-        recovered = (int((val_outputs.argmax(axis=1) == y_val).sum()), len(y_val))
+    recovered = validation_count(original, cfg, prepared) if cfg.prune.stop_when_recovered \
+        else None
     # The same tf_keras format as the pruned file, saved before fine-tuning
     # (the pruning wrappers share these layers' weights).
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,14 +67,7 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
                           callbacks=[*callbacks, keep], verbose=keras_verbose())
     fine_tune_seconds = time.perf_counter() - started
     kept_epoch = keep.restore()
-    epochs_run = len(history.history["loss"])
-    if keep.stopped_at_epoch is not None and keep.stopped_at_epoch < cfg.prune.epochs:
-        log.info("prune: recovered after epoch %d of %d: the trained model's validation "
-                 "accuracy at full sparsity; fine-tuning ends there", keep.stopped_at_epoch,
-                 cfg.prune.epochs)
-    for epoch in range(epochs_run):
-        run.log_metrics({f"fine_tune_{k}": v[epoch] for k, v in history.history.items()},
-                        step=epoch)
+    epochs_run = log_fine_tune(run, history.history, keep.stopped_at_epoch, cfg.prune.epochs)
     pruned_names = pruning.pruned_weight_names(wrapped)
 
     log.info("prune: [3/3] stripping the wrappers, recalibrating batch norm, measuring")
@@ -110,3 +101,22 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
         "stopped_at_epoch": keep.stopped_at_epoch,  # recovered there (None: ran them all)
     }
     return metrics, rows
+
+
+def validation_count(model, cfg: Config, prepared) -> tuple[int, int]:
+    """(validation images `model` gets right, of how many): what a pruned model must get
+    right again for `prune.stop_when_recovered` to end its fine-tuning."""
+    labels, outputs = pipeline.predicted(model, cfg, prepared, "val", 256)
+    return int((outputs.argmax(axis=1) == labels).sum()), len(labels)
+
+
+def log_fine_tune(run, history: dict, stopped_at: int | None, planned: int) -> int:
+    """Each fine-tuning epoch's metrics into the run (`fine_tune_<key>` at its step), the
+    early end said in one line; returns the epochs run."""
+    epochs_run = len(history["loss"])
+    if stopped_at is not None and stopped_at < planned:
+        log.info("prune: recovered after epoch %d of %d: the trained model's validation "
+                 "accuracy at full sparsity; fine-tuning ends there", stopped_at, planned)
+    for epoch in range(epochs_run):
+        run.log_metrics({f"fine_tune_{k}": v[epoch] for k, v in history.items()}, step=epoch)
+    return epochs_run
