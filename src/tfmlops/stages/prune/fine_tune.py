@@ -98,7 +98,7 @@ def prune_and_fine_tune(cfg: Config, tcfg: Config, prepared, steps, st) -> tuple
         "fine_tune_seconds": round(fine_tune_seconds, 2),
         "kept_epoch": kept_epoch,  # the full-sparsity epoch with the lowest val_loss
         "fine_tune_epochs": epochs_run,
-        "stopped_at_epoch": keep.stopped_at_epoch,  # recovered there (None: ran them all)
+        "stopped_at_epoch": keep.stopped_at_epoch,  # recovered there (None: never recovered)
     }
     return metrics, rows
 
@@ -107,7 +107,7 @@ def validation_count(model, cfg: Config, prepared) -> tuple[int, int]:
     """(validation images `model` gets right, of how many): what a pruned model must get
     right again for `prune.stop_when_recovered` to end its fine-tuning."""
     labels, outputs = pipeline.predicted(model, cfg, prepared, "val", 256)
-    return int((outputs.argmax(axis=1) == labels).sum()), len(labels)
+    return round(accuracy(outputs, labels) * len(labels)), len(labels)
 
 
 def log_fine_tune(run, history: dict, stopped_at: int | None, planned: int) -> int:
