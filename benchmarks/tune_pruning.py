@@ -1,12 +1,12 @@
 """tune's search with `tune.pruning` off and on, alternated on one machine (issue 50).
 
     .venv/bin/python benchmarks/tune_pruning.py [--image-dir /work/bench/photos1k]
-        [--image-size 96] [--channels 3] [--rounds 2] [--set tune.max_trials=6 ...]
-        [--scratch DIR]
+        [--image-size 96] [--channels 3] [--rounds 2] [--rule median|halving]
+        [--set tune.max_trials=6 ...] [--scratch DIR]
 
 One scratch project (tracking and profiling off, `tune.final_candidates: 0`: the search is
 what is measured) is prepared once (the built-in digits without --image-dir); then each
-round runs `tfmlops tune` in its own process with `tune.pruning.rule` off and median, in
+round runs `tfmlops tune` in its own process with `tune.pruning.rule` off and --rule, in
 alternating order, each from an empty `paths.tuner` (a cold search). Prints per side the
 search's seconds (reports/tune.json `search_seconds`) and the tune process's CPU seconds
 (steadier than wall time where other jobs share the cores), the best score and trial, the
@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=96)
     parser.add_argument("--channels", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rule", default="median", choices=("median", "halving"),
+                        help="the rule measured against off")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a params override on both sides, e.g. tune.max_trials=6")
     parser.add_argument("--scratch", type=Path, default=None)
@@ -125,30 +127,31 @@ def main() -> None:
     workdir = project(scratch, args.image_dir, args.image_size, args.channels, overrides)
     runs = []
     for rnd in range(args.rounds):
-        for rule in (("off", "median") if rnd % 2 == 0 else ("median", "off")):
+        for rule in (("off", args.rule) if rnd % 2 == 0 else (args.rule, "off")):
             runs.append({"round": rnd, **search_once(workdir, rule)})
             print(json.dumps(runs[-1]), flush=True)
-    side = {rule: [r for r in runs if r["rule"] == rule] for rule in ("off", "median")}
+    side = {rule: [r for r in runs if r["rule"] == rule] for rule in ("off", args.rule)}
+    on = args.rule
     median = {rule: statistics.median(r["search_seconds"] for r in rs) for rule, rs in side.items()}
-    ratio = round(median["median"] / median["off"], 3)
+    ratio = round(median[on] / median["off"], 3)
     cpu = {rule: statistics.median(r["cpu_seconds"] for r in rs) for rule, rs in side.items()}
-    cpu_ratio = round(cpu["median"] / cpu["off"], 3)
+    cpu_ratio = round(cpu[on] / cpu["off"], 3)
     same_values = len({json.dumps(r["best_values"], sort_keys=True) for r in runs}) == 1
-    no_worse = min(r["best_score"] for r in side["median"]) >= max(
+    no_worse = min(r["best_score"] for r in side[on]) >= max(
         r["best_score"] for r in side["off"])
-    result = {"benchmark": "tune_pruning", "data": args.image_dir or "digits",
+    result = {"benchmark": "tune_pruning", "data": args.image_dir or "digits", "rule": on,
               "overrides": overrides, "runs": runs, "median_search_seconds": median,
               "ratio_on_off": ratio, "median_cpu_seconds": cpu, "cpu_ratio_on_off": cpu_ratio,
               "same_best_values": same_values,
               "best_score_no_lower": no_worse, "scratch": str(scratch)}
     path = save("tune_pruning", result)
     print(f"\nsearch seconds, median of {args.rounds}: off {median['off']:.1f}, "
-          f"median rule {median['median']:.1f}: ratio {ratio} (target <= 0.6: "
+          f"{on} rule {median[on]:.1f}: ratio {ratio} (target <= 0.6: "
           f"{'met' if ratio <= 0.6 else 'MISSED'})")
-    print(f"tune process CPU seconds, median: off {cpu['off']:.1f}, median rule "
-          f"{cpu['median']:.1f}: ratio {cpu_ratio}")
+    print(f"tune process CPU seconds, median: off {cpu['off']:.1f}, {on} rule "
+          f"{cpu[on]:.1f}: ratio {cpu_ratio}")
     print(f"best score off {[r['best_score'] for r in side['off']]}, "
-          f"on {[r['best_score'] for r in side['median']]}: no lower: {no_worse}; "
+          f"on {[r['best_score'] for r in side[on]]}: no lower: {no_worse}; "
           f"the same best trial values: {same_values}")
     print(f"-> {path}")
 

@@ -44,7 +44,7 @@ def test_config_is_frozen():
         ("prune:\n  final_sparsity: 1.0\n", "prune.final_sparsity", "1.0)"),
         ("train:\n  reduce_lr_on_plateau: true\n", "train.reduce_lr_on_plateau", "constant"),
         ("tune:\n  pruning: {rule: mean}\n", "tune.pruning.rule", "'median'"),
-        ("tune:\n  pruning: {rule: true}\n", "tune.pruning.rule", "give median or off"),
+        ("tune:\n  pruning: {rule: true}\n", "tune.pruning.rule", "give median, halving or off"),
         ("tune:\n  pruning: {warmup_epochs: -1}\n", "tune.pruning.warmup_epochs", "out of range"),
         ("tune:\n  pruning: {min_trials: 0}\n", "tune.pruning.min_trials", "out of range"),
         ("tune:\n  pruning: {patience: 2}\n", "tune.pruning.patience", "unknown key"),

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_config import write
 
 from tfmlops.config import load_config
@@ -104,3 +108,79 @@ def test_config_reads_yaml_off_and_the_defaults(tmp_path):
     assert cfg.tune.pruning.rule == "off"
     default = load_config(write(tmp_path, "seed: 1\n")).tune.pruning
     assert (default.rule, default.warmup_epochs, default.min_trials) == ("median", 1, 3)
+
+
+def halving_pruner(tmp_path=None, warmup=1, min_trials=1, factor=3, sign=1):
+    return pruning.Pruner("halving", warmup, min_trials, sign,
+                          None if tmp_path is None else tmp_path / pruning.STATE_FILE, factor)
+
+
+def test_halving_judges_only_at_rungs_and_keeps_the_top_third():
+    pruner = halving_pruner()  # rungs after epochs 2, 6, 18
+    for i, curve in enumerate(([0.2, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7],
+                               [0.3, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8])):
+        finished(pruner, str(i), curve)
+    pruner.begin(["0", "1"])
+    assert not pruner.observe(0, 0.01, last_epoch=7)  # epoch 1: not a rung
+    assert not pruner.observe(1, 0.6, last_epoch=7)  # rung 2: ties the best of 3 (keep 1)
+    assert not pruner.observe(2, 0.1, last_epoch=7)  # epochs 3-5: not rungs
+    assert pruner.observe(5, 0.75, last_epoch=7)  # rung 6: 0.75 < 0.8, the top 1 of 3
+    assert pruner.stopped_at_epoch == 6
+
+
+def test_halving_counts_the_trials_it_stopped_at_a_rung_they_reached():
+    pruner = halving_pruner(warmup=0, factor=2)  # rungs after epochs 1, 2, 4
+    finished(pruner, "0", [0.9, 0.9, 0.9, 0.9, 0.9])
+    for trial_id, first, earlier in (("1", 0.5, ["0"]), ("2", 0.4, ["0", "1"])):
+        pruner.begin(earlier)
+        assert pruner.observe(0, first, last_epoch=5)  # 2 or 3 at the rung, keep the best 1
+        pruner.end(trial_id, completed=True)
+    pruner.begin(["0", "1", "2"])
+    # 4 at rung 1 (two of them stopped there), keep 2: 0.6 is second. Counting only the
+    # trials that ran whole, it would be second of 2 and stop.
+    assert not pruner.observe(0, 0.6, last_epoch=5)
+    assert pruner.observe(1, 0.6, last_epoch=5)  # rung 2: trial 0 alone reached it, 0.6 < 0.9
+
+
+def test_config_reads_halving_and_its_factor(tmp_path):
+    cfg = load_config(write(tmp_path, "tune:\n  pruning: {rule: halving, factor: 4}\n"))
+    assert (cfg.tune.pruning.rule, cfg.tune.pruning.factor) == ("halving", 4)
+    assert load_config(write(tmp_path, "seed: 1\n")).tune.pruning.factor == 3
+
+
+def run_search(pruner, curves):
+    """Trials one after another, as a single-process search: {trial: stopped_at_epoch}."""
+    stops = {}
+    for i, curve in enumerate(curves):
+        pruner.begin([str(j) for j in range(i)])
+        for epoch, value in enumerate(curve):
+            if pruner.observe(epoch, value, last_epoch=len(curve)):
+                break
+        stops[str(i)] = pruner.stopped_at_epoch
+        pruner.end(str(i), completed=True)
+    return stops
+
+
+@settings(max_examples=150, deadline=None)
+@given(rule=st.sampled_from(["median", "halving"]), warmup=st.integers(0, 2),
+       min_trials=st.integers(1, 3), factor=st.integers(2, 4), sign=st.sampled_from([1, -1]),
+       curves=st.lists(st.lists(st.floats(0, 1), min_size=1, max_size=7), min_size=1,
+                       max_size=8))
+def test_a_stopped_trial_was_judged_fairly_never_wins_and_replays_the_same(
+        rule, warmup, min_trials, factor, sign, curves):
+    with tempfile.TemporaryDirectory() as folder:
+        state = Path(folder) / pruning.STATE_FILE
+        pruner = pruning.Pruner(rule, warmup, min_trials, sign, state, factor)
+        stops = run_search(pruner, curves)
+        fresh = pruning.Pruner(rule, warmup, min_trials, sign, None, factor)
+        assert run_search(fresh, curves) == stops  # deterministic: a cold rerun stops the same
+        assert pruning.stopped_state(state) == pruner.trials  # what a resumed search reloads
+    better = max if sign > 0 else min
+    scores = {str(i): better(c[:stops[str(i)] or len(c)]) for i, c in enumerate(curves)}
+    for trial, stop in stops.items():
+        if stop is None:
+            continue
+        assert warmup <= stop - 1 < len(curves[int(trial)]) - 1  # judged, not the last epoch
+        assert rule == "median" or pruner.is_rung(stop - 1)
+        # an earlier trial beat it at that epoch, so it is never the search's best
+        assert any(sign * scores[o] > sign * scores[trial] for o in scores if int(o) < int(trial))

@@ -158,6 +158,13 @@ def test_search_key_ignores_budgets_and_searched_settings_but_not_the_rest():
     assert search_key(changed(tune={"space": {**cfg.to_dict()["tune"]["space"],
                                               "head_units": [32]}})) != key
     assert search_key(replace(cfg, seed=1)) != key
+    pruning = cfg.to_dict()["tune"]["pruning"]
+    # halving's factor is read only by halving: a median search keeps its key (and resumes)
+    assert search_key(changed(tune={"pruning": {**pruning, "factor": 4}})) == key
+    halving = search_key(changed(tune={"pruning": {**pruning, "rule": "halving"}}))
+    assert halving != key
+    assert search_key(changed(tune={"pruning": {**pruning, "rule": "halving", "factor": 4}})) \
+        != halving
 
 
 def test_a_changed_dataset_starts_a_fresh_search(tmp_path):

@@ -109,18 +109,21 @@ SEARCHED_PARAMS = {
 
 
 class PruningConfig(Section):
-    """Early stopping of losing trials (stages/tune/pruning.py): a trial whose best
+    """Early stopping of losing trials (stages/tune/pruning.py). median: a trial whose best
     objective so far is worse than the median of the trials finished before it, at the
-    same epoch, stops there. off: every trial runs its epochs."""
+    same epoch, stops there. halving: at rungs (warmup_epochs + 1) * factor**k, a trial
+    outside the top 1/factor of the earlier trials at that rung stops. off: every trial
+    runs its epochs."""
 
     # YAML reads a bare `off` as false: _rules turns it into "off"
-    rule: Literal["median", "off"] | bool = "median"
+    rule: Literal["median", "halving", "off"] | bool = "median"
     warmup_epochs: Annotated[int, Meta(ge=0, le=10_000)] = 1  # never judged in its first N epochs
-    min_trials: Annotated[int, Meta(ge=1, le=100_000)] = 3  # finished trials to compare with
+    min_trials: Annotated[int, Meta(ge=1, le=100_000)] = 3  # earlier trials to compare with
+    factor: Annotated[int, Meta(ge=2, le=100)] = 3  # halving: rung spacing and kept fraction
 
     def _rules(self):
         if self.rule is True:
-            raise Rule("{p}rule: true is not a rule; give median or off")
+            raise Rule("{p}rule: true is not a rule; give median, halving or off")
         if self.rule is False:
             msgspec.structs.force_setattr(self, "rule", "off")
 

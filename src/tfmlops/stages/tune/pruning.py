@@ -3,24 +3,35 @@ from a running trial to its oracle, so the tuner feeds each epoch's objective he
 (its `on_epoch_end`, called by keras-tuner's own Keras callback) and sets
 `model.stop_training` when this says the trial is losing.
 
-The rule is the median rule (as Optuna's MedianPruner): after `warmup_epochs`, a trial
-whose best objective so far is worse than the median of the same figure, at the same
-epoch, of the trials that finished before it (run to their end, not stopped here) stops
-at that epoch's end, once at least `min_trials` of them reached that epoch. Why not
-successive halving (ASHA): hyperband, the default tuner, already halves by rounds, and
-ASHA's promotions are asynchronous (who is promoted depends on which trial reports
-first); the median rule needs no budget of its own, works the same under the three
-oracles and compares a trial only with trials that ended before it started, so in one
-process (trials run one after another, in the seeded order) two cold searches stop the
-same trials at the same epochs and choose the same configuration. A distributed search
-ends trials in arrival order: there pruning is off (tuner.build_tuner).
+Two rules, both comparing a trial only with trials that ended before it started, so in one
+process (trials run one after another, in the seeded order) two cold searches stop the same
+trials at the same epochs and choose the same configuration. A distributed search ends
+trials in arrival order: there pruning is off (tuner.build_tuner).
+
+- `median` (as Optuna's MedianPruner): after `warmup_epochs`, a trial whose best objective
+  so far is worse than the median of the same figure, at the same epoch, of the earlier
+  trials that ran to their end (not stopped here) stops at that epoch's end, once at least
+  `min_trials` of them reached that epoch. It judges every epoch but needs `min_trials`
+  finished trials first, so the first trials of a search, often the costliest, always run
+  whole.
+- `halving` (successive halving, as Optuna's SuccessiveHalvingPruner, run synchronously):
+  a trial is judged only at rungs, epochs (warmup_epochs + 1) * factor**k, and goes on
+  past a rung only while its best so far ranks in the top 1/factor (at least the top one)
+  of the earlier trials that reached that rung (stopped ones included: they reached it)
+  and itself, once `min_trials` earlier trials reached it. Fewer judgements, each harder.
+
+Under hyperband, the default tuner, neither rule has much to stop: hyperband already
+halves by rounds, so only its full-length bracket's trials run long enough to be judged.
+With the random or bayesian oracles every trial runs `max_epochs` and the rules save more
+(BENCHMARKS.md, tune pruning).
 
 What the oracle then sees: the trial's score is its best epoch up to the stop, which is
 what keras-tuner scores from the History. A score can only be lower than the full run's
 (the best so far only grows with epochs), so hyperband's next round, which takes the best
 scores of a round, can only rank a stopped trial lower, never above a trial that beats it;
-and a stopped trial is never the search's best: it trails the median of trials that
-finished, so at least one of them scored higher.
+and a stopped trial is never the search's best: at the epoch it stopped, an earlier trial
+was ahead of it (above the median, or ranked above it at the rung), and that trial's score
+is at least what it had there.
 
 State (`STATE_FILE` beside keras-tuner's oracle.json, written whole with temp + os.replace):
 each ended trial's curve and the epoch it was stopped at. It is written before the oracle
@@ -47,13 +58,15 @@ STATE_FILE = "tfmlops_pruner.json"
 
 @dataclass
 class Pruner:
-    """The median rule over the curves of earlier trials; `rule` off: never stops one."""
+    """The median or halving rule over the curves of earlier trials; `rule` off: never
+    stops one."""
 
     rule: str
     warmup_epochs: int
     min_trials: int
     sign: int  # +1: a higher objective is better
     path: Path | None = None  # the state file (None: kept in memory only)
+    factor: int = 3  # halving: rungs every factor-fold epochs, the top 1/factor go on
     # trial id -> {"curve": {epoch (0-based, absolute): best so far}, "stopped_at_epoch": n | None}
     trials: dict[str, dict[str, Any]] = field(default_factory=dict)
     _reference: list[dict[int, float]] = field(default_factory=list)
@@ -67,9 +80,11 @@ class Pruner:
     def begin(self, earlier: list[str]) -> None:
         """A trial starts; `earlier`: the ids of the trials that completed before it."""
         self._curve, self._stopped_at = {}, None
+        # median: only curves run to their end; halving: every trial that reached the rung
         self._reference = [
             {int(e): v for e, v in self.trials[i]["curve"].items()} for i in earlier
-            if i in self.trials and self.trials[i].get("stopped_at_epoch") is None]
+            if i in self.trials
+            and (self.rule == "halving" or self.trials[i].get("stopped_at_epoch") is None)]
 
     def observe(self, epoch: int, value: float | None, last_epoch: int) -> bool:
         """This trial's objective after `epoch` (0-based, absolute) of a fit that ends
@@ -82,16 +97,35 @@ class Pruner:
         if (not self.enabled or self._stopped_at is not None or epoch < self.warmup_epochs
                 or epoch + 1 >= last_epoch):  # the last epoch: stopping saves nothing
             return False
+        if self.rule == "halving" and not self.is_rung(epoch):
+            return False
         others = [c[epoch] for c in self._reference if epoch in c]
         if len(others) < self.min_trials:
             return False
-        median = statistics.median(others)
-        if self.sign * best < self.sign * median:
+        bar, why = self._bar(others, best)
+        if self.sign * best < self.sign * bar:
             self._stopped_at = epoch + 1
-            log.info(f"tune: trial stopped after epoch {epoch + 1}: its best {best:.4f} "
-                     f"trails the median {median:.4f} of {len(others)} earlier trials")
+            log.info(f"tune: trial stopped after epoch {epoch + 1}: its best {best:.4f} {why}")
             return True
         return False
+
+    def is_rung(self, epoch: int) -> bool:
+        """halving: whether the end of `epoch` (0-based) is a rung, (warmup + 1) * factor**k."""
+        rung = self.warmup_epochs + 1
+        while rung < epoch + 1:
+            rung *= self.factor
+        return rung == epoch + 1
+
+    def _bar(self, others: list[float], best: float) -> tuple[float, str]:
+        """The figure a trial's best so far must reach to go on, and why one below it stops."""
+        if self.rule == "median":
+            median = statistics.median(others)
+            return median, f"trails the median {median:.4f} of {len(others)} earlier trials"
+        ranked = sorted([*others, best], key=lambda v: -self.sign * v)  # best first
+        keep = max(len(ranked) // self.factor, 1)
+        return ranked[keep - 1], (f"is not among the best {keep} of the {len(ranked)} trials "
+                                  f"at this rung (the top 1/{self.factor} go on; the bar "
+                                  f"is {ranked[keep - 1]:.4f})")
 
     @property
     def stopped_at_epoch(self) -> int | None:
@@ -115,7 +149,7 @@ def load(settings, sign: int, folder: Path | None, enabled: bool = True) -> Prun
     settings; `enabled` False: off whatever they say)."""
     path = None if folder is None else Path(folder) / STATE_FILE
     pruner = Pruner(settings.rule if enabled else "off", settings.warmup_epochs,
-                    settings.min_trials, sign, path)
+                    settings.min_trials, sign, path, settings.factor)
     pruner.trials = stopped_state(path)
     return pruner
 

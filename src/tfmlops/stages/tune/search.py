@@ -57,6 +57,8 @@ def search_key(cfg: Config) -> str:
     probe = search_space.config_from_values(cfg, search_space.reference_values(cfg.tune.space))
     tune = {k: v for k, v in d["tune"].items()
             if k not in ("enabled", "max_trials", "budget_minutes", "final_candidates")}
+    if tune["pruning"]["rule"] != "halving":  # only halving reads it: a median search's key
+        tune["pruning"] = {k: v for k, v in tune["pruning"].items() if k != "factor"}  # stays
     blob = {
         "seed": cfg.seed, "tune": tune, "fixed": hparams.tuned_tree(probe),
         "loss": d["train"]["loss"],
