@@ -184,3 +184,11 @@ def test_a_stopped_trial_was_judged_fairly_never_wins_and_replays_the_same(
         assert rule == "median" or pruner.is_rung(stop - 1)
         # an earlier trial beat it at that epoch, so it is never the search's best
         assert any(sign * scores[o] > sign * scores[trial] for o in scores if int(o) < int(trial))
+
+
+def test_load_passes_the_halving_settings(tmp_path):
+    pruner = pruning.load(PruningConfig(rule="halving", warmup_epochs=0, min_trials=2, factor=4),
+                          -1, tmp_path)
+    assert (pruner.rule, pruner.warmup_epochs, pruner.min_trials, pruner.factor, pruner.sign) \
+        == ("halving", 0, 2, 4, -1)
+    assert [e + 1 for e in range(20) if pruner.is_rung(e)] == [1, 4, 16]
