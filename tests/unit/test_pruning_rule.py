@@ -192,3 +192,15 @@ def test_load_passes_the_halving_settings(tmp_path):
     assert (pruner.rule, pruner.warmup_epochs, pruner.min_trials, pruner.factor, pruner.sign) \
         == ("halving", 0, 2, 4, -1)
     assert [e + 1 for e in range(20) if pruner.is_rung(e)] == [1, 4, 16]
+
+
+def test_a_continued_hyperband_round_is_never_judged_but_its_curve_counts():
+    for pruner in (median_pruner(warmup=0, min_trials=1), halving_pruner(warmup=0)):
+        finished(pruner, "0", [0.9, 0.9, 0.9, 0.9])
+        pruner.begin(["0"], continued=True)  # epochs 3-4 of an earlier trial's weights
+        assert not pruner.observe(2, 0.1, last_epoch=4)  # its warm-up dip: not judged
+        assert not pruner.observe(3, 0.1, last_epoch=4)
+        pruner.end("1", completed=True)
+        assert pruner.trials["1"]["curve"] == {"2": 0.1, "3": 0.1}  # observed, not stopped
+        pruner.begin(["0"])  # a fresh trial is judged again
+        assert pruner.observe(0, 0.1, last_epoch=4)

@@ -21,7 +21,8 @@ trials in arrival order: there pruning is off (tuner.build_tuner).
   and itself, once `min_trials` earlier trials reached it. Fewer judgements, each harder.
 
 Under hyperband, the default tuner, neither rule has much to stop: hyperband already
-halves by rounds, so only its full-length bracket's trials run long enough to be judged.
+halves by rounds, so only its full-length bracket's trials run long enough to be judged
+(a round continuing an earlier trial is not judged: `begin`).
 With the random or bayesian oracles every trial runs `max_epochs` and the rules save more
 (BENCHMARKS.md, tune pruning).
 
@@ -72,14 +73,19 @@ class Pruner:
     _reference: list[dict[int, float]] = field(default_factory=list)
     _curve: dict[int, float] = field(default_factory=dict)
     _stopped_at: int | None = None
+    _judged: bool = True
 
     @property
     def enabled(self) -> bool:
         return self.rule != "off"
 
-    def begin(self, earlier: list[str]) -> None:
-        """A trial starts; `earlier`: the ids of the trials that completed before it."""
-        self._curve, self._stopped_at = {}, None
+    def begin(self, earlier: list[str], continued: bool = False) -> None:
+        """A trial starts; `earlier`: the ids of the trials that completed before it.
+        `continued`: a hyperband round that continues an earlier trial's weights. It is
+        never judged: hyperband itself chose it, and its fresh optimizer restarts the
+        learning-rate warm-up, so its first epochs can score below where its weights began,
+        against fresh trials that are past theirs. Its curve is kept all the same."""
+        self._curve, self._stopped_at, self._judged = {}, None, not continued
         # median: only curves run to their end; halving: every trial that reached the rung
         self._reference = [
             {int(e): v for e, v in self.trials[i]["curve"].items()} for i in earlier
@@ -94,7 +100,8 @@ class Pruner:
         previous = self._curve.get(epoch - 1)
         best = value if previous is None else (max if self.sign > 0 else min)(previous, value)
         self._curve[epoch] = best
-        if (not self.enabled or self._stopped_at is not None or epoch < self.warmup_epochs
+        if (not self.enabled or not self._judged or self._stopped_at is not None
+                or epoch < self.warmup_epochs
                 or epoch + 1 >= last_epoch):  # the last epoch: stopping saves nothing
             return False
         if self.rule == "halving" and not self.is_rung(epoch):

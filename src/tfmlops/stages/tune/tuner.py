@@ -70,10 +70,11 @@ class TrackedTuner(kt.Tuner):
         self._started = time.perf_counter()
         # compared only with trials that completed before this one started (a rerun of a
         # trial a kill interrupted is not among them); a worker's oracle client has no trials
+        values = trial.hyperparameters.values
         self.pruner.begin([i for i in self.oracle.end_order if i != trial.trial_id
                            and self.oracle.trials[i].status == "COMPLETED"]
-                          if self.pruner.enabled else [])
-        values = trial.hyperparameters.values
+                          if self.pruner.enabled else [],
+                          continued=values.get("tuner/initial_epoch", 0) > 0)
         baseline = search_space.is_baseline(trial.trial_id, values, self.baseline)
         self._child = self.parent.start_child(
             f"trial-{trial.trial_id}",
