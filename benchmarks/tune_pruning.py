@@ -125,13 +125,12 @@ def main() -> None:
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="tfmlops-tune-pruning-"))
     scratch.mkdir(parents=True, exist_ok=True)
     workdir = project(scratch, args.image_dir, args.image_size, args.channels, overrides)
-    runs = []
+    runs, on = [], args.rule
     for rnd in range(args.rounds):
-        for rule in (("off", args.rule) if rnd % 2 == 0 else (args.rule, "off")):
+        for rule in (("off", on) if rnd % 2 == 0 else (on, "off")):
             runs.append({"round": rnd, **search_once(workdir, rule)})
             print(json.dumps(runs[-1]), flush=True)
-    side = {rule: [r for r in runs if r["rule"] == rule] for rule in ("off", args.rule)}
-    on = args.rule
+    side = {rule: [r for r in runs if r["rule"] == rule] for rule in ("off", on)}
     median = {rule: statistics.median(r["search_seconds"] for r in rs) for rule, rs in side.items()}
     ratio = round(median[on] / median["off"], 3)
     cpu = {rule: statistics.median(r["cpu_seconds"] for r in rs) for rule, rs in side.items()}
