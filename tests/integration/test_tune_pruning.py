@@ -89,17 +89,20 @@ def test_a_losing_trial_stops_is_recorded_and_a_second_cold_search_chooses_the_s
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("rule", ["median", "halving"])
 def test_a_pruned_search_killed_after_a_trial_resumes_to_the_cold_searchs_choice(
-        digits_workdir, make_cfg, prepared_digits, tmp_path):
+        digits_workdir, make_cfg, prepared_digits, tmp_path, rule):
     """SIGKILLed as its second trial ends, then rerun: the third and fourth trials are judged
     against the first two's curves, read back from the pruner's state file, as in a cold
-    search (without that state they would run to their end)."""
+    search (without that state they would run to their end). Under both rules: halving
+    judges at its rung (after epoch 1 here) against the earlier trials' ranking there."""
     import signal
     import subprocess
 
     from conftest import VENV_BIN, child_env
 
-    cfg = digits_workdir(**pruned_params(), tracking={"enabled": False})
+    params = pruned_params(pruning={**PRUNING, "rule": rule})
+    cfg = digits_workdir(**params, tracking={"enabled": False})
     killed = subprocess.run([str(VENV_BIN / "tfmlops"), "tune"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=400,
                             env={**child_env(), "TFMLOPS_FAULT": "tune.trial_end@2"})
@@ -109,7 +112,7 @@ def test_a_pruned_search_killed_after_a_trial_resumes_to_the_cold_searchs_choice
 
     cold_dir = tmp_path / "cold"
     shutil.copytree(prepared_digits.paths.prepared, cold_dir / "data" / "prepared")
-    cold_cfg = make_cfg(cold_dir, **pruned_params(), tracking={"enabled": False})
+    cold_cfg = make_cfg(cold_dir, **params, tracking={"enabled": False})
     cold = json.loads(run_cli("tune", cwd=cold_dir).stdout.splitlines()[-1])
     rows = read_rows(cold_cfg)
     # the resumed trials (2 and 3) include a stopped one: the state mattered
