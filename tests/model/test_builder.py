@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -90,3 +91,63 @@ def test_squeeze_excite_under_mixed_float16_saves_and_loads(tmp_path):
         keras.mixed_precision.set_global_policy("float32")
     assert expected.dtype == np.float32
     np.testing.assert_allclose(load_keras3(tmp_path / "se.keras")(x).numpy(), expected, atol=1e-6)
+
+
+def _stock_twin(model, keras):
+    """`model` rebuilt from its config (every layer Keras' own) with its weights."""
+    twin = keras.models.clone_model(model)
+    twin.set_weights(model.get_weights())
+    return twin
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_fused_batch_norm_computes_keras_own_batch_norm(policy, tmp_path):
+    """The builder's Keras 3 batch norm runs TensorFlow's fused kernel and computes what
+    Keras' own layer does: the training step's outputs, gradients and moving statistics,
+    inference; the model saves as stock BatchNormalization and loads without tfmlops."""
+    import keras
+    import tensorflow as tf
+    import tf_keras
+
+    from tfmlops.model.builder import build_model
+    from tfmlops.model.custom import _fused_batch_norm_call
+
+    spec = msgspec.structs.replace(SPECS["conv_bn"], dropout=0.0)  # no random masks to differ
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        fused = build_model(spec, keras, INPUT, 10)
+        stock = _stock_twin(fused, keras)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    bn = [layer for layer in fused.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(bn) == 2 and all(layer.call.__func__ is _fused_batch_norm_call for layer in bn)
+    tf_keras_model = build_model(spec, tf_keras, INPUT, 10)  # fuses on its own
+    for plain in (stock, tf_keras_model):
+        assert all(getattr(layer.call, "__func__", None) is not _fused_batch_norm_call
+                   for layer in plain.layers)
+
+    # batch 4 of 16 and 8 px: few values per channel, so a moving variance averaged without
+    # the kernel's Bessel correction undone (n / (n - 1)) is off by 1e-3 and shows
+    x = tf.constant(np.random.default_rng(2).normal(1.0, 2.0, (4, *INPUT)).astype("float32"))
+    results = []
+    for model in (stock, fused):
+        with tf.GradientTape() as tape:
+            out = model(x, training=True)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.range(10, dtype=tf.float32))
+        grads = tape.gradient(loss, model.trainable_weights)
+        results.append((out.numpy(), [g.numpy() for g in grads],
+                        [w.numpy() for w in model.non_trainable_weights],
+                        model(x, training=False).numpy()))
+    (out_s, grads_s, stats_s, inf_s), (out_f, grads_f, stats_f, inf_f) = results
+    tol = {"rtol": 1e-4, "atol": 1e-5} if policy == "float32" else {"rtol": 2e-2, "atol": 2e-2}
+    np.testing.assert_allclose(out_f, out_s, **tol)
+    for g_f, g_s in zip(grads_f, grads_s, strict=True):
+        np.testing.assert_allclose(g_f, g_s, rtol=tol["rtol"], atol=tol["atol"] * np.abs(g_s).max())
+    for s_f, s_s in zip(stats_f, stats_s, strict=True):
+        np.testing.assert_allclose(s_f, s_s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(inf_f, inf_s, **tol)
+
+    fused.save(tmp_path / "fused.keras")
+    loaded = keras.models.load_model(tmp_path / "fused.keras")  # no custom objects
+    assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in stock.layers]
+    np.testing.assert_allclose(loaded(x, training=False).numpy(), inf_f, **tol)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tfmlops.config import ModelSpec
 from tfmlops.errors import ConfigError
 from tfmlops.model import backbones
-from tfmlops.model.custom import squeeze_excite_layer
+from tfmlops.model.custom import fuse_batch_norm, squeeze_excite_layer
 
 
 def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_classes: int,
@@ -32,7 +32,7 @@ def build_model(spec: ModelSpec, keras, input_shape: tuple[int, int, int], num_c
     logits = layers.Dense(num_classes, name="logits")(x)
     # float32 whatever the global policy: softmax/loss in float16 lose precision.
     outputs = layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
-    return keras.Model(inputs, outputs, name="classifier")
+    return fuse_batch_norm(keras.Model(inputs, outputs, name="classifier"), keras)
 
 
 def _conv_blocks(spec: ModelSpec, keras, x):
