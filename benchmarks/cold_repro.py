@@ -101,7 +101,8 @@ def imported_from(copy: Path, env: dict) -> Path:
 def fresh_copy(sha: str, parent: Path) -> Path:
     copy = parent / "project"
     git("clone", "-q", "--no-checkout", str(ROOT), str(copy), cwd=parent)
-    git("checkout", "-q", sha, cwd=copy)
+    # On a branch named main, as a user's checkout: promote moves @production only from there.
+    git("checkout", "-q", "-B", "main", sha, cwd=copy)
     left = [name for name in RUN_STATE if (copy / name).exists()]
     if left:
         raise SystemExit(f"the clone at {sha[:7]} is not cold: it has {', '.join(left)}")
@@ -130,7 +131,11 @@ def cold_clone(sha: str, parent: Path, overrides: list[str]) -> tuple[Path, dict
     """A fresh clone of `sha` in `parent` with `overrides` set, the environment that runs
     its own code, and where that environment imports tfmlops from (checked: the clone)."""
     copy = fresh_copy(sha, parent)
-    set_params(copy, overrides)
+    if overrides:
+        set_params(copy, overrides)
+        # Committed, as a user's settings are: promote holds uncommitted work back.
+        git("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qam",
+            "benchmark settings", cwd=copy)
     env = run_env(copy)
     package = imported_from(copy, env)
     if not package.is_relative_to(copy / "src"):

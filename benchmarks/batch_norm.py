@@ -1,0 +1,93 @@
+"""A fit's epoch and an evaluation pass of the params' model, three ways side by side in one
+process: Keras 3's own BatchNormalization, the builder's (TensorFlow's fused kernel,
+model/custom.py `fuse_batch_norm`) and tf_keras (which fuses on its own), in alternated
+rounds; medians and their ratios to Keras 3's own (issue 50).
+
+    .venv/bin/python benchmarks/batch_norm.py [--size 32 --channels 1 --classes 10]
+        [--rounds 5]
+
+Photos: `--size 96 --channels 3 --classes 8`. The data are random (the step's cost does not
+depend on the pixels): 11 batches of train.batch_size, as the 1,000-photo set's train split.
+Writes reports/benchmarks/batch_norm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, save  # noqa: E402
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def models(size: int, channels: int, classes: int) -> dict:
+    import keras
+    import tf_keras
+
+    from tfmlops.config import load_config
+    from tfmlops.model.builder import build_model
+
+    spec = load_config(ROOT / "params.yaml").model
+    built = {}
+    for name, k in (("keras3_fused", keras), ("tf_keras", tf_keras)):
+        k.utils.set_random_seed(0)
+        built[name] = build_model(spec, k, (size, size, channels), classes)
+    # Rebuilt from its config: every layer Keras' own, the builder's patch not applied.
+    built["keras3_own"] = keras.models.clone_model(built["keras3_fused"])
+    for name, model in built.items():
+        k = tf_keras if name == "tf_keras" else keras
+        model.compile(optimizer=k.optimizers.Adam(0.002), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    return {k: built[k] for k in ("keras3_own", "keras3_fused", "tf_keras")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=1)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    import numpy as np
+    import tensorflow as tf
+
+    from tfmlops.config import load_config
+
+    batch = load_config(ROOT / "params.yaml").train.batch_size
+    rng = np.random.default_rng(0)
+    n = batch * 11
+    x = rng.normal(size=(n, args.size, args.size, args.channels)).astype(np.float32)
+    y = rng.integers(0, args.classes, size=n)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    arms = models(args.size, args.channels, args.classes)
+    for model in arms.values():  # tracing and the cache's fill stay out of the timings
+        model.fit(data, epochs=1, verbose=0)
+        model.evaluate(data, verbose=0)
+    times = {name: {"fit": [], "evaluate": []} for name in arms}
+    for r in range(args.rounds):
+        for name in (list(arms) if r % 2 == 0 else list(reversed(arms))):
+            started = time.perf_counter()
+            arms[name].fit(data, epochs=1, verbose=0)
+            times[name]["fit"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            arms[name].evaluate(data, verbose=0)
+            times[name]["evaluate"].append(time.perf_counter() - started)
+    medians = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    base = medians["keras3_own"]
+    shape = f"{args.size}x{args.size}x{args.channels}"
+    for name, m in medians.items():
+        print(f"{shape} {name:13s} fit epoch {m['fit']:7.3f} s ({m['fit'] / base['fit']:.3f}x)   "
+              f"evaluate {m['evaluate']:7.3f} s ({m['evaluate'] / base['evaluate']:.3f}x)")
+    save("batch_norm", {"input": shape, "classes": args.classes, "batches": 11, "batch": batch,
+                        "rounds": args.rounds, "seconds": times, "medians": medians})
+
+
+if __name__ == "__main__":
+    main()
