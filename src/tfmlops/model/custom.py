@@ -91,10 +91,11 @@ FUSED_MIN_EPSILON = 1.001e-5
 def fuse_batch_norm(model, keras):
     """`model` with each BatchNormalization that the fused kernel can compute exactly
     computed by it (FusedBatchNormV3, what tf_keras uses): Keras 3 (3.15) builds batch norm
-    from separate ops on the TensorFlow backend, most of a fit's step on these CPUs for the
-    default model (benchmarks/batch_norm.py: a fit's epoch 0.52x on digits, 0.68x on the
-    photos). The same function up to float rounding: batch statistics and the moving-average
-    update as Keras computes them (population variance), inference from the moving ones.
+    from separate ops on the TensorFlow backend, a large share of a fit's step on CPUs for the
+    default model (benchmarks/batch_norm.py, best of 7 alternated rounds: a fit's epoch
+    0.85x on digits, 0.54x on 96 px photos). The same function up to float rounding: batch
+    statistics and the moving-average update as Keras computes them (population variance),
+    inference from the moving ones.
 
     The method is replaced on each layer, not the class: a subclass would be saved under its
     own name, and every `.keras` file would then need tfmlops to load. Layers it cannot
