@@ -26,25 +26,25 @@ from common import ROOT, save  # noqa: E402
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def models(size: int, channels: int, classes: int) -> dict:
+def models(spec, size: int, channels: int, classes: int) -> dict:
+    """The params' model three ways, compiled alike: Keras 3 with Keras' own batch norm,
+    Keras 3 as the builder makes it (fused), tf_keras."""
     import keras
     import tf_keras
 
-    from tfmlops.config import load_config
     from tfmlops.model.builder import build_model
 
-    spec = load_config(ROOT / "params.yaml").model
-    built = {}
-    for name, k in (("keras3_fused", keras), ("tf_keras", tf_keras)):
-        k.utils.set_random_seed(0)
-        built[name] = build_model(spec, k, (size, size, channels), classes)
-    # Rebuilt from its config: every layer Keras' own, the builder's patch not applied.
-    built["keras3_own"] = keras.models.clone_model(built["keras3_fused"])
-    for name, model in built.items():
+    keras.utils.set_random_seed(0)
+    fused = build_model(spec, keras, (size, size, channels), classes)
+    tf_keras.utils.set_random_seed(0)
+    arms = {"keras3_own": keras.models.clone_model(fused),  # from its config: Keras' own layers
+            "keras3_fused": fused,
+            "tf_keras": build_model(spec, tf_keras, (size, size, channels), classes)}
+    for name, model in arms.items():
         k = tf_keras if name == "tf_keras" else keras
         model.compile(optimizer=k.optimizers.Adam(0.002), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
-    return {k: built[k] for k in ("keras3_own", "keras3_fused", "tf_keras")}
+    return arms
 
 
 def main() -> None:
@@ -60,13 +60,14 @@ def main() -> None:
 
     from tfmlops.config import load_config
 
-    batch = load_config(ROOT / "params.yaml").train.batch_size
+    cfg = load_config(ROOT / "params.yaml")
+    batch = cfg.train.batch_size
     rng = np.random.default_rng(0)
     n = batch * 11
     x = rng.normal(size=(n, args.size, args.size, args.channels)).astype(np.float32)
     y = rng.integers(0, args.classes, size=n)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
-    arms = models(args.size, args.channels, args.classes)
+    arms = models(cfg.model, args.size, args.channels, args.classes)
     for model in arms.values():  # tracing and the cache's fill stay out of the timings
         model.fit(data, epochs=1, verbose=0)
         model.evaluate(data, verbose=0)

@@ -93,13 +93,6 @@ def test_squeeze_excite_under_mixed_float16_saves_and_loads(tmp_path):
     np.testing.assert_allclose(load_keras3(tmp_path / "se.keras")(x).numpy(), expected, atol=1e-6)
 
 
-def _stock_twin(model, keras):
-    """`model` rebuilt from its config (every layer Keras' own) with its weights."""
-    twin = keras.models.clone_model(model)
-    twin.set_weights(model.get_weights())
-    return twin
-
-
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_fused_batch_norm_computes_keras_own_batch_norm(policy, tmp_path):
     """The builder's Keras 3 batch norm runs TensorFlow's fused kernel and computes what
@@ -113,10 +106,12 @@ def test_fused_batch_norm_computes_keras_own_batch_norm(policy, tmp_path):
     from tfmlops.model.custom import _fused_batch_norm_call
 
     spec = msgspec.structs.replace(SPECS["conv_bn"], dropout=0.0)  # no random masks to differ
+    keras.utils.set_random_seed(0)  # the same initial weights every run
     keras.mixed_precision.set_global_policy(policy)
     try:
         fused = build_model(spec, keras, INPUT, 10)
-        stock = _stock_twin(fused, keras)
+        stock = keras.models.clone_model(fused)  # from its config: every layer Keras' own
+        stock.set_weights(fused.get_weights())
     finally:
         keras.mixed_precision.set_global_policy("float32")
     bn = [layer for layer in fused.layers if isinstance(layer, keras.layers.BatchNormalization)]
@@ -141,8 +136,11 @@ def test_fused_batch_norm_computes_keras_own_batch_norm(policy, tmp_path):
     (out_s, grads_s, stats_s, inf_s), (out_f, grads_f, stats_f, inf_f) = results
     tol = {"rtol": 1e-4, "atol": 1e-5} if policy == "float32" else {"rtol": 2e-2, "atol": 2e-2}
     np.testing.assert_allclose(out_f, out_s, **tol)
+    # float rounding in a gradient scales with the largest of them, not with its own tensor's:
+    # a batch norm's beta gradient is a small difference of large sums
+    scale = max(float(np.abs(g).max()) for g in grads_s)
     for g_f, g_s in zip(grads_f, grads_s, strict=True):
-        np.testing.assert_allclose(g_f, g_s, rtol=tol["rtol"], atol=tol["atol"] * np.abs(g_s).max())
+        np.testing.assert_allclose(g_f, g_s, rtol=tol["rtol"], atol=tol["atol"] * scale)
     for s_f, s_s in zip(stats_f, stats_s, strict=True):
         np.testing.assert_allclose(s_f, s_s, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(inf_f, inf_s, **tol)

@@ -89,7 +89,7 @@ FUSED_MIN_EPSILON = 1.001e-5
 
 
 def fuse_batch_norm(model, keras):
-    """`model` with each BatchNormalization that the fused kernel can compute exactly
+    """`model` with each BatchNormalization that the fused kernel can compute as Keras does
     computed by it (FusedBatchNormV3, what tf_keras uses): Keras 3 (3.15) builds batch norm
     from separate ops on the TensorFlow backend, a large share of a fit's step on CPUs for the
     default model (benchmarks/batch_norm.py, best of 7 alternated rounds: a fit's epoch
